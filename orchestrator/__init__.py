@@ -1,0 +1,35 @@
+"""Run multi-step work on MongoDB documents from every replica of an API server, safely.
+
+Each step is claimed with one atomic find-and-modify on ``lockedAt``, fenced by a lease
+token, and released with ``unlock`` (next step at once), ``relock`` (wait, with
+progressive backoff) or ``advance`` (next phase).
+"""
+
+from orchestrator.backoff import BackoffPolicy, ExponentialBackoff, ProgressiveBackoff
+from orchestrator.clock import Clock, SystemClock
+from orchestrator.core import Orchestrator, StepTimeout, StopReport
+from orchestrator.errors import ConfigError, LeaseLost, OrchestratorError, StoreError
+from orchestrator.lease import Lease, Outcome
+from orchestrator.resource import EPOCH, ErrorRecord, Resource
+from orchestrator.settings import Settings
+
+__all__ = [
+    "EPOCH",
+    "BackoffPolicy",
+    "Clock",
+    "ConfigError",
+    "ErrorRecord",
+    "ExponentialBackoff",
+    "Lease",
+    "LeaseLost",
+    "Orchestrator",
+    "OrchestratorError",
+    "Outcome",
+    "ProgressiveBackoff",
+    "Resource",
+    "Settings",
+    "StepTimeout",
+    "StopReport",
+    "StoreError",
+    "SystemClock",
+]

@@ -1,0 +1,64 @@
+"""The document model: a resource's phase, desired state and lease bookkeeping.
+
+Field names in MongoDB are camelCase (``lockedAt``); Python code may use either form.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+EPOCH = datetime(1970, 1, 1)
+"""``lockedAt`` of a document nobody holds: older than any cutoff, so claimable at once."""
+
+LEASE_FIELDS = frozenset(
+    {"lockedAt", "lockToken", "lockedBy", "attempts", "relocks", "lastError", "createdAt"}
+)
+"""Fields the orchestrator owns: handlers cannot set them through a lease."""
+
+
+class ErrorRecord(BaseModel):
+    """The last failure of a step, kept on the document for operators."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True)
+
+    type: str
+    message: str
+    at: datetime
+    phase: str | None = None
+
+
+class Resource(BaseModel):
+    """Base model of an orchestrated document; subclasses set ``collection``.
+
+    ``unique`` names fields that identify a document: ``ensure_indexes`` makes them unique
+    and ``submit`` uses them for idempotent creation.
+    """
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="allow")
+
+    collection: ClassVar[str]
+    unique: ClassVar[tuple[str, ...]] = ()
+
+    id: Any = Field(default=None, alias="_id")
+    phase: str
+    state: str | None = None
+    locked_at: datetime = EPOCH
+    created_at: datetime | None = None
+    updated_at: datetime | None = None
+    lock_token: str | None = None
+    locked_by: str | None = None
+    attempts: int = 0
+    relocks: int = 0
+    last_error: ErrorRecord | None = None
+
+    @classmethod
+    def field_name(cls, name: str) -> str:
+        """The stored name of an attribute: ``custom_domain`` -> ``customDomain``."""
+        info = cls.model_fields.get(name)
+        if info is not None and info.alias:
+            return info.alias
+        return name

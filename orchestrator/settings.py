@@ -1,0 +1,92 @@
+"""Settings: one validated model, built explicitly and passed in.
+
+Nothing is read from the environment here; the CLI builds settings from its own options.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+from typing import Any, Literal, Self
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from orchestrator.backoff import BackoffPolicy, ExponentialBackoff, ProgressiveBackoff
+from orchestrator.errors import ConfigError
+
+
+def default_replica_id() -> str:
+    """Host, process and a random suffix: unique even for two replicas in one process."""
+    return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(2)}"
+
+
+class Settings(BaseModel):
+    """Every knob of a replica. Times are in seconds."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
+
+    lock_timeout: float = Field(30.0, gt=0, description="A lease older than this is claimable.")
+    tick: float = Field(1.0, gt=0, description="Seconds between two ticks of the loop.")
+    max_concurrency: int = Field(4, ge=1, le=1024, description="Steps run at once per replica.")
+    max_attempts: int = Field(5, ge=1, description="Failed attempts before the failed phase.")
+    failed_phase: str = Field("Failed", min_length=1)
+    replica_id: str = Field(default_factory=default_replica_id, min_length=1, max_length=200)
+    write_concern: Literal["majority"] | int = Field(
+        "majority", description='Write concern of lease writes: "majority" or a node count.'
+    )
+    clock_refresh: float = Field(60.0, gt=0, description="Re-measure the server clock this often.")
+    heartbeat: bool = Field(True, description="Extend leases of steps running past half a timeout.")
+    step_timeout: float | None = Field(
+        300.0, gt=0, description="A step running longer loses its lease and counts as failed."
+    )
+    max_wait: float = Field(
+        3600.0, gt=0, description="Cap on any relock or retry wait: no lease outlives it."
+    )
+    max_unlocks_per_tick: int = Field(
+        100,
+        ge=1,
+        description="Immediate continues of one document per tick; past it, one step a tick,"
+        " so a handler that unlocks without progress cannot spin the database.",
+    )
+    min_relock: float | None = Field(
+        None, ge=0, description="Floor of a relock's wait; defaults to one tick, so none spins."
+    )
+    relock_policy: BackoffPolicy = Field(default_factory=ProgressiveBackoff)
+    retry_policy: BackoffPolicy = Field(default_factory=ExponentialBackoff)
+
+    @model_validator(mode="after")
+    def _coherent(self) -> Self:
+        if self.tick > self.lock_timeout:
+            raise ValueError(
+                f"tick ({self.tick}s) must not exceed lock_timeout ({self.lock_timeout}s): "
+                "a lease would expire between two ticks"
+            )
+        if self.step_timeout is not None and self.step_timeout < self.lock_timeout:
+            raise ValueError("step_timeout must be at least lock_timeout")
+        if isinstance(self.write_concern, int) and self.write_concern < 1:
+            raise ValueError("write_concern must be 'majority' or a node count >= 1")
+        return self
+
+    @property
+    def relock_floor(self) -> float:
+        return self.tick if self.min_relock is None else self.min_relock
+
+    @classmethod
+    def build(cls, **values: Any) -> Settings:
+        """Validate, raising ``ConfigError`` (a ``ValueError``) that names every bad field."""
+        try:
+            return cls(**values)
+        except ValidationError as exc:
+            raise ConfigError(f"invalid orchestrator settings: {exc}") from exc
+
+
+class HandlerOptions(BaseModel):
+    """Per-handler overrides of the replica's settings."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
+
+    max_attempts: int | None = Field(None, ge=1)
+    failed_phase: str | None = Field(None, min_length=1)
+    relock_policy: BackoffPolicy | None = None
+    retry_policy: BackoffPolicy | None = None

@@ -1,0 +1,272 @@
+"""Claims under contention, crashes, fencing, clock skew, and continuing at once."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+from pymongo.database import Database
+from pymongo.errors import DuplicateKeyError
+
+from orchestrator import Lease, LeaseLost
+from orchestrator.testing import FakeClock
+from tests.conftest import MakeReplica
+
+STEPS = ["A", "B", "C"]
+
+
+def test_eight_replicas_run_each_step_of_500_documents_exactly_once(
+    make: MakeReplica, db: Database[Any]
+) -> None:
+    db.effects.create_index([("doc", 1), ("step", 1)], unique=True)
+    replicas = [make(f"pod-{n}", max_concurrency=2) for n in range(8)]
+    for orch in replicas:
+        for step, nxt in zip(STEPS, [*STEPS[1:], "Done"], strict=True):
+
+            def handler(lease: Lease[Any], step: str = step, nxt: str = nxt) -> Any:
+                # A second run of a step would raise DuplicateKeyError and be recorded.
+                db.effects.insert_one({"doc": lease.id, "step": step, "by": orch.replica_id})
+                return lease.advance(nxt)
+
+            orch.phase("items", step)(handler)
+    for n in range(500):
+        replicas[0].submit("items", {"n": n, "phase": "A"})
+
+    barrier = threading.Barrier(len(replicas))
+    errors: list[BaseException] = []
+
+    def run(orch: Any) -> None:
+        barrier.wait()
+        try:
+            orch.run_once()
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(o,)) for o in replicas]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+    assert errors == []
+    assert db.items.count_documents({"phase": "Done"}) == 500
+    assert db.effects.count_documents({}) == 1500
+    assert db.items.count_documents({"lastError": {"$exists": True}}) == 0
+    steps = sum(o.stats().get("advanced", 0) for o in replicas)
+    assert steps == 1500
+    busy = [o for o in replicas if o.stats().get("advanced", 0) > 0]
+    assert len(busy) > 1, "the work should be shared between replicas"
+
+
+def test_a_five_step_cascade_takes_one_tick_not_five(make: MakeReplica, db: Database[Any]) -> None:
+    orch = make(max_concurrency=1)
+    done: list[int] = []
+
+    @orch.phase("gateways", "Deleting")
+    def delete_children(lease: Lease[Any]) -> Any:
+        left = lease.doc.get("children", 0)
+        if left:
+            done.append(left)
+            return lease.unlock(children=left - 1)
+        return lease.advance("Deleted")
+
+    orch.submit("gateways", {"phase": "Deleting", "children": 5})
+    counts = orch.run_once()
+    assert done == [5, 4, 3, 2, 1]
+    assert counts == {"claimed": 6, "unlocked": 5, "advanced": 1, "ticks": 1}
+    assert db.gateways.find_one({})["phase"] == "Deleted"  # type: ignore[index]
+
+
+class Crash(BaseException):
+    """The replica dies mid-step: nothing after this line runs, no lease is released."""
+
+
+def test_a_crashed_replicas_lease_is_taken_over_only_after_the_lock_timeout(
+    make: MakeReplica, db: Database[Any], clock: FakeClock
+) -> None:
+    dying, survivor = make("pod-dying"), make("pod-survivor")
+    ran: list[str] = []
+
+    @dying.phase("jobs", "Running")
+    def die(lease: Lease[Any]) -> Any:
+        ran.append("dying")
+        raise Crash
+
+    @survivor.phase("jobs", "Running")
+    def finish(lease: Lease[Any]) -> Any:
+        ran.append("survivor")
+        return lease.advance("Done")
+
+    survivor.submit("jobs", {"phase": "Running"})
+    dying.run_once()
+    assert ran == ["dying"]
+    held = db.jobs.find_one({})
+    assert held is not None and held["lockedBy"] == "pod-dying" and held["lockToken"]
+
+    clock.advance(29.9)
+    survivor.run_once()
+    assert ran == ["dying"], "nobody may claim before the lock timeout"
+
+    clock.advance(0.2)
+    survivor.run_once()
+    assert ran == ["dying", "survivor"]
+    assert db.jobs.find_one({})["phase"] == "Done"  # type: ignore[index]
+
+
+def _hold(orch: Any, collection: str, phase: str, action: str) -> dict[str, Any]:
+    """Register a handler that holds its lease until told, then tries ``action``."""
+    box: dict[str, Any] = {"claimed": threading.Event(), "go": threading.Event()}
+
+    @orch.phase(collection, phase)
+    def hold(lease: Lease[Any]) -> Any:
+        box["lease"] = lease
+        box["claimed"].set()
+        box["go"].wait()
+        try:
+            return getattr(lease, action)() if action != "advance" else lease.advance("Done")
+        except LeaseLost as exc:
+            box["lost"] = exc
+            raise
+
+    return box
+
+
+@pytest.mark.parametrize("action", ["unlock", "advance", "relock", "extend"])
+def test_a_stale_holder_cannot_overwrite_the_new_holders_lease(
+    make: MakeReplica, db: Database[Any], clock: FakeClock, action: str
+) -> None:
+    # Frozen (a GC pause, a stalled VM): it cannot heartbeat while it stalls, and with
+    # one slot it cannot claim its own expired document again either.
+    stale = make("pod-stale", heartbeat=False, max_concurrency=1)
+    fresh = make("pod-fresh")
+    old = _hold(stale, "jobs", "Running", action)
+    new = _hold(fresh, "jobs", "Running", "advance")
+    stale.submit("jobs", {"phase": "Running"})
+
+    t_stale = threading.Thread(target=stale.run_once)
+    t_stale.start()
+    assert old["claimed"].wait(5)
+
+    clock.advance(31)  # the stale holder stalls past its lease
+    t_fresh = threading.Thread(target=fresh.run_once)
+    t_fresh.start()
+    assert new["claimed"].wait(5)
+    taken = db.jobs.find_one({})
+    assert taken is not None and taken["lockedBy"] == "pod-fresh"
+
+    old["go"].set()  # the stale one wakes up and tries to write
+    t_stale.join()
+    assert isinstance(old.get("lost"), LeaseLost)
+    now_held = db.jobs.find_one({})
+    assert now_held == taken, "the new holder's lease must be intact"
+    assert stale.stats().get("lost") == 1
+
+    new["go"].set()
+    t_fresh.join()
+    assert db.jobs.find_one({})["phase"] == "Done"  # type: ignore[index]
+
+
+def test_a_handler_that_unlocks_without_progress_cannot_spin_the_database(
+    make: MakeReplica, db: Database[Any], clock: FakeClock
+) -> None:
+    orch = make(max_unlocks_per_tick=20, max_concurrency=1)
+    calls: list[int] = []
+
+    @orch.phase("jobs", "Stuck")
+    def no_progress(lease: Lease[Any]) -> Any:
+        calls.append(1)
+        return lease.unlock()
+
+    orch.submit("jobs", {"phase": "Stuck"})
+    orch.run_once()
+    assert len(calls) == 21  # 20 at once, then the 21st unlock waits a tick
+    clock.advance(1.01)
+    orch.run_once()
+    assert len(calls) == 42
+
+
+def test_a_replica_whose_clock_is_20s_ahead_steals_no_live_lease(
+    make: MakeReplica, db: Database[Any], clock: FakeClock
+) -> None:
+    honest = make("pod-honest", heartbeat=False, max_concurrency=1)
+    ahead = make("pod-ahead", clock=clock.skewed(+20))
+    behind = make("pod-behind", clock=clock.skewed(-20))
+    held = _hold(honest, "jobs", "Running", "unlock")
+    taken: list[str] = []
+    for orch in (ahead, behind):
+
+        @orch.phase("jobs", "Running")
+        def take(lease: Lease[Any], who: str = orch.replica_id) -> Any:
+            taken.append(who)
+            return lease.advance("Done")
+
+    honest.submit("jobs", {"phase": "Running"})
+    t = threading.Thread(target=honest.run_once)
+    t.start()
+    assert held["claimed"].wait(5)
+
+    clock.advance(15)  # by its own clock, pod-ahead sees the lease 35 s old
+    ahead.run_once()
+    behind.run_once()
+    assert taken == []
+
+    clock.advance(16)  # 31 s by the server: the lease has really expired
+    ahead.run_once()
+    assert taken == ["pod-ahead"]
+    held["go"].set()
+    t.join()
+    assert isinstance(held.get("lost"), LeaseLost)
+
+
+def test_handlers_share_a_tick_fairly(make: MakeReplica, db: Database[Any]) -> None:
+    orch = make(max_concurrency=1)
+    order: list[str] = []
+    for kind in ("a", "b", "c"):
+
+        @orch.phase(kind, "Todo")
+        def step(lease: Lease[Any], kind: str = kind) -> Any:
+            order.append(kind)
+            return lease.advance("Done")
+
+        for _ in range(3):
+            orch.submit(kind, {"phase": "Todo"})
+    orch.run_once()
+    assert sorted(order) == ["a"] * 3 + ["b"] * 3 + ["c"] * 3
+    assert order[:3] in (["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"])
+
+
+def test_steps_run_concurrently_up_to_max_concurrency(make: MakeReplica) -> None:
+    orch = make(max_concurrency=3)
+    arrived = threading.Barrier(3, timeout=5)
+    peak: list[int] = []
+    lock = threading.Lock()
+    running = [0]
+
+    @orch.phase("jobs", "Todo")
+    def step(lease: Lease[Any]) -> Any:
+        with lock:
+            running[0] += 1
+            peak.append(running[0])
+        if len(peak) <= 3:
+            arrived.wait()  # three steps are in flight at once, or this times out
+        with lock:
+            running[0] -= 1
+        return lease.advance("Done")
+
+    for _ in range(7):
+        orch.submit("jobs", {"phase": "Todo"})
+    orch.run_once()
+    assert max(peak) == 3
+    assert orch.stats()["advanced"] == 7
+
+
+def test_side_effect_collection_rejects_a_second_run() -> None:
+    """The contention test counts on this: a repeated step would fail loudly."""
+    from orchestrator.testing import memory_database
+
+    db = memory_database()
+    db.effects.create_index([("doc", 1), ("step", 1)], unique=True)
+    db.effects.insert_one({"doc": 1, "step": "A"})
+    with pytest.raises(DuplicateKeyError):
+        db.effects.insert_one({"doc": 1, "step": "A"})

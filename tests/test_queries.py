@@ -1,0 +1,105 @@
+"""The store's filters and updates, checked as plain dicts."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta, timezone
+
+import pytest
+
+from orchestrator import EPOCH, ConfigError
+from orchestrator import queries as q
+
+NOW = datetime(2026, 1, 1, 12, 0, 0, 123456, tzinfo=UTC)
+
+
+def test_claim_filter_keeps_the_handler_match_and_requires_an_expired_lease() -> None:
+    f = q.claim_filter({"phase": "Deleting"}, NOW, 30)
+    assert f == {"phase": "Deleting", "lockedAt": {"$lt": datetime(2026, 1, 1, 11, 59, 30, 123000)}}
+
+
+def test_claim_update_sets_time_token_and_holder() -> None:
+    assert q.claim_update(NOW, "tok", "pod-1") == {
+        "$set": {
+            "lockedAt": datetime(2026, 1, 1, 12, 0, 0, 123000),
+            "lockToken": "tok",
+            "lockedBy": "pod-1",
+        }
+    }
+    assert q.CLAIM_SORT == [("lockedAt", 1), ("updatedAt", 1)]
+    assert [k for k, _ in q.CLAIM_INDEX] == ["phase", "lockedAt", "updatedAt"]
+
+
+def test_every_release_clears_the_token_so_the_old_holder_is_fenced_out() -> None:
+    for update in (
+        q.unlock_update({}),
+        q.relock_update(NOW, {}),
+        q.advance_update("Done", NOW, {}),
+        q.retry_update(1, {"type": "E"}, NOW),
+        q.fail_update("Failed", 3, {"type": "E"}, NOW),
+        q.release_update(),
+    ):
+        assert update["$unset"]["lockToken"] == ""
+    assert q.fenced("id", "tok") == {"_id": "id", "lockToken": "tok"}
+
+
+def test_unlock_goes_back_to_the_epoch_and_relock_keeps_updated_at() -> None:
+    assert q.unlock_update({"n": 1})["$set"] == {"n": 1, "lockedAt": EPOCH, "attempts": 0}
+    relock = q.relock_update(NOW, {})
+    assert "updatedAt" not in relock["$set"]
+    assert relock["$inc"] == {"relocks": 1}
+    advance = q.advance_update("Created", NOW, {"url": "x"})["$set"]
+    assert advance["phase"] == "Created"
+    assert advance["updatedAt"] == datetime(2026, 1, 1, 12, 0, 0, 123000)
+    assert advance["lockedAt"] == EPOCH
+
+
+def test_new_document_starts_unlocked_and_drops_forged_lease_fields() -> None:
+    doc = q.new_document(
+        {"name": "a", "phase": "Creating", "lockedAt": NOW, "lockToken": "x", "attempts": 9}, NOW
+    )
+    assert doc["lockedAt"] == EPOCH
+    assert "lockToken" not in doc
+    assert doc["attempts"] == 0
+    assert doc["createdAt"] == doc["updatedAt"] == q.bson_time(NOW)
+
+
+def test_times_are_naive_utc_milliseconds_and_read_back_aware() -> None:
+    seoul = NOW.astimezone(timezone(timedelta(hours=9)))
+    assert q.bson_time(seoul) == datetime(2026, 1, 1, 12, 0, 0, 123000)
+    assert q.as_utc(datetime(2026, 1, 1)) == datetime(2026, 1, 1, tzinfo=UTC)
+    assert q.as_utc(seoul) == NOW
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"$set": 1},
+        {"lockedAt": NOW},
+        {"lockToken": "forged"},
+        {"attempts": 0},
+        {"phase": "Skipped"},
+        {"_id": 1},
+        {"nested": {"$where": "1"}},
+        {"items": [{"$bad": 1}]},
+        {"": 1},
+        {"lockedAt.x": 1},
+    ],
+)
+def test_fields_that_would_corrupt_the_lease_or_inject_operators_are_refused(
+    fields: dict[str, object],
+) -> None:
+    with pytest.raises(ConfigError):
+        q.check_fields(fields)
+
+
+def test_unique_filter_needs_every_key() -> None:
+    assert q.unique_filter({"name": "a", "x": 1}, ["name"]) == {"name": "a"}
+    with pytest.raises(ConfigError, match="unique key"):
+        q.unique_filter({"x": 1}, ["name"])
+
+
+def test_handler_filters_cannot_touch_the_lease_fields() -> None:
+    with pytest.raises(ConfigError):
+        q.check_match({"lockedAt": {"$gt": NOW}})
+    with pytest.raises(ConfigError):
+        q.check_match({})
