@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from pymongo import MongoClient
 from pymongo.database import Database
 
 from orchestrator import Orchestrator
@@ -42,8 +43,6 @@ def db(request: pytest.FixtureRequest, clock: FakeClock) -> Iterator[Database[An
     if request.param == "memory":
         yield memory_database(clock=clock)
         return
-    from pymongo import MongoClient
-
     client: MongoClient[Any] = MongoClient(MONGODB_URI, serverSelectionTimeoutMS=5000)
     name = f"orchestrator_test_{uuid.uuid4().hex[:8]}"
     try:

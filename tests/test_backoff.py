@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from pymongo.database import Database
 
-from orchestrator import EPOCH, ExponentialBackoff, Lease, ProgressiveBackoff
+from orchestrator import EPOCH, ExponentialBackoff, Lease, ProgressiveBackoff, Settings
 from orchestrator.testing import FakeClock
 from tests.conftest import MakeReplica
 
@@ -114,8 +114,6 @@ def test_a_custom_relock_policy_is_used() -> None:
     class Fixed:
         def wait(self, *, waited: float, count: int, lock_timeout: float) -> float:
             return 7.0
-
-    from orchestrator import Settings
 
     assert (
         Settings(relock_policy=Fixed()).relock_policy.wait(waited=0, count=1, lock_timeout=1) == 7

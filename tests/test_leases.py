@@ -10,7 +10,7 @@ from pymongo.database import Database
 from pymongo.errors import DuplicateKeyError
 
 from orchestrator import Lease, LeaseLost
-from orchestrator.testing import FakeClock
+from orchestrator.testing import FakeClock, memory_database
 from tests.conftest import MakeReplica
 
 STEPS = ["A", "B", "C"]
@@ -24,9 +24,11 @@ def test_eight_replicas_run_each_step_of_500_documents_exactly_once(
     for orch in replicas:
         for step, nxt in zip(STEPS, [*STEPS[1:], "Done"], strict=True):
 
-            def handler(lease: Lease[Any], step: str = step, nxt: str = nxt) -> Any:
+            def handler(
+                lease: Lease[Any], step: str = step, nxt: str = nxt, who: str = orch.replica_id
+            ) -> Any:
                 # A second run of a step would raise DuplicateKeyError and be recorded.
-                db.effects.insert_one({"doc": lease.id, "step": step, "by": orch.replica_id})
+                db.effects.insert_one({"doc": lease.id, "step": step, "by": who})
                 return lease.advance(nxt)
 
             orch.phase("items", step)(handler)
@@ -57,6 +59,8 @@ def test_eight_replicas_run_each_step_of_500_documents_exactly_once(
     assert steps == 1500
     busy = [o for o in replicas if o.stats().get("advanced", 0) > 0]
     assert len(busy) > 1, "the work should be shared between replicas"
+    by_replica = {e["by"] for e in db.effects.find({}, {"by": 1})}
+    assert by_replica == {o.replica_id for o in busy}
 
 
 def test_a_five_step_cascade_takes_one_tick_not_five(make: MakeReplica, db: Database[Any]) -> None:
@@ -263,8 +267,6 @@ def test_steps_run_concurrently_up_to_max_concurrency(make: MakeReplica) -> None
 
 def test_side_effect_collection_rejects_a_second_run() -> None:
     """The contention test counts on this: a repeated step would fail loudly."""
-    from orchestrator.testing import memory_database
-
     db = memory_database()
     db.effects.create_index([("doc", 1), ("step", 1)], unique=True)
     db.effects.insert_one({"doc": 1, "step": "A"})
