@@ -1,0 +1,69 @@
+"""The server clock estimate: offset from hello, refresh, fallback, failed probes."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+import pytest
+
+from orchestrator import Orchestrator, StoreError
+from orchestrator.clock import ServerClock
+from orchestrator.testing import FakeClock, memory_database
+
+
+def test_a_skewed_replica_sees_the_servers_time() -> None:
+    server = FakeClock()
+    db = memory_database(clock=server)
+    ahead = Orchestrator(db, clock=server.skewed(+20))
+    behind = Orchestrator(db, clock=server.skewed(-45))
+    for orch in (ahead, behind):
+        assert orch.clock.now() == server.now()
+    server.advance(7)
+    assert ahead.clock.now() == server.now()
+    assert ahead.clock.offset == timedelta(seconds=-20)
+
+
+def test_without_local_time_in_hello_the_local_clock_is_used() -> None:
+    server = FakeClock()
+    local = server.skewed(+5)
+    orch = Orchestrator(memory_database(clock=server, server_time=False), clock=local)
+    assert orch.clock.now() == local.now()
+
+
+def test_the_offset_is_refreshed_and_a_failed_probe_keeps_the_last_estimate() -> None:
+    local = FakeClock()
+    answers: list[datetime | Exception | None] = [
+        local.now() + timedelta(seconds=3),
+        StoreError("unreachable"),
+        local.now() + timedelta(seconds=70 + 9),
+    ]
+    probes: list[int] = []
+
+    def probe() -> datetime | None:
+        probes.append(1)
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    clock = ServerClock(local, probe, refresh=30)
+    assert clock.now() - local.now() == timedelta(seconds=3)
+    clock.now()
+    assert len(probes) == 1, "cached until the refresh is due"
+    local.advance(35)
+    assert clock.now() - local.now() == timedelta(seconds=3), "failed probe: last estimate"
+    assert len(probes) == 2
+    local.advance(35)
+    assert clock.now() - local.now() == timedelta(seconds=9)
+    assert len(probes) == 3
+
+
+def test_with_no_estimate_yet_a_failed_probe_raises() -> None:
+    def down() -> datetime | None:
+        raise StoreError("unreachable")
+
+    clock = ServerClock(FakeClock(), down, refresh=30)
+    with pytest.raises(StoreError):
+        clock.now()
+    with pytest.raises(StoreError):
+        clock.now()  # and it keeps trying rather than falling back to the local clock

@@ -1,0 +1,139 @@
+"""Settings and registration fail at construction and decoration time, clearly."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from orchestrator import ConfigError, Lease, Orchestrator, Resource, Settings
+from orchestrator.testing import FakeClock, memory_database
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"lock_timeout": -1}, "lock_timeout"),
+        ({"lock_timeout": 0}, "lock_timeout"),
+        ({"tick": 0}, "tick"),
+        ({"tick": 60, "lock_timeout": 30}, "must not exceed lock_timeout"),
+        ({"max_concurrency": 0}, "max_concurrency"),
+        ({"max_attempts": 0}, "max_attempts"),
+        ({"write_concern": "most"}, "write_concern"),
+        ({"write_concern": 0}, "write_concern"),
+        ({"step_timeout": 5, "lock_timeout": 30}, "step_timeout"),
+        ({"replica_id": ""}, "replica_id"),
+        ({"lock_timout": 30}, "lock_timout"),
+        ({"relock_policy": "fast"}, "relock_policy"),
+    ],
+)
+def test_invalid_settings_raise_a_clear_error_at_construction(
+    options: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ConfigError, match=message):
+        Orchestrator(memory_database(), **options)
+
+
+def test_settings_object_or_keywords_not_both() -> None:
+    with pytest.raises(ConfigError, match="not both"):
+        Orchestrator(memory_database(), Settings(), tick=2)
+    orch = Orchestrator(memory_database(), Settings(lock_timeout=60, tick=2))
+    assert orch.settings.lock_timeout == 60
+    assert orch.settings.relock_floor == 2
+
+
+class Gateway(Resource):
+    collection = "gateways"
+    name: str
+
+
+class Nameless(Resource):
+    pass
+
+
+def test_a_second_handler_for_the_same_phase_raises_at_decoration_time() -> None:
+    orch = Orchestrator(memory_database())
+
+    @orch.phase(Gateway, "Deleting")
+    def first(lease: Lease[Any]) -> None: ...
+
+    with pytest.raises(ConfigError, match="already handles"):
+
+        @orch.phase("gateways", "Deleting")
+        def second(lease: Lease[Any]) -> None: ...
+
+    other = Orchestrator(memory_database())
+    other.phase(Gateway, "Deleting")(first)  # the registry is per orchestrator
+
+
+def test_the_decorator_returns_the_function_unchanged_and_checks_options() -> None:
+    orch = Orchestrator(memory_database())
+
+    def handler(lease: Lease[Any]) -> None: ...
+
+    assert orch.phase(Gateway, "Creating")(handler) is handler
+    assert orch.when(Gateway, {"state": "Deleted", "phase": "Created"})(handler) is handler
+    with pytest.raises(ConfigError, match="max_atempts"):
+        orch.phase(Gateway, "Other", max_atempts=3)
+    with pytest.raises(ConfigError, match="max_attempts"):
+        orch.phase(Gateway, "Other", max_attempts=0)
+
+
+@pytest.mark.parametrize(
+    ("target", "phase"),
+    [(Nameless, "Creating"), ("", "Creating"), ("gateways", ""), ("gateways", "$x"), (42, "A")],
+)
+def test_bad_targets_and_phases_are_refused(target: Any, phase: str) -> None:
+    with pytest.raises(ConfigError):
+        Orchestrator(memory_database()).phase(target, phase)
+
+
+def test_when_filters_cannot_select_on_the_lease() -> None:
+    orch = Orchestrator(memory_database())
+    with pytest.raises(ConfigError, match="lockedAt"):
+        orch.when("gateways", {"lockedAt": {"$exists": True}})(lambda lease: None)
+    with pytest.raises(ConfigError):
+        orch.when("gateways", {})(lambda lease: None)
+
+
+def test_a_when_handler_moves_desired_state_into_a_phase() -> None:
+    clock = FakeClock()
+    db = memory_database(clock=clock)
+    orch = Orchestrator(db, clock=clock)
+
+    @orch.when(Gateway, {"state": "Deleted", "phase": {"$in": ["Created", "Stopped"]}})
+    def begin_deletion(lease: Lease[Gateway]) -> Any:
+        return lease.advance("Deleting")
+
+    orch.submit(Gateway, {"name": "a", "phase": "Created", "state": "Running"})
+    orch.submit(Gateway, {"name": "b", "phase": "Created", "state": "Deleted"})
+    orch.submit(Gateway, {"name": "c", "phase": "Creating", "state": "Deleted"})
+    orch.run_once()
+    phases = {d["name"]: d["phase"] for d in db.gateways.find({})}
+    assert phases == {"a": "Created", "b": "Deleting", "c": "Creating"}
+
+
+def test_lease_field_names_follow_the_model_and_refuse_managed_fields() -> None:
+    class Domain(Resource):
+        collection = "domains"
+        custom_domain: str | None = None
+
+    clock = FakeClock()
+    db = memory_database(clock=clock)
+    orch = Orchestrator(db, clock=clock)
+    refused: list[str] = []
+
+    @orch.phase(Domain, "Creating")
+    def create(lease: Lease[Domain]) -> Any:
+        try:
+            lease.unlock(locked_at=None)
+        except ConfigError as exc:
+            refused.append(str(exc))
+        return lease.advance("Created", custom_domain="shop.example.com")
+
+    orch.submit(Domain, {"phase": "Creating"})
+    orch.run_once()
+    stored = db.domains.find_one({})
+    assert stored is not None
+    assert stored["customDomain"] == "shop.example.com"
+    assert refused and "lockedAt" in refused[0]

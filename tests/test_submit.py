@@ -1,0 +1,108 @@
+"""Idempotent creation and the indexes the claim and submit rely on."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+from pymongo.database import Database
+
+from orchestrator import EPOCH, ConfigError, Lease, Resource
+from tests.conftest import MakeReplica
+
+
+def test_sixteen_threads_submitting_one_key_create_one_document(
+    make: MakeReplica, db: Database[Any]
+) -> None:
+    replicas = [make(f"pod-{n}") for n in range(4)]
+    barrier = threading.Barrier(16)
+    returned: list[Any] = []
+    errors: list[BaseException] = []
+
+    def submit(n: int) -> None:
+        barrier.wait()
+        try:
+            doc = replicas[n % 4].submit(
+                "gateways", {"name": "gw-a", "phase": "Creating", "n": n}, unique="name"
+            )
+            returned.append(doc["_id"])
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=submit, args=(n,)) for n in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert db.gateways.count_documents({"name": "gw-a"}) == 1
+    assert len(returned) == 16
+    assert len(set(returned)) == 1
+
+
+class Gateway(Resource):
+    collection = "gateways"
+    unique = ("name",)
+    name: str
+    custom_domain: str | None = None
+
+
+def test_submit_of_a_model_stores_camel_case_unlocked_and_returns_the_stored_document(
+    make: MakeReplica, db: Database[Any]
+) -> None:
+    orch = make()
+    first = orch.submit(
+        Gateway, Gateway(name="a", phase="Creating", custom_domain="a.example"), unique="name"
+    )
+    again = orch.submit(
+        Gateway, {"name": "a", "phase": "Creating", "customDomain": "other"}, unique="name"
+    )
+    assert first["_id"] == again["_id"]
+    stored = db.gateways.find_one({"name": "a"})
+    assert stored is not None
+    assert stored["customDomain"] == "a.example", "the second submit must not overwrite"
+    assert stored["lockedAt"] == EPOCH
+    assert stored["attempts"] == 0
+    assert stored["createdAt"] == stored["updatedAt"]
+
+
+def test_submit_refuses_bad_documents_clearly(make: MakeReplica) -> None:
+    orch = make()
+    with pytest.raises(ConfigError, match="unique key"):
+        orch.submit("gateways", {"phase": "Creating"}, unique="name")
+    with pytest.raises(ConfigError, match="phase"):
+        orch.submit("gateways", {"name": "a"})
+    with pytest.raises(ConfigError, match="phase"):
+        orch.submit("gateways", {"name": "a", "phase": ""})
+    with pytest.raises(ConfigError, match=r"\$"):
+        orch.submit("gateways", {"phase": "Creating", "$where": "1"})
+    with pytest.raises(ConfigError, match="invalid Gateway"):
+        orch.submit(Gateway, {"phase": "Creating"})
+    with pytest.raises(ConfigError, match="collection"):
+        orch.submit("system.users", {"phase": "Creating"})
+
+
+def test_ensure_indexes_creates_the_claim_index_and_unique_keys(
+    make: MakeReplica, db: Database[Any]
+) -> None:
+    orch = make()
+
+    @orch.phase(Gateway, "Creating")
+    def create(lease: Lease[Gateway]) -> Any:
+        return lease.advance("Created")
+
+    @orch.phase("domains", "Creating")
+    def create_domain(lease: Lease[Any]) -> Any:
+        return lease.advance("Created")
+
+    orch.submit("domains", {"phase": "Creating", "host": "x"}, unique=["host"])
+    orch.ensure_indexes()
+    for name in ("gateways", "domains"):
+        keys = {tuple(k for k, _ in info["key"]) for info in db[name].index_information().values()}
+        assert ("phase", "lockedAt", "updatedAt") in keys
+    gateways = db.gateways.index_information()
+    assert any(info.get("unique") and info["key"] == [("name", 1)] for info in gateways.values())
+    domains = db.domains.index_information()
+    assert any(info.get("unique") and info["key"] == [("host", 1)] for info in domains.values())
+    orch.ensure_indexes()  # idempotent
