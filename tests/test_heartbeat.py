@@ -109,3 +109,28 @@ def test_a_step_that_never_returns_is_timed_out_and_counted_failed(
     assert box["returned"].wait(5)
     assert isinstance(box.get("lost"), LeaseLost)
     assert db.jobs.find_one({})["phase"] == "Failed"  # type: ignore[index]
+
+
+def test_the_heartbeat_stops_once_the_lease_is_lost(
+    make: MakeReplica, db: Database[Any], clock: FakeClock
+) -> None:
+    worker = make("pod-worker")
+    box = _blocking(worker)
+    worker.submit("jobs", {"phase": "Running"})
+    tick = threading.Thread(target=worker.run_once)
+    tick.start()
+    assert box["claimed"].wait(5)
+
+    # Another replica took the document over (the worker was cut off for a while).
+    db.jobs.update_one({}, {"$set": {"lockToken": "pod-other", "lockedBy": "pod-other"}})
+    clock.advance(16)
+    assert worker.heartbeat() == 0
+    assert box["lease"].held is False
+    taken = db.jobs.find_one({})
+    clock.advance(16)
+    assert worker.heartbeat() == 0, "a lost lease is never extended again"
+    assert db.jobs.find_one({}) == taken
+
+    box["go"].set()
+    tick.join()
+    assert isinstance(box.get("lost"), LeaseLost)
