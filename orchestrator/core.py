@@ -27,12 +27,14 @@ from orchestrator import queries
 from orchestrator.clock import Clock, ServerClock, SystemClock
 from orchestrator.errors import ConfigError, LeaseLost, OrchestratorError, StoreError
 from orchestrator.lease import Lease, Outcome
+from orchestrator.redact import RedactingFilter
 from orchestrator.registry import Handler, Registry, Target, options, resolve
 from orchestrator.resource import Resource
 from orchestrator.settings import Settings
 from orchestrator.store import Document, Store
 
 logger = logging.getLogger("orchestrator")
+logger.addFilter(RedactingFilter())
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -164,6 +166,9 @@ class Orchestrator:
         stored = self._store.insert(
             collection, queries.new_document(fields, self.clock.now()), keys
         )
+        with self._cv:  # a running drain claims it now, and an idle loop wakes at once
+            self._generation += 1
+            self._cv.notify_all()
         self._wake.set()
         return stored
 
@@ -219,7 +224,7 @@ class Orchestrator:
             self._rotation += 1
             seen = self._generation
         order = handlers[start:] + handlers[:start]  # fairness: a new first handler each tick
-        idle: set[int] = set()
+        idle = self._idle_by_probe(order)
         limit = self.settings.max_concurrency
         while not self._stopping.is_set():
             for index, handler in enumerate(order):
@@ -247,20 +252,57 @@ class Orchestrator:
                     if self._generation == seen:
                         return
 
+    def _idle_by_probe(self, order: list[Handler]) -> set[int]:
+        """Handlers of collections where one read finds nothing to claim: an idle tick then
+        costs one read per collection, not one claim per handler."""
+        by_collection: dict[str, list[int]] = {}
+        for index, handler in enumerate(order):
+            by_collection.setdefault(handler.collection, []).append(index)
+        idle: set[int] = set()
+        for collection, indexes in by_collection.items():
+            if len(indexes) < 2:
+                continue  # a lone handler's claim costs what the probe would
+            try:
+                found = self._store.has_claimable(
+                    collection,
+                    [order[i].match for i in indexes],
+                    self.clock.now(),
+                    self.settings.lock_timeout,
+                    max_wait=self.settings.max_wait,
+                )
+            except StoreError:
+                continue  # the claims meet the same trouble and report it
+            if not found:
+                idle.update(indexes)
+        return idle
+
     def _quiet_or_changed(self, seen: int) -> bool:
         return not self._running or self._generation != seen or self._stopping.is_set()
 
     def _claim(self, handler: Handler) -> Lease[Any] | None:
-        now = self.clock.now()
         token = secrets.token_hex(8)
-        doc = self._store.claim(
-            handler.collection,
-            handler.match,
-            now,
-            self.settings.lock_timeout,
-            token,
-            self.settings.replica_id,
-        )
+        try:
+            now = self.clock.now()
+            doc = self._store.claim(
+                handler.collection,
+                handler.match,
+                now,
+                self.settings.lock_timeout,
+                token,
+                self.settings.replica_id,
+                max_wait=self.settings.max_wait,
+            )
+        except StoreError as exc:
+            # The database is unreachable (or the reply was lost after the claim applied:
+            # that lease then expires unused). This handler sits the tick out; the others,
+            # and the next tick, go on.
+            with self._cv:
+                self._stats["claim_errors"] += 1
+            logger.warning(
+                f"claim failed; {handler.name} skips this tick: {exc}",
+                extra={**self._log_base, "collection": handler.collection, "outcome": "error"},
+            )
+            return None
         if doc is None:
             return None
         with self._cv:
@@ -287,7 +329,10 @@ class Orchestrator:
             if self._pool is None:
                 self._pool = self._new_pool()
             pool = self._pool
-        pool.submit(self._run_step, step)
+        try:
+            pool.submit(self._run_step, step)
+        except RuntimeError:  # stop() timed out and shut the pool: hand the lease back
+            self._finish(step, self._release_unstarted(lease))
 
     def _new_pool(self) -> ThreadPoolExecutor:
         return ThreadPoolExecutor(
@@ -329,7 +374,7 @@ class Orchestrator:
             self._log(logging.WARNING, f"lease lost: {exc}", lease, "lost")
             return "lost"
         except Exception as exc:
-            return self._settle(lease, type(exc).__name__, str(exc) or repr(exc), exc=exc)
+            return self._settle(lease, type(exc).__name__, _describe(exc), exc=exc)
         if result is not None and not isinstance(result, Outcome):
             message = (
                 f"{handler.name} returned {type(result).__name__}; a handler returns "
@@ -426,7 +471,7 @@ class Orchestrator:
                 self._cv.wait(interval)
                 if ready():
                     return
-            self.heartbeat()
+            self._safe_heartbeat()  # an error here must not leave run_once half-finished
 
     # -- long steps -----------------------------------------------------------------------
 
@@ -591,3 +636,11 @@ class Orchestrator:
         if wait is not None:
             extra["wait"] = round(wait, 3)
         logger.log(level, message, extra=extra, exc_info=exc_info)
+
+
+def _describe(exc: BaseException) -> str:
+    """The message of ``exc``, even when its ``__str__`` itself raises."""
+    try:
+        return str(exc) or repr(exc)
+    except Exception:
+        return f"<{type(exc).__name__} with an unprintable message>"

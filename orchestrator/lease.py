@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
 R = TypeVar("R")
 
-Action = Literal["unlocked", "relocked", "advanced", "retrying", "failed", "released"]
+Action = Literal["unlocked", "relocked", "advanced", "retrying", "failed", "released", "removed"]
 
 
 @dataclass(frozen=True)
@@ -129,9 +129,26 @@ class Lease(Generic[R]):
         """Enter ``phase`` (setting ``fields`` with it) and release at once."""
         if not isinstance(phase, str) or not phase or phase.startswith("$"):
             raise ConfigError(f"advance() needs a phase name, not {phase!r}")
+        if self.handler.to and phase not in self.handler.to:
+            raise ConfigError(
+                f"{self.handler.name} may advance to {list(self.handler.to)}, not {phase!r}"
+            )
         update = queries.advance_update(phase, self._clock.now(), self._fields(fields))
         self._write(update, "advance", release=True)
         return Outcome("advanced", phase)
+
+    def remove(self) -> Outcome:
+        """Delete the document (the end of its life), fenced like every write."""
+        with self._lock:
+            if self._state is not _State.HELD:
+                raise LeaseLost(self.collection, self.id, self.token, "remove")
+            try:
+                self._store.delete(self.collection, self.id, self.token)
+            except LeaseLost:
+                self._state = _State.LOST
+                raise
+            self._state = _State.RELEASED
+        return Outcome("removed", self.phase)
 
     def fail(self, reason: str) -> Outcome:
         """Give up now: the failed phase, with ``reason`` recorded, no further attempts."""

@@ -11,7 +11,12 @@ from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import bson
+from bson import ObjectId
+from bson.errors import BSONError
+
 from orchestrator.errors import ConfigError
+from orchestrator.redact import redact
 from orchestrator.resource import EPOCH, LEASE_FIELDS
 
 CLAIM_SORT: list[tuple[str, int]] = [("lockedAt", 1), ("updatedAt", 1)]
@@ -37,10 +42,37 @@ def as_utc(value: datetime) -> datetime:
     return value.astimezone(UTC)
 
 
-def claim_filter(match: Mapping[str, Any], now: datetime, lock_timeout: float) -> dict[str, Any]:
-    """The handler's filter, limited to documents whose lease has expired."""
+def claim_filter(
+    match: Mapping[str, Any], now: datetime, lock_timeout: float, max_wait: float
+) -> dict[str, Any]:
+    """The handler's filter, limited to documents nobody holds: ``lockedAt`` is not a live
+    lease, a date in ``[now - lock_timeout, now + max_wait]``.
+
+    So besides expired leases it matches what no replica writes: a missing, null or
+    non-date ``lockedAt`` (claimable at once; they sort first) and a date past
+    ``now + max_wait``, which no relock produces (its wait is capped by ``max_wait``): a
+    lease that would never expire. Both branches are index ranges on (phase, lockedAt) —
+    ``$not $gte`` is the complement ``[MinKey, cutoff)`` plus the types sorting after
+    dates — each scanned in index order, so the server merges them for the sort.
+    """
     cutoff = bson_time(now - timedelta(seconds=lock_timeout))
-    return {**match, "lockedAt": {"$lt": cutoff}}
+    horizon = bson_time(now + timedelta(seconds=max_wait))
+    free = [{"lockedAt": {"$not": {"$gte": cutoff}}}, {"lockedAt": {"$gt": horizon}}]
+    if "$or" in match:
+        return {"$and": [dict(match), {"$or": free}]}
+    return {**match, "$or": free}
+
+
+def probe_filter(
+    matches: Iterable[Mapping[str, Any]], now: datetime, lock_timeout: float, max_wait: float
+) -> dict[str, Any]:
+    """What any of several handlers could claim now: the ``$or`` of their claim filters, so
+    one read finding nothing proves that none of their claims would find anything."""
+    return {"$or": [claim_filter(m, now, lock_timeout, max_wait) for m in matches]}
+
+
+PROBE_PROJECTION: dict[str, Any] = {"_id": 1}
+"""A probe only asks whether work exists: it reads no field of it."""
 
 
 def claim_update(now: datetime, token: str, replica: str) -> dict[str, Any]:
@@ -100,12 +132,18 @@ def advance_update(phase: str, now: datetime, fields: Mapping[str, Any]) -> dict
 
 
 def error_record(kind: str, message: str, now: datetime, phase: str | None) -> dict[str, Any]:
+    """Any exception's text must be storable (BSON refuses lone surrogates) and must not
+    carry credentials to operators' screens."""
     return {
-        "type": kind,
-        "message": message[:2000],
+        "type": _storable_text(kind)[:200],
+        "message": redact(_storable_text(message))[:2000],
         "at": bson_time(now),
         "phase": phase,
     }
+
+
+def _storable_text(text: str) -> str:
+    return text.encode("utf-8", "replace").decode("utf-8")
 
 
 def retry_update(attempts: int, error: Mapping[str, Any], locked_at: datetime) -> dict[str, Any]:
@@ -158,6 +196,24 @@ def check_fields(fields: Mapping[str, Any], *, reserved: frozenset[str] = LEASE_
         if key in reserved or key.split(".", 1)[0] in reserved | {"phase", "_id", "updatedAt"}:
             raise ConfigError(f"field {key!r} is managed by the orchestrator")
         _check_nested(value, key)
+    _check_storable(fields)
+
+
+MAX_DOCUMENT_BYTES = 16 * 1024 * 1024
+"""MongoDB's document size limit."""
+
+
+def _check_storable(fields: Mapping[str, Any]) -> None:
+    """Refuse here what the server would refuse (mongomock stores anything), so the error
+    is the same, and clear, on both."""
+    try:
+        size = len(bson.encode(fields))
+    except (BSONError, UnicodeError, OverflowError, TypeError) as exc:
+        raise ConfigError(f"fields cannot be stored in MongoDB: {exc}") from exc
+    if size > MAX_DOCUMENT_BYTES:
+        raise ConfigError(
+            f"fields take {size} bytes; a MongoDB document holds at most {MAX_DOCUMENT_BYTES}"
+        )
 
 
 def _check_nested(value: Any, path: str) -> None:
@@ -178,3 +234,72 @@ def check_match(match: Mapping[str, Any]) -> None:
     clash = sorted(set(match) & {"lockedAt", "lockToken"})
     if clash:
         raise ConfigError(f"a handler's filter cannot select on {clash}: the claim owns them")
+
+
+# -- operators: status, unlock, retry ------------------------------------------------------
+
+ERRORS_SORT: list[tuple[str, int]] = [("lastError.at", -1)]
+"""Latest failure first."""
+
+
+def status_pipeline(now: datetime, lock_timeout: float) -> list[dict[str, Any]]:
+    """Per phase: documents, leases held now, leases held past their timeout (the holder
+    died or is stuck), documents waiting out a relock or retry, and documents whose last
+    attempt failed."""
+    cutoff = bson_time(now - timedelta(seconds=lock_timeout))
+    token = {"$ifNull": ["$lockToken", None]}
+    held, free = {"$gt": [token, None]}, {"$lte": [token, None]}
+    fresh, stale = {"$gte": ["$lockedAt", cutoff]}, {"$lt": ["$lockedAt", cutoff]}
+
+    def count_if(condition: dict[str, Any]) -> dict[str, Any]:
+        return {"$sum": {"$cond": [condition, 1, 0]}}
+
+    return [
+        {"$match": {"phase": {"$exists": True}, "lockedAt": {"$exists": True}}},
+        {
+            "$group": {
+                "_id": "$phase",
+                "count": {"$sum": 1},
+                "leased": count_if({"$and": [held, fresh]}),
+                "overdue": count_if({"$and": [held, stale]}),
+                "waiting": count_if({"$and": [free, fresh]}),
+                "failed": count_if({"$gt": [{"$ifNull": ["$lastError", None]}, None]}),
+            }
+        },
+        {"$sort": {"_id": 1}},
+    ]
+
+
+def errors_filter() -> dict[str, Any]:
+    return {"lastError": {"$exists": True}}
+
+
+ERRORS_PROJECTION = {"phase": 1, "lastError": 1, "attempts": 1}
+
+
+def id_filter(raw: str) -> dict[str, Any]:
+    """An id typed by an operator: an ObjectId's hex form matches the ObjectId or the string."""
+    if ObjectId.is_valid(raw) and len(raw) == 24:
+        return {"_id": {"$in": [ObjectId(raw), raw]}}
+    return {"_id": raw}
+
+
+def operator_unlock_update() -> dict[str, Any]:
+    """Claimable at once, whoever holds it: a live holder's later writes raise LeaseLost."""
+    return {"$set": {"lockedAt": EPOCH}, "$unset": {"lockToken": ""}}
+
+
+def operator_retry_update(phase: str, now: datetime) -> dict[str, Any]:
+    """Back to ``phase`` with fresh counters, claimable at once; the error is kept as
+    ``previousError`` so the operator's reason to retry stays visible."""
+    return {
+        "$set": {
+            "phase": phase,
+            "lockedAt": EPOCH,
+            "updatedAt": bson_time(now),
+            "attempts": 0,
+            "relocks": 0,
+        },
+        "$rename": {"lastError": "previousError"},
+        "$unset": {"lockToken": ""},
+    }

@@ -2,16 +2,42 @@
 
 from __future__ import annotations
 
+import logging
 import re
 
-_USERINFO = re.compile(r"(?P<scheme>mongodb(?:\+srv)?://)(?P<user>[^:@/\s]+):(?P<pw>[^@/\s]*)@")
+_USERINFO = re.compile(
+    r"(?P<scheme>mongodb(?:\+srv)?://)(?P<user>[^:@/\s]+):(?P<pw>[^@\s]*)@", re.IGNORECASE
+)
 _SECRET_PARAMS = re.compile(
     r"(?P<key>(?:password|pwd|secret|token|tlsCertificateKeyFilePassword)=)[^&\s]+",
     re.IGNORECASE,
 )
+_AWS_TOKEN = re.compile(r"(?P<key>AWS_SESSION_TOKEN:)[^,&\s]+", re.IGNORECASE)
 
 
 def redact(text: str) -> str:
     """Mask the password of every MongoDB URI in ``text`` and secret query parameters."""
     text = _USERINFO.sub(r"\g<scheme>\g<user>:***@", text)
+    text = _AWS_TOKEN.sub(r"\g<key>***", text)
     return _SECRET_PARAMS.sub(r"\g<key>***", text)
+
+
+class RedactingFilter(logging.Filter):
+    """Redacts a record's message and traceback before any handler formats it: a driver
+    error chained under a StoreError would otherwise print its raw text in the traceback."""
+
+    _formatter = logging.Formatter()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            message = record.getMessage()
+        except (TypeError, ValueError):
+            message = str(record.msg)
+        record.msg, record.args = redact(message), None
+        if record.exc_info and not record.exc_text:
+            record.exc_text = self._formatter.formatException(record.exc_info)
+        if record.exc_text:
+            record.exc_text = redact(record.exc_text)
+        if record.stack_info:
+            record.stack_info = redact(record.stack_info)
+        return True

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -36,6 +37,7 @@ class Handler:
     relock_policy: BackoffPolicy
     retry_policy: BackoffPolicy
     name: str = field(default="")
+    to: tuple[str, ...] = ()  # declared transitions; empty: any phase, none drawn
 
 
 def resolve(target: Target) -> tuple[str, type[Resource] | None]:
@@ -84,6 +86,8 @@ class Registry:
     ) -> Handler:
         if not callable(func):
             raise ConfigError(f"a handler must be callable, not {func!r}")
+        if inspect.iscoroutinefunction(func) or inspect.isasyncgenfunction(func):
+            raise ConfigError(f"{_describe(func)} is async; handlers are plain functions")
         collection, model = resolve(target)
         queries.check_match(match)
         key = (collection, _canonical(match))
@@ -103,6 +107,7 @@ class Registry:
             relock_policy=opts.relock_policy or self._settings.relock_policy,
             retry_policy=opts.retry_policy or self._settings.retry_policy,
             name=_describe(func),
+            to=opts.to or (),
         )
         self._keys[key] = handler
         self.handlers.append(handler)

@@ -10,7 +10,14 @@ import secrets
 import socket
 from typing import Any, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from orchestrator.backoff import BackoffPolicy, ExponentialBackoff, ProgressiveBackoff
 from orchestrator.errors import ConfigError
@@ -24,7 +31,10 @@ def default_replica_id() -> str:
 class Settings(BaseModel):
     """Every knob of a replica. Times are in seconds."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
+    # An infinite lock_timeout or max_wait would make a lease that never expires.
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, arbitrary_types_allowed=True, allow_inf_nan=False
+    )
 
     lock_timeout: float = Field(30.0, gt=0, description="A lease older than this is claimable.")
     tick: float = Field(1.0, gt=0, description="Seconds between two ticks of the loop.")
@@ -90,3 +100,20 @@ class HandlerOptions(BaseModel):
     failed_phase: str | None = Field(None, min_length=1)
     relock_policy: BackoffPolicy | None = None
     retry_policy: BackoffPolicy | None = None
+    to: tuple[str, ...] | None = Field(
+        None,
+        description="Phases the handler may advance to: drawn by `orchestrator graph`,"
+        " and any other advance is refused.",
+    )
+
+    @field_validator("to", mode="before")
+    @classmethod
+    def _one_phase(cls, value: Any) -> Any:
+        return (value,) if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _phase_names(self) -> Self:
+        for phase in self.to or ():
+            if not phase or phase.startswith("$"):
+                raise ValueError(f"to: {phase!r} is not a phase name")
+        return self

@@ -12,7 +12,8 @@ from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
 
-from pymongo import ReturnDocument
+from bson.errors import BSONError
+from pymongo import MongoClient, ReturnDocument
 from pymongo.collection import Collection
 from pymongo.database import Database
 from pymongo.errors import (
@@ -20,11 +21,12 @@ from pymongo.errors import (
     ConnectionFailure,
     DuplicateKeyError,
     PyMongoError,
+    ServerSelectionTimeoutError,
 )
 from pymongo.write_concern import WriteConcern
 
 from orchestrator import queries
-from orchestrator.errors import LeaseLost, StoreError
+from orchestrator.errors import ConfigError, LeaseLost, StoreError
 from orchestrator.queries import as_utc
 from orchestrator.redact import redact
 
@@ -46,12 +48,31 @@ def driver_errors(action: str) -> Iterator[None]:
         raise StoreError(
             f"{action} failed: {redact(str(exc))}", transient=is_transient(exc)
         ) from exc
+    except BSONError as exc:  # DocumentTooLarge and unencodable values are not PyMongoErrors
+        raise StoreError(f"{action} failed: {redact(str(exc))}") from exc
+
+
+_BAD_DATABASE_CHARS = frozenset('/\\. "$*<>:|?\x00')
+
+
+def _check_database_name(name: object) -> None:
+    """MongoDB's naming rules, checked before the first operation rather than by it."""
+    if (
+        not isinstance(name, str)
+        or not name
+        or len(name.encode("utf-8")) >= 64
+        or _BAD_DATABASE_CHARS.intersection(name)
+    ):
+        raise ConfigError(
+            f'invalid database name {name!r}: 1 to 63 bytes, none of / \\ . space " $ * < > : | ?'
+        )
 
 
 class Store:
     """Lease reads and writes against one database, with the configured write concern."""
 
     def __init__(self, db: Database[Document], write_concern: str | int = "majority") -> None:
+        _check_database_name(getattr(db, "name", None))
         self._db = db
         self._write_concern = WriteConcern(w=write_concern)
         self._collections: dict[str, Collection[Document]] = {}
@@ -88,15 +109,34 @@ class Store:
         lock_timeout: float,
         token: str,
         replica: str,
+        *,
+        max_wait: float,
     ) -> Document | None:
         """One atomic find-and-modify: the oldest expired lease matching ``match``, or None."""
         with driver_errors(f"claim on {name}"):
             return self.collection(name).find_one_and_update(
-                queries.claim_filter(match, now, lock_timeout),
+                queries.claim_filter(match, now, lock_timeout, max_wait),
                 queries.claim_update(now, token, replica),
                 sort=queries.CLAIM_SORT,
                 return_document=ReturnDocument.AFTER,
             )
+
+    def has_claimable(
+        self,
+        name: str,
+        matches: Sequence[Mapping[str, Any]],
+        now: datetime,
+        lock_timeout: float,
+        *,
+        max_wait: float,
+    ) -> bool:
+        """One read: could any of these handlers' claims find a document now?"""
+        with driver_errors(f"probe {name}"):
+            found = self.collection(name).find_one(
+                queries.probe_filter(matches, now, lock_timeout, max_wait),
+                queries.PROBE_PROJECTION,
+            )
+        return found is not None
 
     def write(
         self, name: str, doc_id: Any, token: str, update: Mapping[str, Any], action: str
@@ -106,6 +146,13 @@ class Store:
             result = self.collection(name).update_one(queries.fenced(doc_id, token), update)
         if result.matched_count == 0:
             raise LeaseLost(name, doc_id, token, action)
+
+    def delete(self, name: str, doc_id: Any, token: str) -> None:
+        """Delete under a lease; ``LeaseLost`` when the lease is no longer this token's."""
+        with driver_errors(f"remove {name}/{doc_id}"):
+            result = self.collection(name).delete_one(queries.fenced(doc_id, token))
+        if result.deleted_count == 0:
+            raise LeaseLost(name, doc_id, token, "remove")
 
     # -- documents ----------------------------------------------------------------------
 
@@ -159,3 +206,57 @@ class Store:
     def find_one(self, name: str, query: Mapping[str, Any]) -> Document | None:
         with driver_errors(f"read from {name}"):
             return self.collection(name).find_one(dict(query))
+
+    # -- operators ----------------------------------------------------------------------
+
+    def collection_names(self) -> list[str]:
+        with driver_errors("list collections"):
+            names = self._db.list_collection_names()
+        return sorted(n for n in names if not n.startswith("system."))
+
+    def phase_summary(self, name: str, now: datetime, lock_timeout: float) -> list[Document]:
+        with driver_errors(f"summarise {name}"):
+            return list(self.collection(name).aggregate(queries.status_pipeline(now, lock_timeout)))
+
+    def latest_errors(self, name: str, limit: int) -> list[Document]:
+        with driver_errors(f"read errors of {name}"):
+            cursor = self.collection(name).find(queries.errors_filter(), queries.ERRORS_PROJECTION)
+            return list(cursor.sort(queries.ERRORS_SORT).limit(limit))
+
+    def operator_update(
+        self, name: str, query: Mapping[str, Any], update: Mapping[str, Any]
+    ) -> Document | None:
+        """An operator's change to one document; the document after it, or None if absent."""
+        with driver_errors(f"update {name}"):
+            return self.collection(name).find_one_and_update(
+                dict(query), dict(update), return_document=ReturnDocument.AFTER
+            )
+
+    def drop(self, name: str) -> None:
+        with driver_errors(f"drop {name}"):
+            self._db.drop_collection(name)
+
+
+def connect(uri: str, database: str | None = None, *, timeout: float = 5.0) -> Database[Document]:
+    """The database of ``uri`` (or ``database``), checked reachable within ``timeout`` s:
+    a command-line tool should fail in seconds with the reason, not hang for thirty."""
+    where = redact(uri)
+    try:
+        client: MongoClient[Document] = MongoClient(
+            uri, serverSelectionTimeoutMS=max(int(timeout * 1000), 1), appname="orchestrator"
+        )
+    except PyMongoError as exc:
+        raise StoreError(f"invalid MongoDB URI {where}: {redact(str(exc))}") from exc
+    try:
+        db = client[database] if database else client.get_default_database("orchestrator")
+        db.command("ping")
+    except ServerSelectionTimeoutError as exc:
+        client.close()
+        raise StoreError(
+            f"cannot reach MongoDB at {where} within {timeout:g}s", transient=True
+        ) from exc
+    except PyMongoError as exc:
+        client.close()
+        raise StoreError(f"MongoDB at {where}: {redact(str(exc))}") from exc
+    _check_database_name(db.name)
+    return db

@@ -13,8 +13,14 @@ NOW = datetime(2026, 1, 1, 12, 0, 0, 123456, tzinfo=UTC)
 
 
 def test_claim_filter_keeps_the_handler_match_and_requires_an_expired_lease() -> None:
-    f = q.claim_filter({"phase": "Deleting"}, NOW, 30)
-    assert f == {"phase": "Deleting", "lockedAt": {"$lt": datetime(2026, 1, 1, 11, 59, 30, 123000)}}
+    f = q.claim_filter({"phase": "Deleting"}, NOW, 30, 3600)
+    assert f == {
+        "phase": "Deleting",
+        "$or": [
+            {"lockedAt": {"$not": {"$gte": datetime(2026, 1, 1, 11, 59, 30, 123000)}}},
+            {"lockedAt": {"$gt": datetime(2026, 1, 1, 13, 0, 0, 123000)}},
+        ],
+    }
 
 
 def test_claim_update_sets_time_token_and_holder() -> None:

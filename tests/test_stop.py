@@ -32,6 +32,7 @@ def test_stop_hands_back_claimed_but_unstarted_work_and_waits_for_running_steps(
         orch.submit("jobs", {"name": name, "phase": "Running"})
 
     claims = 0
+    second_claimed = threading.Event()
     real_claim = Store.claim
 
     def claim_then_sigterm(self: Store, *args: Any, **kwargs: Any) -> Any:
@@ -42,12 +43,14 @@ def test_stop_hands_back_claimed_but_unstarted_work_and_waits_for_running_steps(
         if claims == 2:
             assert started.wait(5)
             orch.request_stop()
+            second_claimed.set()
         return doc
 
     monkeypatch.setattr(Store, "claim", claim_then_sigterm)
     tick = threading.Thread(target=orch.run_once)
     tick.start()
     assert started.wait(5)
+    assert second_claimed.wait(5)
 
     stopper: dict[str, Any] = {}
     stop_thread = threading.Thread(target=lambda: stopper.update(report=orch.stop(timeout=5)))
@@ -100,15 +103,16 @@ def test_the_background_loop_runs_steps_and_survives_a_failing_tick(
         done.set()
         return lease.advance("Done")
 
-    real_claim = Store.claim
+    real_drain = Orchestrator._drain
 
-    def unreachable_once(self: Store, *args: Any, **kwargs: Any) -> Any:
+    # A failed claim no longer fails the tick (the handler sits it out): fail the tick itself.
+    def failing_once(self: Orchestrator) -> None:
         if not failed_once.is_set():
             failed_once.set()
             raise StoreError("database unreachable", transient=True)
-        return real_claim(self, *args, **kwargs)
+        real_drain(self)
 
-    monkeypatch.setattr(Store, "claim", unreachable_once)
+    monkeypatch.setattr(Orchestrator, "_drain", failing_once)
     orch.start()
     try:
         orch.submit("jobs", {"phase": "Running"})

@@ -1,0 +1,7 @@
+"""``python -m orchestrator ...``: the same command as the ``orchestrator`` script."""
+
+import sys
+
+from orchestrator.cli import main
+
+sys.exit(main())

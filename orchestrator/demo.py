@@ -1,0 +1,389 @@
+"""``orchestrator demo``: the gateway workflow at scale, three replicas, checked at the end.
+
+It creates gateways with custom domains, waits while the replicas provision them (each
+certificate really waits out its delay, by relocking with progressive backoff), deletes a
+share of them, then audits the result: every resource in its expected final phase, no
+side effect run twice (a ledger with a unique key counts repeats), no lease left held.
+Time is real; ``tick`` and ``lock_timeout`` are small so the run takes seconds.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pymongo.database import Database
+from rich.console import Console, Group
+from rich.live import Live
+from rich.progress_bar import ProgressBar
+from rich.table import Table
+from rich.text import Text
+
+from orchestrator.errors import ConfigError
+from orchestrator.status import Status, collect
+from orchestrator.store import Document, connect
+from orchestrator.testing import memory_database
+
+PHASES = ("Creating", "Created", "Deleting", "Deleted", "Failed")
+WATCHED = ("gateways", "runtimeDomains")
+
+
+@dataclass(frozen=True)
+class DemoOptions:
+    gateways: int = 100
+    replicas: int = 3
+    delete_fraction: float = 0.5
+    cert_delay: float = 1.0
+    fail_rate: float = 0.02
+    seed: int = 1
+    uri: str | None = None
+    database: str = "orchestrator_demo"
+    tick: float = 0.05
+    lock_timeout: float = 5.0
+    timeout: float = 120.0
+    log_file: Path | None = None
+
+    def check(self) -> None:
+        if self.gateways < 1:
+            raise ConfigError("--gateways must be at least 1")
+        if not 1 <= self.replicas <= 32:
+            raise ConfigError("--replicas must be between 1 and 32")
+        if not 0.0 <= self.delete_fraction <= 1.0:
+            raise ConfigError("--delete-fraction must be between 0 and 1")
+        if self.cert_delay < 0:
+            raise ConfigError("--cert-delay must be >= 0 seconds")
+        if not 0.0 <= self.fail_rate < 0.5:
+            raise ConfigError("--fail-rate must be in [0, 0.5)")
+
+
+@dataclass
+class _Waits:
+    """Relock waits of the certificate step, read from its log records."""
+
+    values: list[float] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class _WaitCollector(logging.Handler):
+    def __init__(self, waits: _Waits) -> None:
+        super().__init__(logging.INFO)
+        self.waits = waits
+
+    def emit(self, record: logging.LogRecord) -> None:
+        wait = getattr(record, "wait", None)
+        if isinstance(wait, int | float) and getattr(record, "outcome", None) == "relocked":
+            with self.waits.lock:
+                self.waits.values.append(float(wait))
+
+
+@contextmanager
+def _quiet_logs(log_file: Path | None, waits: _Waits) -> Iterator[None]:
+    """Keep log lines off the live display: to ``log_file`` if given, else nowhere."""
+    names = ("orchestrator", "examples", "apscheduler")
+    saved = [(logging.getLogger(n), logging.getLogger(n).propagate) for n in names]
+    saved_levels = [lg.level for lg, _ in saved]
+    handlers: list[logging.Handler] = [_WaitCollector(waits)]
+    if log_file is not None:
+        to_file = logging.FileHandler(log_file, encoding="utf-8")
+        to_file.setFormatter(
+            logging.Formatter("%(asctime)s %(levelname)s %(name)s [%(threadName)s] %(message)s")
+        )
+        handlers.append(to_file)
+    for lg, _ in saved:
+        lg.propagate = False
+        lg.setLevel(logging.WARNING if lg.name == "apscheduler" else logging.INFO)
+        for handler in handlers:
+            lg.addHandler(handler)
+    try:
+        yield
+    finally:
+        for (lg, propagate), level in zip(saved, saved_levels, strict=True):
+            lg.propagate = propagate
+            lg.setLevel(level)
+            for handler in handlers:
+                lg.removeHandler(handler)
+        for handler in handlers:
+            handler.close()
+
+
+def run(options: DemoOptions, console: Console) -> int:
+    """Run the demo; 0 when every invariant holds, 1 otherwise."""
+    options.check()
+    # The workflow lives in examples/ (the repository's, or an installed copy).
+    from examples.gateway import Faults, Workflow, build  # noqa: PLC0415
+
+    if options.uri:
+        db = connect(options.uri, options.database, timeout=10)
+        store_name = f"MongoDB database {db.name!r}"
+    else:
+        db = memory_database(options.database)
+        store_name = "the embedded in-memory store"
+    faults = Faults(options.fail_rate, options.seed)
+    replicas: list[Workflow] = [
+        build(
+            db,
+            replica_id=f"replica-{n + 1}",
+            cert_delay=options.cert_delay,
+            faults=faults,
+            tick=options.tick,
+            lock_timeout=options.lock_timeout,
+        )
+        for n in range(options.replicas)
+    ]
+    replicas[0].platform.reset()
+    names = [f"gw-{n:03d}" for n in range(options.gateways)]
+    deleted = sorted(
+        random.Random(options.seed).sample(names, round(len(names) * options.delete_fraction))
+    )
+    kept = sorted(set(names) - set(deleted))
+    console.print(
+        f"[bold]orchestrator demo[/]: {len(names)} gateways with custom domains, "
+        f"{len(replicas)} replicas on {store_name}; certificates take {options.cert_delay:g}s, "
+        f"{options.fail_rate:.0%} of service calls fail; then {len(deleted)} are deleted.",
+        soft_wrap=True,
+    )
+    waits = _Waits()
+    started = time.monotonic()
+    display = _Display(console, db, replicas, started, len(names), len(deleted))
+    timed_out: str | None = None
+    with _quiet_logs(options.log_file, waits):
+        for workflow in replicas:
+            workflow.orch.start()
+        try:
+            for n, name in enumerate(names):
+                replicas[n % len(replicas)].platform.create_gateway(
+                    name, custom_domain=f"{name}.example.com"
+                )
+
+            def provisioned(status: Status) -> bool:
+                gateways = status.counts().get("gateways", {})
+                return gateways.get("Created", 0) + gateways.get("Failed", 0) >= len(names)
+
+            if not display.until(provisioned, "provisioning", options.timeout):
+                timed_out = "provisioning"
+            else:
+                for n, name in enumerate(deleted):
+                    replicas[n % len(replicas)].platform.set_state(name, "Deleted")
+
+                def finished(status: Status) -> bool:
+                    gateways = status.counts().get("gateways", {})
+                    live = sum(gateways.values())
+                    return live == len(kept) and replicas[0].platform.archived() == len(deleted)
+
+                if not display.until(finished, "deleting", options.timeout):
+                    timed_out = "deletion"
+        finally:
+            reports = [w.orch.stop(timeout=10) for w in replicas]
+    elapsed = time.monotonic() - started
+    status = collect(db, collections=None, lock_timeout=options.lock_timeout, errors=3)
+    return _report(
+        console,
+        options,
+        replicas,
+        status,
+        elapsed,
+        kept,
+        deleted,
+        waits,
+        timed_out,
+        sum(len(r.still_running) for r in reports),
+    )
+
+
+class _Display:
+    """Live phase counts while the replicas work: a rich table on a terminal, a compact
+    line a second otherwise (logs, CI)."""
+
+    def __init__(
+        self,
+        console: Console,
+        db: Database[Document],
+        replicas: list[Any],
+        started: float,
+        total: int,
+        to_delete: int,
+    ) -> None:
+        self.console = console
+        self.db = db
+        self.replicas = replicas
+        self.started = started
+        self.total = total
+        self.to_delete = to_delete
+
+    def until(self, done: Callable[[Status], bool], stage: str, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        pause = threading.Event()
+        if self.console.is_terminal:
+            with Live(console=self.console, refresh_per_second=8, transient=False) as live:
+                while True:
+                    status = self._status()
+                    live.update(self._render(status, stage))
+                    if done(status):
+                        return True
+                    if time.monotonic() > deadline:
+                        return False
+                    pause.wait(0.2)
+        last_line = 0.0
+        while True:
+            status = self._status()
+            finished = done(status)
+            now = time.monotonic()
+            if finished or now - last_line >= 1.0:
+                self.console.print(self._line(status, stage), highlight=False, soft_wrap=True)
+                last_line = now
+            if finished:
+                return True
+            if now > deadline:
+                return False
+            pause.wait(0.2)
+
+    def _status(self) -> Status:
+        return collect(self.db, collections=WATCHED, lock_timeout=30.0, errors=0)
+
+    def _steps(self) -> int:
+        return sum(r.orch.stats().get("claimed", 0) for r in self.replicas)
+
+    def _render(self, status: Status, stage: str) -> Group:
+        counts = status.counts()
+        table = Table(title=f"{stage}  ({time.monotonic() - self.started:.1f}s)")
+        table.add_column("collection")
+        for phase in PHASES:
+            table.add_column(phase, justify="right")
+        table.add_column("leased now", justify="right")
+        for name in WATCHED:
+            row = counts.get(name, {})
+            leased = sum(p.leased for p in status.phases if p.collection == name)
+            table.add_row(name, *(str(row.get(p, "")) for p in PHASES), str(leased))
+        gateways = counts.get("gateways", {})
+        archived = self.replicas[0].platform.archived()
+        # A gateway being deleted (or gone) was provisioned first.
+        done = archived + sum(gateways.get(p, 0) for p in ("Created", "Deleting", "Deleted"))
+        bars = Table.grid(padding=(0, 1))
+        bars.add_row(
+            "provisioned",
+            ProgressBar(total=self.total, completed=min(done, self.total), width=40),
+            f"{min(done, self.total)}/{self.total}",
+        )
+        bars.add_row(
+            "deleted",
+            ProgressBar(total=max(self.to_delete, 1), completed=archived, width=40),
+            f"{archived}/{self.to_delete}",
+        )
+        steps = self._steps()
+        rate = steps / max(time.monotonic() - self.started, 1e-9)
+        return Group(table, bars, Text(f"steps {steps} ({rate:.0f}/s)"))
+
+    def _line(self, status: Status, stage: str) -> str:
+        counts = status.counts()
+        parts = [
+            f"{name} " + " ".join(f"{p}={n}" for p, n in sorted(counts.get(name, {}).items()))
+            for name in WATCHED
+        ]
+        elapsed = time.monotonic() - self.started
+        archived = self.replicas[0].platform.archived()
+        return (
+            f"[{elapsed:5.1f}s] {stage}: " + " | ".join(parts) + f" | archived {archived}"
+            f" | steps {self._steps()}"
+        )
+
+
+def _report(
+    console: Console,
+    options: DemoOptions,
+    replicas: list[Any],
+    status: Status,
+    elapsed: float,
+    kept: list[str],
+    deleted: list[str],
+    waits: _Waits,
+    timed_out: str | None,
+    still_running: int,
+) -> int:
+    stats = [r.orch.stats() for r in replicas]
+    total: Counter[str] = Counter()
+    for s in stats:
+        total.update(s)
+    platform = replicas[0].platform
+    repeats = platform.repeats()
+    problems = platform.audit(kept, deleted)
+    held = sum(p.leased + p.overdue for p in status.phases)
+    failed = [p for p in status.phases if p.phase == "Failed"]
+    checks = [
+        (
+            timed_out is None,
+            f"finished within {options.timeout:g}s per stage"
+            if timed_out is None
+            else f"{timed_out} did not finish within {options.timeout:g}s",
+        ),
+        (repeats == 0, f"steps run twice: {repeats}"),
+        (
+            not problems,
+            f"{len(kept)} kept gateways Created with every child, domain, "
+            f"certificate and ingress; {len(deleted)} deleted ones archived, nothing left behind"
+            if not problems
+            else f"{len(problems)} resources out of place: {problems[:3]}",
+        ),
+        (
+            not failed,
+            "no document in the failed phase"
+            if not failed
+            else f"failed: {[(p.collection, p.count) for p in failed]}",
+        ),
+        (
+            held == 0 and still_running == 0,
+            f"no lease left held ({held} held, {still_running} steps still running at stop)",
+        ),
+    ]
+    steps = total.get("claimed", 0)
+    with waits.lock:
+        relock_waits = sorted(waits.values)
+    table = Table(
+        title=f"Report: {len(kept) + len(deleted)} gateways, {len(replicas)} replicas",
+        show_header=False,
+    )
+    table.add_column("", style="bold")
+    table.add_column("")
+    table.add_row("wall time", f"{elapsed:.1f} s")
+    table.add_row("steps", f"{steps} ({steps / max(elapsed, 1e-9):.0f} per second)")
+    table.add_row(
+        "steps per replica",
+        ", ".join(
+            f"{r.orch.replica_id} {s.get('claimed', 0)}"
+            for r, s in zip(replicas, stats, strict=True)
+        ),
+    )
+    table.add_row("relocks", str(total.get("relocked", 0)))
+    if relock_waits:
+        table.add_row(
+            "certificate waits",
+            f"{len(relock_waits)} relocks, wait {relock_waits[0]:.2f}s up to "
+            f"{relock_waits[-1]:.2f}s (a tenth of the time waited)",
+        )
+    table.add_row("retries", f"{total.get('retrying', 0)} (injected faults, retried with backoff)")
+    table.add_row("steps run twice", str(repeats))
+    counts = status.counts()
+    table.add_row(
+        "final phases",
+        "; ".join(
+            f"{name}: " + ", ".join(f"{n} {p}" for p, n in sorted(counts.get(name, {}).items()))
+            for name in WATCHED
+        )
+        + f"; archived gateways: {platform.archived()}",
+    )
+    console.print(table)
+    for ok, text in checks:
+        mark = "[green]ok[/]  " if ok else "[red]FAIL[/]"
+        console.print(f"  {mark} {text}", highlight=False, soft_wrap=True)
+    healthy = all(ok for ok, _ in checks)
+    console.print(
+        "[bold green]all invariants hold[/]" if healthy else "[bold red]invariants failed[/]"
+    )
+    return 0 if healthy else 1

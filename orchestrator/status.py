@@ -1,0 +1,119 @@
+"""What operators ask first: where are the documents, who holds them, what failed."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from pymongo.database import Database
+
+from orchestrator.errors import ConfigError
+from orchestrator.queries import as_utc
+from orchestrator.store import Document, Store
+
+
+@dataclass(frozen=True)
+class PhaseCount:
+    """``leased``: held by a live lease; ``overdue``: held past the lock timeout (its
+    replica died or is stuck; claimable); ``waiting``: sitting out a relock or retry;
+    ``failed``: whose last attempt failed."""
+
+    collection: str
+    phase: str
+    count: int
+    leased: int
+    overdue: int
+    waiting: int
+    failed: int
+
+
+@dataclass(frozen=True)
+class RecentError:
+    collection: str
+    id: str
+    phase: str | None
+    attempts: int
+    type: str
+    message: str
+    at: datetime | None
+
+
+@dataclass(frozen=True)
+class Status:
+    at: datetime
+    lock_timeout: float
+    phases: list[PhaseCount] = field(default_factory=list)
+    errors: list[RecentError] = field(default_factory=list)
+
+    def counts(self) -> dict[str, dict[str, int]]:
+        """``{collection: {phase: count}}``."""
+        out: dict[str, dict[str, int]] = {}
+        for row in self.phases:
+            out.setdefault(row.collection, {})[row.phase] = row.count
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["at"] = self.at.isoformat()
+        for error in data["errors"]:
+            error["at"] = error["at"].isoformat() if error["at"] is not None else None
+        return data
+
+
+def collect(
+    db: Database[Document],
+    *,
+    collections: Sequence[str] | None = None,
+    lock_timeout: float = 30.0,
+    errors: int = 5,
+) -> Status:
+    """Phase counts of ``collections`` (by default every collection holding phased
+    documents) and their latest ``errors`` errors each, judged by the server's clock."""
+    store = Store(db)
+    present = store.collection_names()
+    if collections:
+        unknown = [c for c in collections if c not in present]
+        if unknown:
+            known = ", ".join(present) or "none"
+            raise ConfigError(
+                f"unknown collection {', '.join(map(repr, unknown))} in database "
+                f"{db.name!r} (it has: {known})"
+            )
+        names = list(collections)
+    else:
+        names = present
+    now = store.server_time() or datetime.now(UTC)
+    status = Status(at=now, lock_timeout=lock_timeout)
+    for name in names:
+        for row in store.phase_summary(name, now, lock_timeout):
+            status.phases.append(
+                PhaseCount(
+                    collection=name,
+                    phase=str(row["_id"]),
+                    count=row["count"],
+                    leased=row["leased"],
+                    overdue=row["overdue"],
+                    waiting=row["waiting"],
+                    failed=row["failed"],
+                )
+            )
+        if errors > 0:
+            status.errors.extend(_error(name, doc) for doc in store.latest_errors(name, errors))
+    return status
+
+
+def _error(collection: str, doc: Document) -> RecentError:
+    error = doc.get("lastError") or {}
+    at = error.get("at")
+    attempts = doc.get("attempts")
+    return RecentError(
+        collection=collection,
+        id=str(doc.get("_id")),
+        phase=doc.get("phase"),
+        attempts=attempts if isinstance(attempts, int) else 0,
+        type=str(error.get("type", "?")),
+        message=str(error.get("message", "")),
+        at=as_utc(at) if isinstance(at, datetime) else None,
+    )

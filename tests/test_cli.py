@@ -1,0 +1,276 @@
+"""The ``orchestrator`` command: each subcommand, and each bad input as one clear line."""
+
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pymongo.database import Database
+
+from orchestrator import Lease, Orchestrator, cli
+from orchestrator.queries import bson_time
+from orchestrator.testing import FakeClock
+
+ROOT = Path(__file__).resolve().parent.parent
+URI = "mongodb://ops:hunter2@db.internal:27017/platform"
+
+
+@pytest.fixture
+def connected(db: Database[Any], monkeypatch: pytest.MonkeyPatch) -> Database[Any]:
+    """``--uri`` resolves to the test database (in-memory, or the real server)."""
+    monkeypatch.setattr(cli, "connect", lambda uri, database, timeout: db)
+    return db
+
+
+def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    code = cli.main(argv)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def assert_one_line_error(code: int, err: str, *needles: str) -> None:
+    assert code == 2
+    assert "Traceback" not in err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    for needle in needles:
+        assert needle in lines[0]
+
+
+def seed(db: Database[Any], clock: FakeClock) -> Orchestrator:
+    """Three gateways: one done, one whose step keeps failing, one held by a dead replica."""
+    orch = Orchestrator(db, replica_id="pod-1", clock=clock, clock_refresh=1e9, max_attempts=2)
+
+    @orch.phase("gateways", "Deleting", to="Deleted")
+    def delete(lease: Lease[Any]) -> Any:
+        if lease.doc["name"] == "broken":
+            raise RuntimeError("stage API said no")
+        return lease.advance("Deleted")
+
+    for name in ("done", "broken"):
+        orch.submit("gateways", {"_id": name, "name": name, "phase": "Deleting"})
+    orch.run_once()
+    clock.advance(10)
+    orch.run_once()
+    db.gateways.insert_one(
+        {
+            "_id": "stuck",
+            "name": "stuck",
+            "phase": "Deleting",
+            "lockedAt": bson_time(clock.now() - timedelta(seconds=100)),
+            "lockToken": "dead",
+            "lockedBy": "pod-9",
+        }
+    )
+    return orch
+
+
+def test_status_reports_counts_leases_and_errors_as_json(
+    connected: Database[Any], clock: FakeClock, capsys: pytest.CaptureFixture[str]
+) -> None:
+    seed(connected, clock)
+    code, out, _ = run(["status", "--uri", URI, "--json"], capsys)
+    assert code == 0
+    report = json.loads(out)
+    rows = {(r["collection"], r["phase"]): r for r in report["phases"]}
+    assert rows[("gateways", "Deleted")]["count"] == 1
+    assert rows[("gateways", "Failed")]["failed"] == 1
+    assert rows[("gateways", "Deleting")]["overdue"] == 1
+    assert rows[("gateways", "Deleting")]["leased"] == 0
+    [error] = report["errors"]
+    assert error["id"] == "broken"
+    assert error["type"] == "RuntimeError"
+    assert error["message"] == "stage API said no"
+
+
+def test_status_prints_a_table(
+    connected: Database[Any], clock: FakeClock, capsys: pytest.CaptureFixture[str]
+) -> None:
+    seed(connected, clock)
+    code, out, _ = run(["status", "--uri", URI, "-c", "gateways"], capsys)
+    assert code == 0
+    assert "gateways" in out and "Deleting" in out and "overdue" in out
+    assert "RuntimeError: stage API" in out
+
+
+def test_status_refuses_an_unknown_collection(
+    connected: Database[Any], clock: FakeClock, capsys: pytest.CaptureFixture[str]
+) -> None:
+    seed(connected, clock)
+    code, _, err = run(["status", "--uri", URI, "-c", "gatewayz"], capsys)
+    assert_one_line_error(code, err, "unknown collection 'gatewayz'", "gateways")
+
+
+def test_an_unreachable_server_fails_fast_without_showing_the_password(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    uri = "mongodb://ops:hunter2@127.0.0.1:1/platform"
+    started = time.monotonic()
+    code, out, err = run(["status", "--uri", uri, "--connect-timeout", "0.3"], capsys)
+    assert time.monotonic() - started < 10  # a bound against hanging, not a timing claim
+    assert_one_line_error(code, err, "cannot reach MongoDB", "ops:***@127.0.0.1:1")
+    assert "hunter2" not in out + err
+
+
+def test_a_malformed_uri_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(["status", "--uri", "mongodb://ops:hunter2@/"], capsys)
+    assert_one_line_error(code, err, "URI")
+    assert "hunter2" not in out + err
+
+
+def test_status_needs_a_database(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("MONGODB_URI", raising=False)
+    code, _, err = run(["status"], capsys)
+    assert_one_line_error(code, err, "MONGODB_URI")
+
+
+def test_unlock_frees_a_dead_replicas_lease(
+    connected: Database[Any], clock: FakeClock, capsys: pytest.CaptureFixture[str]
+) -> None:
+    orch = seed(connected, clock)
+    code, out, _ = run(["unlock", "stuck", "-c", "gateways", "--uri", URI], capsys)
+    assert code == 0
+    assert "unlocked gateways/stuck" in out
+    doc = connected.gateways.find_one({"_id": "stuck"})
+    assert "lockToken" not in doc
+    assert orch.run_once().get("advanced") == 1  # claimable at once
+
+
+def test_retry_sends_a_failed_document_back_to_its_error_phase(
+    connected: Database[Any], clock: FakeClock, capsys: pytest.CaptureFixture[str]
+) -> None:
+    seed(connected, clock)
+    code, out, _ = run(["retry", "broken", "-c", "gateways", "--uri", URI], capsys)
+    assert code == 0
+    assert "Failed -> Deleting" in out
+    doc = connected.gateways.find_one({"_id": "broken"})
+    assert doc["phase"] == "Deleting"
+    assert doc["attempts"] == 0
+    assert "lastError" not in doc
+    assert doc["previousError"]["message"] == "stage API said no"
+
+    code, out, _ = run(
+        ["retry", "done", "-c", "gateways", "--phase", "Deleting", "--uri", URI], capsys
+    )
+    assert code == 0
+    assert connected.gateways.find_one({"_id": "done"})["phase"] == "Deleting"
+
+
+@pytest.mark.parametrize("command", ["unlock", "retry"])
+def test_operators_commands_refuse_missing_documents_and_collections(
+    command: str, connected: Database[Any], clock: FakeClock, capsys: pytest.CaptureFixture[str]
+) -> None:
+    seed(connected, clock)
+    code, _, err = run([command, "nope", "-c", "gateways", "--uri", URI], capsys)
+    assert_one_line_error(code, err, "no document 'nope'")
+    code, _, err = run([command, "done", "-c", "gatewayz", "--uri", URI], capsys)
+    assert_one_line_error(code, err, "unknown collection 'gatewayz'")
+
+
+def test_retry_without_a_recorded_phase_asks_for_one(
+    connected: Database[Any], clock: FakeClock, capsys: pytest.CaptureFixture[str]
+) -> None:
+    seed(connected, clock)
+    code, _, err = run(["retry", "done", "-c", "gateways", "--uri", URI], capsys)
+    assert_one_line_error(code, err, "pass --phase")
+
+
+def test_graph_draws_the_gateway_workflow(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(["graph", "examples.gateway:worker"], capsys)
+    assert code == 0
+    assert out.startswith("stateDiagram-v2\n")
+    assert "gateways_Creating --> gateways_Created : provision" in out
+    assert "gateways_Created --> gateways_Deleting : begin_deletion [state=Deleted]" in out
+    assert "gateways_Deleting --> gateways_Deleted : delete_children" in out
+    assert "runtimeDomains_Creating --> runtimeDomains_Created : create_domain" in out
+
+
+@pytest.mark.parametrize(
+    ("target", "message"),
+    [
+        ("examples.gateway", "expected module:attribute"),
+        ("no_such_module:orch", "cannot import 'no_such_module'"),
+        ("examples.gateway:nothing", "has no attribute 'nothing'"),
+        ("examples.gateway:CREATE_ORDER", "is a tuple, not an Orchestrator"),
+    ],
+)
+def test_graph_and_run_refuse_a_wrong_target(
+    target: str, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for command in ("graph", "run"):
+        code, _, err = run([command, target], capsys)
+        assert_one_line_error(code, err, message)
+
+
+def test_demo_at_a_tiny_size_passes_its_audit(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("MONGODB_URI", raising=False)
+    code, out, _ = run(
+        ["demo", "--gateways", "6", "--replicas", "2", "--cert-delay", "0.2", "--seed", "3"],
+        capsys,
+    )
+    assert code == 0, out
+    assert "steps run twice" in out
+    assert "all invariants hold" in out
+
+
+def test_demo_refuses_bad_sizes(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(["demo", "--gateways", "0"], capsys)
+    assert_one_line_error(code, err, "--gateways")
+    code, _, err = run(["demo", "--delete-fraction", "1.5"], capsys)
+    assert_one_line_error(code, err, "--delete-fraction")
+
+
+WORKER = """
+from orchestrator import Orchestrator
+from orchestrator.testing import memory_database
+
+orch = Orchestrator(memory_database(), replica_id="worker-1", tick=0.05, lock_timeout=1)
+
+
+@orch.phase("jobs", "Pending", to="Done")
+def finish(lease):
+    return lease.advance("Done")
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_run_stops_gracefully_on_a_signal(sig: signal.Signals, tmp_path: Path) -> None:
+    (tmp_path / "myworker.py").write_text(textwrap.dedent(WORKER))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator", "run", "myworker:orch", "--log-level", "WARNING"],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        selector = selectors.DefaultSelector()
+        selector.register(proc.stdout, selectors.EVENT_READ)
+        assert selector.select(timeout=30), "the worker never said it was running"
+        assert "replica worker-1 running 1 handlers" in proc.stdout.readline()
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err
+    assert "replica worker-1 stopped: 0 unstarted lease(s) handed back, 0 step(s)" in out
+    assert "Traceback" not in err
