@@ -39,7 +39,7 @@ logger.addFilter(RedactingFilter())
 F = TypeVar("F", bound=Callable[..., Any])
 
 # Outcomes after which something may be claimable at once (by this or another handler).
-_FREES_WORK = frozenset({"unlocked", "advanced", "failed", "released", "timed_out"})
+_FREES_WORK = frozenset({"unlocked", "advanced", "failed", "released", "timed_out", "done"})
 
 
 @dataclass
@@ -398,7 +398,11 @@ class Orchestrator:
                     "unrecorded",
                 )
                 return "unrecorded"
-        assert result is not None
+        if result is None:
+            # The handler wrote its outcome without returning it, or it returned after
+            # step_timeout took the lease back: nothing is left to write.
+            self._log(logging.DEBUG, "step done; its lease was already released", lease, "done")
+            return "done"
         self._log(logging.DEBUG, "step done", lease, result.action, wait=result.wait)
         return result.action
 

@@ -1,0 +1,111 @@
+"""Counting database operations and the time spent inside them.
+
+The wrapper sits between the library's ``Store`` and the database (in-memory or real), so
+it sees exactly the operations the library sends: the benchmarks count idle operations
+with it and split a step's time into "in the database" and "everything else".
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from typing import Any
+
+# Collection methods that send one operation to the server.
+_OPERATIONS = frozenset(
+    {
+        "find_one_and_update",
+        "find_one",
+        "find",
+        "update_one",
+        "update_many",
+        "insert_one",
+        "insert_many",
+        "delete_one",
+        "delete_many",
+        "count_documents",
+        "aggregate",
+        "create_index",
+    }
+)
+
+
+class Meter:
+    """Operations by name and seconds spent in them, summed over every thread."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.ops: Counter[str] = Counter()
+        self.seconds = 0.0
+
+    def record(self, name: str, seconds: float) -> None:
+        with self._lock:
+            self.ops[name] += 1
+            self.seconds += seconds
+
+    def reset(self) -> None:
+        with self._lock:
+            self.ops.clear()
+            self.seconds = 0.0
+
+    def total(self) -> int:
+        with self._lock:
+            return sum(self.ops.values())
+
+    def snapshot(self) -> tuple[dict[str, int], float]:
+        with self._lock:
+            return dict(self.ops), self.seconds
+
+
+def _timed(meter: Meter, name: str, method: Any) -> Any:
+    def call(*args: Any, **kwargs: Any) -> Any:
+        started = time.perf_counter()
+        try:
+            return method(*args, **kwargs)
+        finally:
+            meter.record(name, time.perf_counter() - started)
+
+    return call
+
+
+class CountingCollection:
+    """A collection whose operations are counted and timed by ``meter``."""
+
+    def __init__(self, collection: Any, meter: Meter) -> None:
+        self._collection = collection
+        self._meter = meter
+
+    def with_options(self, *args: Any, **kwargs: Any) -> CountingCollection:
+        return CountingCollection(self._collection.with_options(*args, **kwargs), self._meter)
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self._collection, name)
+        if name in _OPERATIONS:
+            return _timed(self._meter, name, value)
+        return value
+
+
+class CountingDatabase:
+    """A database whose collections and commands are counted (pass it to Orchestrator)."""
+
+    def __init__(self, db: Any, meter: Meter) -> None:
+        self._db = db
+        self.meter = meter
+
+    @property
+    def name(self) -> str:
+        return str(self._db.name)
+
+    def get_collection(self, name: str, *args: Any, **kwargs: Any) -> CountingCollection:
+        return CountingCollection(self._db.get_collection(name, *args, **kwargs), self.meter)
+
+    def __getitem__(self, name: str) -> CountingCollection:
+        return self.get_collection(name)
+
+    def command(self, command: Any, *args: Any, **kwargs: Any) -> Any:
+        name = command if isinstance(command, str) else next(iter(command))
+        return _timed(self.meter, f"command:{name}", self._db.command)(command, *args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._db, name)

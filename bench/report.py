@@ -1,0 +1,184 @@
+"""The results as JSON, a Markdown table (with the machine and the date) and a plot."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # after use(): the backend must be chosen first
+
+GOALS = {
+    "throughput": 0.8,
+    "overhead_us": 50.0,
+    "latency": 50.0,
+    "idle_ops": 1.0,
+}
+
+
+def machine() -> dict[str, Any]:
+    return {
+        "system": f"{platform.system()} {platform.release()}",
+        "machine": platform.machine(),
+        "processor": platform.processor() or platform.machine(),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+    }
+
+
+def rows(results: dict[str, Any]) -> list[dict[str, str]]:
+    """One row per figure: what was measured, the ratio, the goal and whether it is met."""
+    f = results["figures"]
+    out: list[dict[str, str]] = []
+    for t in f["throughput"]:
+        ok = t["ratio"] >= GOALS["throughput"]
+        out.append(
+            _row(
+                f"1. step throughput, concurrency {t['concurrency']}",
+                f"{t['orchestrator_steps_per_s']:.0f} steps/s vs bare loop "
+                f"{t['bare_steps_per_s']:.0f}",
+                f"{t['ratio']:.2f}",
+                ">= 0.8",
+                ok,
+            )
+        )
+    o = f["overhead"]
+    out.append(
+        _row(
+            "2. overhead per step outside database calls (concurrency 1)",
+            f"{o['orchestrator_outside_db_us']:.0f} us outside db, bare loop "
+            f"{o['bare_outside_db_us']:.0f} us (same queries built, same instrumentation)",
+            f"{o['overhead_us']:.0f} us",
+            "< 50 us",
+            o["overhead_us"] < GOALS["overhead_us"],
+        )
+    )
+    lat = f["latency"]
+    out.append(
+        _row(
+            "3. six-step workflow, one replica, tick 1 s",
+            f"{lat['orchestrator_s'] * 1e3:.1f} ms vs classic {lat['baseline_s']:.2f} s",
+            f"{lat['ratio']:.0f}x",
+            ">= 50x",
+            lat["ratio"] >= GOALS["latency"],
+        )
+    )
+    b = f["batch"]
+    out.append(
+        _row(
+            f"4. batch: {b['documents']} documents x {b['steps']} steps, {b['replicas']} replicas",
+            f"{b['orchestrator']['seconds']:.1f} s vs classic {b['baseline']['seconds']:.0f} s",
+            f"{b['ratio']:.0f}x",
+            "faster",
+            b["ratio"] > 1,
+        )
+    )
+    for r in f["idle"]["rows"]:
+        out.append(
+            _row(
+                f"5. idle ops per replica per second, {r['handlers']} handler(s) on "
+                f"{r['collections']} collection(s)",
+                f"{r['orchestrator']:.2f} vs classic {r['baseline']:.2f} (+ clock: "
+                f"{r['orchestrator_clock']:.3f} hello/s)",
+                f"{r['baseline'] / r['orchestrator']:.1f}x fewer",
+                "<= 1 op/s",
+                r["orchestrator"] <= GOALS["idle_ops"],
+            )
+        )
+    p = f["pickup"]
+    out.append(
+        _row(
+            "6. pickup after a local submit / advance (tick 1 s)",
+            f"{p['after_submit_ms']:.1f} ms / {p['after_advance_ms']:.1f} ms; classic waits "
+            f"for the next tick ({p['baseline_mean_ms']:.0f} ms on average)",
+            f"{p['submit_ratio']:.0f}x",
+            "well under a tick",
+            p["after_submit_ms"] < 100 and p["after_advance_ms"] < 100,
+        )
+    )
+    real = f["real_server"]
+    if "skipped" in real:
+        out.append(_row("7. claim on a real server", f"skipped: {real['skipped']}", "-", "-", None))
+    for r in real.get("rows", []):
+        out.append(
+            _row(
+                f"7. claim on a real server, {r['documents']:,} documents",
+                f"{r['claim_ms_median']:.2f} ms; plan stages {', '.join(r['stages'])}",
+                "-",
+                "IXSCAN, no SORT",
+                r["index_scan"] and not r["in_memory_sort"],
+            )
+        )
+    return out
+
+
+def _row(figure: str, measured: str, ratio: str, goal: str, met: bool | None) -> dict[str, str]:
+    verdict = "n/a" if met is None else ("yes" if met else "**no**")
+    return {"figure": figure, "measured": measured, "ratio": ratio, "goal": goal, "met": verdict}
+
+
+def markdown(results: dict[str, Any], notes: list[str]) -> str:
+    meta = results["meta"]
+    m = meta["machine"]
+    lines = [
+        "# Benchmarks",
+        "",
+        f"Run of `{meta['command']}` on {meta['date']} — {m['system']}, {m['processor']}, "
+        f"{m['cpus']} CPUs, Python {m['python']}; store: {meta['store']}; "
+        f"size `{meta['size']}` ({meta['seconds']:.0f} s).",
+        "",
+        "| figure | measured | ratio | goal | met |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for r in rows(results):
+        lines.append(
+            f"| {r['figure']} | {r['measured']} | {r['ratio']} | {r['goal']} | {r['met']} |"
+        )
+    lines += ["", "![steps per second and idle operations](benchmarks.png)", "", "## Notes", ""]
+    lines += [f"- {n}" for n in notes]
+    return "\n".join(lines) + "\n"
+
+
+def write_json(results: dict[str, Any], path: Path) -> None:
+    path.write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
+
+
+def plot(results: dict[str, Any], path: Path) -> None:
+    f = results["figures"]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    labels = [f"concurrency {t['concurrency']}" for t in f["throughput"]]
+    xs = range(len(labels))
+    left.bar(
+        [x - 0.2 for x in xs],
+        [t["orchestrator_steps_per_s"] for t in f["throughput"]],
+        0.4,
+        label="orchestrator",
+    )
+    left.bar(
+        [x + 0.2 for x in xs],
+        [t["bare_steps_per_s"] for t in f["throughput"]],
+        0.4,
+        label="bare claim+release loop",
+    )
+    left.set_xticks(list(xs), labels)
+    left.set_ylabel("steps per second")
+    left.set_title("Step throughput (same store)")
+    left.legend()
+    idle = f["idle"]["rows"]
+    names = [f"{r['handlers']} h / {r['collections']} c" for r in idle]
+    xs = range(len(names))
+    right.bar([x - 0.2 for x in xs], [r["orchestrator"] for r in idle], 0.4, label="orchestrator")
+    right.bar([x + 0.2 for x in xs], [r["baseline"] for r in idle], 0.4, label="classic pattern")
+    right.set_xticks(list(xs), names)
+    right.set_yscale("log")
+    right.set_ylabel("operations per idle replica per second")
+    right.set_title("Idle cost (handlers / collections)")
+    right.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
