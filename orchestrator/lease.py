@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import math
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import Enum
+from functools import partial
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel
@@ -139,15 +141,7 @@ class Lease(Generic[R]):
 
     def remove(self) -> Outcome:
         """Delete the document (the end of its life), fenced like every write."""
-        with self._lock:
-            if self._state is not _State.HELD:
-                raise LeaseLost(self.collection, self.id, self.token, "remove")
-            try:
-                self._store.delete(self.collection, self.id, self.token)
-            except LeaseLost:
-                self._state = _State.LOST
-                raise
-            self._state = _State.RELEASED
+        self._fenced("remove", partial(self._store.delete, self.collection, self.id, self.token))
         return Outcome("removed", self.phase)
 
     def fail(self, reason: str) -> Outcome:
@@ -190,11 +184,16 @@ class Lease(Generic[R]):
     # -- internals -------------------------------------------------------------------------
 
     def _write(self, update: dict[str, Any], action: str, *, release: bool) -> None:
+        write = partial(self._store.write, self.collection, self.id, self.token, update, action)
+        self._fenced(action, write, release=release)
+
+    def _fenced(self, action: str, operation: Callable[[], None], *, release: bool = True) -> None:
+        """Run a token-filtered ``operation``; serialised with the heartbeat's extends."""
         with self._lock:
             if self._state is not _State.HELD:
                 raise LeaseLost(self.collection, self.id, self.token, action)
             try:
-                self._store.write(self.collection, self.id, self.token, update, action)
+                operation()
             except LeaseLost:
                 self._state = _State.LOST
                 raise
