@@ -166,11 +166,14 @@ class Lease(Generic[R]):
             failed = self.handler.failed_phase
             self._write(queries.fail_update(failed, attempts, error, now), "fail", release=True)
             return Outcome("failed", failed)
-        wait = self.handler.retry_policy.wait(
-            waited=self._time_in_phase(now),
-            count=attempts,
-            lock_timeout=self._settings.lock_timeout,
-        )
+        try:
+            wait = self.handler.retry_policy.wait(
+                waited=self._time_in_phase(now),
+                count=attempts,
+                lock_timeout=self._settings.lock_timeout,
+            )
+        except Exception:  # a broken policy must not stop the attempt from being counted
+            wait = self._settings.lock_timeout
         wait = self._bounded(wait, floor=self._settings.relock_floor)
         update = queries.retry_update(attempts, error, self._release_at(now, wait))
         self._write(update, "retry", release=True)

@@ -255,7 +255,8 @@ def status_pipeline(now: datetime, lock_timeout: float) -> list[dict[str, Any]]:
         return {"$sum": {"$cond": [condition, 1, 0]}}
 
     return [
-        {"$match": {"phase": {"$exists": True}, "lockedAt": {"$exists": True}}},
+        # Documents without a lockedAt count too: the claim treats them as free.
+        {"$match": {"phase": {"$exists": True}}},
         {
             "$group": {
                 "_id": "$phase",

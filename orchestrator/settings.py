@@ -38,8 +38,12 @@ class Settings(BaseModel):
 
     lock_timeout: float = Field(30.0, gt=0, description="A lease older than this is claimable.")
     tick: float = Field(1.0, gt=0, description="Seconds between two ticks of the loop.")
-    max_concurrency: int = Field(4, ge=1, le=1024, description="Steps run at once per replica.")
-    max_attempts: int = Field(5, ge=1, description="Failed attempts before the failed phase.")
+    max_concurrency: int = Field(
+        4, ge=1, le=1024, strict=True, description="Steps run at once per replica."
+    )
+    max_attempts: int = Field(
+        5, ge=1, strict=True, description="Failed attempts before the failed phase."
+    )
     failed_phase: str = Field("Failed", min_length=1)
     replica_id: str = Field(default_factory=default_replica_id, min_length=1, max_length=200)
     write_concern: Literal["majority"] | int = Field(

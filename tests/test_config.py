@@ -18,6 +18,7 @@ from orchestrator.testing import FakeClock, memory_database
         ({"tick": 0}, "tick"),
         ({"tick": 60, "lock_timeout": 30}, "must not exceed lock_timeout"),
         ({"max_concurrency": 0}, "max_concurrency"),
+        ({"max_concurrency": True}, "max_concurrency"),
         ({"max_attempts": 0}, "max_attempts"),
         ({"write_concern": "most"}, "write_concern"),
         ({"write_concern": 0}, "write_concern"),

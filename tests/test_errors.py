@@ -209,3 +209,27 @@ def test_an_error_while_recording_the_error_leaves_the_lease_to_expire(
     clock.advance(31)
     orch.run_once()
     assert db.jobs.find_one({})["phase"] == "Done"  # type: ignore[index]
+
+
+def test_a_retry_policy_that_raises_still_lets_the_attempt_be_counted(
+    make: MakeReplica, db: Database[Any], clock: FakeClock
+) -> None:
+    class Broken:
+        def wait(self, *, waited: float, count: int, lock_timeout: float) -> float:
+            raise ZeroDivisionError("policy bug")
+
+    orch = make(max_attempts=2)
+
+    @orch.phase("jobs", "Running", retry_policy=Broken())
+    def flaky(lease: Lease[Any]) -> Any:
+        raise Boom("no")
+
+    orch.submit("jobs", {"phase": "Running"})
+    orch.run_once()
+    assert db.jobs.find_one({})["attempts"] == 1  # type: ignore[index]
+    clock.advance(29)
+    orch.run_once()
+    assert db.jobs.find_one({})["attempts"] == 1, "waits the lock timeout"  # type: ignore[index]
+    clock.advance(2)
+    orch.run_once()
+    assert db.jobs.find_one({})["phase"] == "Failed"  # type: ignore[index]

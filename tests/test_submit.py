@@ -9,6 +9,7 @@ import pytest
 from pymongo.database import Database
 
 from orchestrator import EPOCH, ConfigError, Lease, Resource
+from orchestrator.store import Store
 from tests.conftest import MakeReplica
 
 
@@ -106,3 +107,16 @@ def test_ensure_indexes_creates_the_claim_index_and_unique_keys(
     domains = db.domains.index_information()
     assert any(info.get("unique") and info["key"] == [("host", 1)] for info in domains.values())
     orch.ensure_indexes()  # idempotent
+
+
+def test_status_counts_documents_without_a_lease_field(
+    make: MakeReplica, db: Database[Any], clock: Any
+) -> None:
+    """The claim treats a missing lockedAt as free, so the status must count it too."""
+    orch = make()
+    orch.submit("jobs", {"phase": "Queued"})
+    db.jobs.insert_one({"phase": "Queued"})
+    store = Store(db)
+    rows = {r["_id"]: r for r in store.phase_summary("jobs", clock.now(), 30)}
+    assert rows["Queued"]["count"] == 2
+    assert rows["Queued"]["leased"] == 0
