@@ -261,7 +261,7 @@ def _warn(value: int) -> str:
 def _unlock(args: argparse.Namespace) -> int:
     store = _operator_store(args)
     doc = store.operator_update(
-        args.collection, queries.id_filter(args.id), queries.operator_unlock_update()
+        args.collection, queries.id_filter(args.id), queries.release_update()
     )
     if doc is None:
         raise CommandError(f"no document {args.id!r} in collection {args.collection!r}")

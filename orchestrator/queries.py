@@ -99,7 +99,8 @@ def unlock_update(fields: Mapping[str, Any], locked_at: datetime = EPOCH) -> dic
 
 
 def release_update() -> dict[str, Any]:
-    """Give back a lease whose step never started: claimable at once, counters untouched."""
+    """Claimable at once, counters untouched: a lease whose step never started, or an
+    operator's unlock (a live holder's later writes then raise LeaseLost)."""
     return {"$set": {"lockedAt": EPOCH}, "$unset": {"lockToken": ""}}
 
 
@@ -285,22 +286,10 @@ def id_filter(raw: str) -> dict[str, Any]:
     return {"_id": raw}
 
 
-def operator_unlock_update() -> dict[str, Any]:
-    """Claimable at once, whoever holds it: a live holder's later writes raise LeaseLost."""
-    return {"$set": {"lockedAt": EPOCH}, "$unset": {"lockToken": ""}}
-
-
 def operator_retry_update(phase: str, now: datetime) -> dict[str, Any]:
     """Back to ``phase`` with fresh counters, claimable at once; the error is kept as
     ``previousError`` so the operator's reason to retry stays visible."""
-    return {
-        "$set": {
-            "phase": phase,
-            "lockedAt": EPOCH,
-            "updatedAt": bson_time(now),
-            "attempts": 0,
-            "relocks": 0,
-        },
-        "$rename": {"lastError": "previousError"},
-        "$unset": {"lockToken": ""},
-    }
+    update = advance_update(phase, now, {})
+    update["$unset"] = {"lockToken": ""}
+    update["$rename"] = {"lastError": "previousError"}
+    return update
