@@ -174,7 +174,7 @@ def fail_update(
 def new_document(doc: Mapping[str, Any], now: datetime) -> dict[str, Any]:
     """A submitted document: unlocked, in its first phase, with no lease history."""
     stamped = bson_time(now)
-    fresh = {k: v for k, v in doc.items() if k not in LEASE_FIELDS | {"lastError"}}
+    fresh = {k: v for k, v in doc.items() if k not in LEASE_FIELDS}
     fresh.update(lockedAt=EPOCH, attempts=0, relocks=0, createdAt=stamped, updatedAt=stamped)
     return fresh
 

@@ -10,36 +10,14 @@ from pymongo.database import Database
 from orchestrator import Lease, LeaseLost
 from orchestrator.testing import FakeClock
 from tests.conftest import MakeReplica
-
-
-def _blocking(orch: Any) -> dict[str, Any]:
-    box: dict[str, Any] = {
-        "claimed": threading.Event(),
-        "go": threading.Event(),
-        "returned": threading.Event(),
-    }
-
-    @orch.phase("jobs", "Running")
-    def long_step(lease: Lease[Any]) -> Any:
-        box["lease"] = lease
-        box["claimed"].set()
-        box["go"].wait(10)
-        try:
-            return lease.advance("Done")
-        except LeaseLost as exc:
-            box["lost"] = exc
-            raise
-        finally:
-            box["returned"].set()
-
-    return box
+from tests.holding import hold_step
 
 
 def test_the_heartbeat_keeps_a_long_step_s_lease_alive(
     make: MakeReplica, db: Database[Any], clock: FakeClock
 ) -> None:
     worker, other = make("pod-worker"), make("pod-other")
-    box = _blocking(worker)
+    box = hold_step(worker)
     stolen: list[int] = []
 
     @other.phase("jobs", "Running")
@@ -86,7 +64,7 @@ def test_a_step_that_never_returns_is_timed_out_and_counted_failed(
     make: MakeReplica, db: Database[Any], clock: FakeClock
 ) -> None:
     worker = make("pod-worker", step_timeout=60, max_attempts=1)
-    box = _blocking(worker)
+    box = hold_step(worker)
     worker.submit("jobs", {"phase": "Running"})
     tick = threading.Thread(target=worker.run_once)
     tick.start()
@@ -115,7 +93,7 @@ def test_the_heartbeat_stops_once_the_lease_is_lost(
     make: MakeReplica, db: Database[Any], clock: FakeClock
 ) -> None:
     worker = make("pod-worker")
-    box = _blocking(worker)
+    box = hold_step(worker)
     worker.submit("jobs", {"phase": "Running"})
     tick = threading.Thread(target=worker.run_once)
     tick.start()

@@ -12,6 +12,7 @@ from pymongo.errors import DuplicateKeyError
 from orchestrator import Lease, LeaseLost
 from orchestrator.testing import FakeClock, memory_database
 from tests.conftest import MakeReplica
+from tests.holding import hold_step
 
 STEPS = ["A", "B", "C"]
 
@@ -118,24 +119,6 @@ def test_a_crashed_replicas_lease_is_taken_over_only_after_the_lock_timeout(
     assert db.jobs.find_one({})["phase"] == "Done"  # type: ignore[index]
 
 
-def _hold(orch: Any, collection: str, phase: str, action: str) -> dict[str, Any]:
-    """Register a handler that holds its lease until told, then tries ``action``."""
-    box: dict[str, Any] = {"claimed": threading.Event(), "go": threading.Event()}
-
-    @orch.phase(collection, phase)
-    def hold(lease: Lease[Any]) -> Any:
-        box["lease"] = lease
-        box["claimed"].set()
-        box["go"].wait()
-        try:
-            return getattr(lease, action)() if action != "advance" else lease.advance("Done")
-        except LeaseLost as exc:
-            box["lost"] = exc
-            raise
-
-    return box
-
-
 @pytest.mark.parametrize("action", ["unlock", "advance", "relock", "extend"])
 def test_a_stale_holder_cannot_overwrite_the_new_holders_lease(
     make: MakeReplica, db: Database[Any], clock: FakeClock, action: str
@@ -144,8 +127,8 @@ def test_a_stale_holder_cannot_overwrite_the_new_holders_lease(
     # one slot it cannot claim its own expired document again either.
     stale = make("pod-stale", heartbeat=False, max_concurrency=1)
     fresh = make("pod-fresh")
-    old = _hold(stale, "jobs", "Running", action)
-    new = _hold(fresh, "jobs", "Running", "advance")
+    old = hold_step(stale, action)
+    new = hold_step(fresh, "advance")
     stale.submit("jobs", {"phase": "Running"})
 
     t_stale = threading.Thread(target=stale.run_once)
@@ -196,7 +179,7 @@ def test_a_replica_whose_clock_is_20s_ahead_steals_no_live_lease(
     honest = make("pod-honest", heartbeat=False, max_concurrency=1)
     ahead = make("pod-ahead", clock=clock.skewed(+20))
     behind = make("pod-behind", clock=clock.skewed(-20))
-    held = _hold(honest, "jobs", "Running", "unlock")
+    held = hold_step(honest, "unlock")
     taken: list[str] = []
     for orch in (ahead, behind):
 
