@@ -38,8 +38,9 @@ logger.addFilter(RedactingFilter())
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-# Outcomes after which something may be claimable at once (by this or another handler).
-_FREES_WORK = frozenset({"unlocked", "advanced", "failed", "released", "timed_out", "done"})
+# Outcomes after which something may be claimable at once (by this or another handler);
+# "lost" too: a step whose phase was changed from outside releases its document.
+_FREES_WORK = frozenset({"unlocked", "advanced", "failed", "released", "timed_out", "done", "lost"})
 
 
 @dataclass

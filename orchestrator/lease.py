@@ -192,9 +192,11 @@ class Lease(Generic[R]):
             self.expires_at = until
 
     def expired(self, now: datetime) -> bool:
-        """True once this lease's expiry has passed: another replica may hold it now."""
-        margin = timedelta(seconds=self._clock.uncertainty)
-        return now + margin >= self.expires_at
+        """True once this lease's expiry has passed: another replica may hold it now.
+
+        No margin for clock uncertainty: other replicas judge leases that much late, which
+        covers their skew against this replica."""
+        return now >= self.expires_at
 
     # -- what the loop calls --------------------------------------------------------------
 
@@ -233,9 +235,10 @@ class Lease(Generic[R]):
         return Outcome("retrying", self.phase, wait, self.token)
 
     def release(self) -> Outcome:
-        """Hand back a lease whose step never ran."""
-        self._write(queries.release_update(), "release", until=EPOCH)
-        return Outcome("released", self.phase, None, self.token)
+        """Hand back a lease whose step never ran (subject to the budget, like any release)."""
+        until, wait = self._free_until()
+        self._write(queries.release_update(until), "release", until=until)
+        return Outcome("released", self.phase, wait, self.token)
 
     # -- internals -------------------------------------------------------------------------
 
