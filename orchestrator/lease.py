@@ -21,6 +21,7 @@ from pydantic import BaseModel
 from orchestrator import queries
 from orchestrator.errors import ConfigError, LeaseLost
 from orchestrator.queries import as_utc
+from orchestrator.store import DocumentTooLarge
 
 if TYPE_CHECKING:
     from orchestrator.clock import ServerClock
@@ -164,7 +165,9 @@ class Lease(Generic[R]):
         error = queries.error_record(kind, message, now, self.phase)
         if permanent or attempts >= self.handler.max_attempts:
             failed = self.handler.failed_phase
-            self._write(queries.fail_update(failed, attempts, error, now), "fail", release=True)
+            self._write_error(
+                lambda record: queries.fail_update(failed, attempts, record, now), error, "fail"
+            )
             return Outcome("failed", failed)
         try:
             wait = self.handler.retry_policy.wait(
@@ -175,8 +178,10 @@ class Lease(Generic[R]):
         except Exception:  # a broken policy must not stop the attempt from being counted
             wait = self._settings.lock_timeout
         wait = self._bounded(wait, floor=self._settings.relock_floor)
-        update = queries.retry_update(attempts, error, self._release_at(now, wait))
-        self._write(update, "retry", release=True)
+        release_at = self._release_at(now, wait)
+        self._write_error(
+            lambda record: queries.retry_update(attempts, record, release_at), error, "retry"
+        )
         return Outcome("retrying", self.phase, wait)
 
     def release(self) -> Outcome:
@@ -185,6 +190,28 @@ class Lease(Generic[R]):
         return Outcome("released", self.phase)
 
     # -- internals -------------------------------------------------------------------------
+
+    def _write_error(
+        self,
+        build: Callable[[dict[str, Any]], dict[str, Any]],
+        error: dict[str, Any],
+        action: str,
+    ) -> None:
+        """Write a failed attempt with ``build(error record)``. The server refuses a write
+        that takes the document past 16 MiB, yet the attempt must count: store less and
+        write again, the message cut short, then no message and no ``previousError``."""
+        message = str(error.get("message", ""))
+        cut = {**error, "message": message[:200] + " [cut: the document is near 16 MiB]"}
+        bare = {**error, "message": "[not stored: the document is at the 16 MiB limit]"}
+        for record in (error, cut):
+            try:
+                self._write(build(record), action, release=True)
+                return
+            except DocumentTooLarge:
+                continue
+        update = build(bare)
+        update.setdefault("$unset", {})["previousError"] = ""
+        self._write(update, action, release=True)
 
     def _write(self, update: dict[str, Any], action: str, *, release: bool) -> None:
         write = partial(self._store.write, self.collection, self.id, self.token, update, action)
