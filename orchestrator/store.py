@@ -78,12 +78,9 @@ def is_write_timeout(exc: PyMongoError) -> bool:
 
 
 def is_transient(exc: PyMongoError) -> bool:
-    """Network trouble, elections and write-concern timeouts: the same operation may
-    succeed when retried."""
-    return (
-        isinstance(exc, AutoReconnect | ConnectionFailure)
-        or exc.has_error_label("RetryableWriteError")
-        or is_write_timeout(exc)
+    """Network trouble and elections: the same operation may succeed when retried."""
+    return isinstance(exc, AutoReconnect | ConnectionFailure) or exc.has_error_label(
+        "RetryableWriteError"
     )
 
 
