@@ -226,7 +226,7 @@ def test_a_write_concern_timeout_is_a_transient_store_error(clock: FakeClock) ->
     store.collection("jobs").insert_one({"_id": 1, "phase": "Queued", "lockToken": "t"})
     db.replication.lose_majority()  # type: ignore[attr-defined]
     with pytest.raises(StoreError, match="no majority acknowledged") as raised:
-        store.write("jobs", 1, "t", {"$set": {"x": 1}}, "unlock")
+        store.write("jobs", queries.fenced(1, "t"), {"$set": {"x": 1}})
     assert raised.value.transient
     assert isinstance(raised.value.__cause__, WTimeoutError)
     assert raised.value.__cause__.code == 64
@@ -318,7 +318,7 @@ def test_leases_work_whatever_the_clients_codec_options(
 ) -> None:
     """Handlers see aware UTC datetimes in ``lease.doc``, whatever the client's options."""
     db = memory_database(clock=clock.skewed(3), codec_options=codec)
-    orch = Orchestrator(db, replica_id="pod-1", clock=clock, clock_refresh=1e9)
+    orch = Orchestrator(db, replica_id="pod-1", clock=clock)
     seen: list[dict[str, Any]] = []
     waits: list[float | None] = []
 
