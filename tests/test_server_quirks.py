@@ -178,6 +178,18 @@ def test_the_in_memory_store_refuses_conflicting_indexes_as_the_server_does() ->
     assert options.value.code == 85
     # Since MongoDB 5.0 uniqueness is part of an index's identity: both may exist.
     assert db.c.create_index([("a", 1)], name="unique_a", unique=True) == "unique_a"
+    older = memory_database(wire_version=9)  # MongoDB 4.4
+    older.c.create_index([("a", 1)], name="mine")
+    with pytest.raises(OperationFailure) as before_5:
+        older.c.create_index([("a", 1)], name="unique_a", unique=True)
+    assert before_5.value.code == 85
+
+
+def test_a_non_unique_index_is_refused_the_same_on_servers_before_5_0(clock: FakeClock) -> None:
+    db = memory_database(clock=clock, wire_version=9)
+    db.gateways.create_index([("name", 1)], name="name_lookup")
+    with pytest.raises(ConfigError, match=r"'name_lookup' on \(name\) that is not unique"):
+        Orchestrator(db, clock=clock).submit(Gateway, {"name": "a", "phase": "Creating"})
 
 
 # -- write concern without a majority ------------------------------------------------------------

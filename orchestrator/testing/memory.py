@@ -113,7 +113,9 @@ def memory_database(
       4.4.2 do, and only ``isMaster`` works; ``wire_version`` is the ``maxWireVersion``
       that ``hello`` reports (21: MongoDB 7.0; 9: 4.4; 8: 4.2).
     - ``create_index`` refuses an index whose name or key pattern clashes with an existing
-      one: IndexOptionsConflict (85) or IndexKeySpecsConflict (86), by the 5.0+ rules.
+      one: IndexOptionsConflict (85) or IndexKeySpecsConflict (86), by the rules of the
+      ``wire_version`` (from 5.0, uniqueness, sparseness and the partial filter tell two
+      indexes on one key pattern apart; before, only the collation did).
     - An update whose result exceeds 16 MiB changes nothing and fails with code 17419 (a
       ``WriteError`` from ``update_one``, an ``OperationFailure`` from
       ``find_one_and_update``); an insert that large raises pymongo's ``DocumentTooLarge``.
@@ -658,7 +660,7 @@ class MemoryCollection:
         spec = _index_spec(keys, options)
         with self._server.lock:
             existing = list(self._mongomock.list_indexes())
-            if _index_conflict(spec, existing):
+            if _index_conflict(spec, existing, self._server.wire_version):
                 name = cast(str, spec["name"])
             else:
                 name = self._server.call(self._mongomock.create_index, (keys,), options)
@@ -881,6 +883,9 @@ class MemoryCursor:
 
 _IDENTIFYING = ("key", "unique", "sparse", "partialFilterExpression", "collation")
 """What tells two indexes apart on MongoDB 5.0+ (the index "signature")."""
+_IDENTIFYING_BEFORE_5 = ("key", "collation")
+"""Before 5.0 (wire version 13), two indexes on one key pattern could not differ in
+uniqueness, sparseness or partial filter."""
 _NOT_COMPARED = frozenset({"name", "v", "ns", "background"})
 
 
@@ -902,23 +907,28 @@ def _model_options(model: Any) -> dict[str, Any]:
     return {k: v for k, v in model.document.items() if k != "key"}
 
 
-def _signature(index: Mapping[str, Any]) -> tuple[Any, ...]:
-    return (
-        list(dict(index["key"]).items()),
-        bool(index.get("unique", False)),
-        bool(index.get("sparse", False)),
-        index.get("partialFilterExpression"),
-        index.get("collation"),
-    )
+def _options(index: Mapping[str, Any]) -> dict[str, Any]:
+    """Every option of an index spec, with the defaults a server leaves out made explicit."""
+    options = {k: v for k, v in index.items() if k not in _NOT_COMPARED}
+    options["key"] = list(dict(index["key"]).items())
+    for flag in ("unique", "sparse"):
+        options[flag] = bool(options.get(flag, False))
+    return options
 
 
-def _other_options(index: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in index.items() if k not in _NOT_COMPARED and k not in _IDENTIFYING}
-
-
-def _index_conflict(spec: Mapping[str, Any], existing: list[Mapping[str, Any]]) -> bool:
+def _index_conflict(
+    spec: Mapping[str, Any], existing: list[Mapping[str, Any]], wire_version: int
+) -> bool:
     """True when an identical index exists (nothing to build); raise the server's error
     when ``spec`` clashes with an index by name (86, or 85) or by signature (85)."""
+    identifying = _IDENTIFYING if wire_version >= 13 else _IDENTIFYING_BEFORE_5
+
+    def _signature(index: Mapping[str, Any]) -> tuple[Any, ...]:
+        options = _options(index)
+        return tuple(options.get(k) for k in identifying)
+
+    def _other_options(index: Mapping[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in _options(index).items() if k not in identifying}
 
     def fail(code: int, message: str) -> NoReturn:
         name = {85: "IndexOptionsConflict", 86: "IndexKeySpecsConflict"}[code]
