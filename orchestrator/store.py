@@ -353,8 +353,8 @@ class Store:
                         f"collection {name!r} has an index {info.get('name')!r} on "
                         f"{_describe_keys(wanted)} that {problem}; the orchestrator needs "
                         f"{'a unique index' if unique else 'an index'} on these keys and "
-                        "MongoDB allows one index per key pattern: "
-                        f"{_index_remedy(unique)}"
+                        "adds no second index on one key pattern (a server before 5.0 "
+                        f"refuses it): {_index_remedy(unique)}"
                     )
             with driver_errors(f"create index {index_name} on {name}"):
                 if ours is not None:
