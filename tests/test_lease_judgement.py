@@ -13,6 +13,7 @@ import pytest
 from pymongo.database import Database
 
 from orchestrator import ConfigError, Lease, Orchestrator, Settings
+from orchestrator.clock import ServerClock
 from orchestrator.testing import FakeClock, memory_database
 from tests.conftest import MakeReplica
 from tests.holding import hold_step
@@ -221,3 +222,21 @@ def test_the_longest_allowed_durations_run_a_tick_without_overflow(
     assert orch.run_once() == {"claimed": 1, "relocked": 1, "ticks": 1}
     clock.advance(30 * 86_400 - 1)
     assert orch.run_once() == {"ticks": 1}
+
+
+def test_the_estimate_never_runs_backwards_when_a_measurement_comes_out_earlier(
+    clock: FakeClock,
+) -> None:
+    """An asymmetric round trip (or a server stepping its own clock back) makes a new
+    measurement earlier than what this replica already judged by: time holds until it
+    catches up, rather than running back and re-opening decisions already made."""
+    answers = [clock.now(), clock.now() + timedelta(seconds=10 - 3)]
+    server = ServerClock(clock, lambda: answers.pop(0), refresh=10)
+    first = server.now()
+    clock.advance(9.99)
+    before = server.now()
+    clock.advance(0.01)
+    held = server.now()  # re-measured: the server said 3 s less than the estimate
+    assert before > first and held == before
+    clock.advance(3.5)  # the new anchor (10 - 3 s) plus 3.5 s is past the held value
+    assert server.now() == first + timedelta(seconds=10.5)
