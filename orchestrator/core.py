@@ -13,23 +13,22 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from functools import partial
 from typing import Any, TypeVar
 
 from apscheduler.schedulers.background import BackgroundScheduler
 from pydantic import BaseModel, ValidationError
 from pymongo.database import Database
 
-from orchestrator import queries
+from orchestrator import queries, scheduler
 from orchestrator.clock import Clock, ServerClock, SystemClock
 from orchestrator.errors import ConfigError, LeaseLost, OrchestratorError, StoreError
 from orchestrator.lease import Lease, Outcome
 from orchestrator.redact import RedactingFilter
 from orchestrator.registry import Handler, Registry, Target, options, resolve
 from orchestrator.resource import Resource
+from orchestrator.scheduler import Claim, Probe, Scheduler
 from orchestrator.settings import Settings
 from orchestrator.store import Document, Store
 
@@ -37,10 +36,6 @@ logger = logging.getLogger("orchestrator")
 logger.addFilter(RedactingFilter())
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-# Outcomes after which something may be claimable at once (by this or another handler);
-# "lost" too: a step whose phase was changed from outside releases its document.
-_FREES_WORK = frozenset({"unlocked", "advanced", "failed", "released", "timed_out", "done", "lost"})
 
 
 @dataclass
@@ -91,18 +86,19 @@ class Orchestrator:
         )
         self._registry = Registry(self.settings)
         self._cv = threading.Condition()
+        self._sched = Scheduler(
+            [],
+            max_concurrency=self.settings.max_concurrency,
+            budget=self.settings.max_unlocks_per_tick,
+        )
         self._running: dict[str, _Step] = {}
-        self._generation = 0  # bumped whenever a finished step may have freed work
-        self._claims_this_tick: Counter[tuple[str, str]] = Counter()
-        self._draining = 0
+        self._workers = 0  # worker threads that will take another action
+        self._serving = False  # workers stay for the next tick (start() until stop())
         self._stats: Counter[str] = Counter()
-        self._rotation = 0
-        self._stopping = threading.Event()
-        self._wake = threading.Event()
         self._released_on_stop: list[str] = []
-        self._pool: ThreadPoolExecutor | None = None
-        self._scheduler: Any = None
-        self._loop_thread: threading.Thread | None = None
+        self._timer: Any = None  # the APScheduler of ticks and heartbeats, while started
+        self._in_step = threading.local()
+        self._errors: list[BaseException] = []  # what workers met during run_once
         self._log_base = {"replica": self.settings.replica_id}
 
     @property
@@ -138,6 +134,8 @@ class Orchestrator:
 
         def decorate(func: F) -> F:
             self._registry.add(func, target, match, phase, handler_options)
+            with self._cv:
+                self._sched.register(self._registry.handlers)
             return func
 
         return decorate
@@ -183,10 +181,9 @@ class Orchestrator:
         stored = self._store.insert(
             collection, queries.new_document(fields, self.clock.now()), keys
         )
-        with self._cv:  # a running drain claims it now, and an idle loop wakes at once
-            self._generation += 1
+        with self._cv:  # idle workers look again at once, not at the next tick
+            self._sched.wake()
             self._cv.notify_all()
-        self._wake.set()
         return stored
 
     @staticmethod
@@ -213,93 +210,149 @@ class Orchestrator:
                 self._store.ensure_unique(collection, keys)
 
     # -- the loop -------------------------------------------------------------------------
+    #
+    # Each replica has up to max_concurrency worker threads. A free worker asks the
+    # scheduler for an action, carries it out (a probe, or a claim and then the step,
+    # inline: no hand-off to another thread) and reports back. The scheduler decides;
+    # the workers only do I/O and wait.
 
     def run_once(self) -> dict[str, int]:
         """One tick, synchronously: claim and run steps until no handler finds work and
         every step started has finished. Returns the outcome counts of this tick."""
+        if getattr(self._in_step, "active", False):
+            raise OrchestratorError(
+                "run_once() called from inside a step: it would wait for that step to end"
+            )
         before = self.stats()
         with self._cv:
-            self._draining += 1
-            self._claims_this_tick.clear()
-        try:
-            if self._registry.handlers and not self._stopping.is_set():
-                self._drain()
-        finally:
-            self._wait_for(lambda: not self._running)
-            with self._cv:
-                self._draining -= 1
-                self._stats["ticks"] += 1
-                self._cv.notify_all()
+            self._errors.clear()
+            self._tick()
+        # Over when quiet, or when every worker failed (their errors are raised here).
+        self._wait_until(lambda: self._sched.quiet or not self._workers)
+        with self._cv:
+            errors, self._errors = self._errors, []
+        if errors:
+            raise errors[0]
         after = self.stats()
         return {k: after[k] - before.get(k, 0) for k in after if after[k] != before.get(k, 0)}
 
-    def _drain(self) -> None:
-        handlers = self._registry.handlers
-        count = len(handlers)
-        with self._cv:
-            start = self._rotation % count
-            self._rotation += 1
-            seen = self._generation
-        order = handlers[start:] + handlers[:start]  # fairness: a new first handler each tick
-        idle = self._idle_by_probe(order)
-        limit = self.settings.max_concurrency
-        while not self._stopping.is_set():
-            for index, handler in enumerate(order):
-                if index in idle:
-                    continue
-                self._wait_for(lambda: len(self._running) < limit or self._stopping.is_set())
-                if self._stopping.is_set():
-                    return
-                lease = self._claim(handler)
-                if lease is None:
-                    idle.add(index)
-                elif self._stopping.is_set():
-                    self._release_unstarted(lease)
-                    return
-                else:
-                    self._dispatch(lease)
+    def _tick(self) -> None:
+        """A new tick (the caller holds the lock): fresh budgets, and workers to use them."""
+        self._stats["ticks"] += 1
+        self._sched.tick()
+        self._top_up_workers()
+
+    def _work(self) -> None:
+        """A worker: take actions until there are none and the replica is not serving."""
+        while True:
             with self._cv:
-                changed, seen = self._generation != seen, self._generation
-            if changed:
-                idle.clear()
-            elif len(idle) == count:
-                # Nothing claimable now; a running step may free more when it finishes.
-                self._wait_for(partial(self._quiet_or_changed, seen))
-                with self._cv:
-                    if self._generation == seen:
+                action = self._sched.next()
+                while action is None:
+                    if not self._serving and self._sched.quiet:
+                        self._workers -= 1
+                        self._cv.notify_all()
                         return
-
-    def _idle_by_probe(self, order: list[Handler]) -> set[int]:
-        """Handlers of collections where one read finds nothing to claim: an idle tick then
-        costs one read per collection, not one claim per handler."""
-        by_collection: dict[str, list[int]] = {}
-        for index, handler in enumerate(order):
-            by_collection.setdefault(handler.collection, []).append(index)
-        idle: set[int] = set()
-        for collection, indexes in by_collection.items():
-            if len(indexes) < 2:
-                continue  # a lone handler's claim costs what the probe would
+                    self._cv.wait()
+                    action = self._sched.next()
             try:
-                judged = self._judgement_time()
-                found = self._store.has_claimable(
-                    collection,
-                    [(order[i].match, order[i].name) for i in indexes],
-                    judged,
-                    self.settings.horizon,
+                if isinstance(action, Probe):
+                    self._probe(action)
+                elif not self._claim_and_run(action):
+                    return  # its step was taken back by step_timeout; a new worker replaced it
+            except BaseException as exc:  # not a StoreError: a bug, or the process dying
+                with self._cv:
+                    self._workers -= 1  # the next tick puts a fresh worker in its place
+                    self._stats["tick_failures"] += 1
+                    self._errors.append(exc)
+                    self._cv.notify_all()
+                logger.error(
+                    "a worker failed; the next tick replaces it",
+                    exc_info=exc,
+                    extra={**self._log_base, "outcome": "tick-failed"},
                 )
-            except StoreError:
-                continue  # the claims meet the same trouble and report it
-            if not found:
-                idle.update(indexes)
-        return idle
+                return
 
-    def _quiet_or_changed(self, seen: int) -> bool:
-        return not self._running or self._generation != seen or self._stopping.is_set()
+    def _wait_until(self, ready: Callable[[], bool]) -> None:
+        """Wait until ``ready()``, keeping long steps' leases alive meanwhile."""
+        interval = min(self.settings.tick, self.settings.lock_timeout / 6)
+        while True:
+            with self._cv:
+                if ready():
+                    return
+                self._cv.wait(interval)
+                if ready():
+                    return
+            self._safe_heartbeat()  # an error here must not leave run_once half-finished
+
+    def _probe(self, probe: Probe) -> None:
+        found: bool | None = None  # on a StoreError the claims meet it too and report it
+        try:
+            found = self._store.has_claimable(
+                probe.collection,
+                [(h.match, h.name) for h in probe.handlers],
+                self._judgement_time(),
+                self.settings.horizon,
+            )
+        except StoreError:
+            pass
+        finally:
+            with self._cv:
+                self._sched.probed(probe, found)
+                self._cv.notify_all()
 
     def _judgement_time(self) -> datetime:
         """When leases are judged: the server's time, less what this estimate may be off by
         (nothing while the server reports its time), so no skew steals a live lease."""
         return self.clock.now() - timedelta(seconds=self.clock.uncertainty)
+
+    def _claim_and_run(self, claim: Claim) -> bool:
+        try:
+            lease = self._claim(claim.handler)
+        except BaseException:
+            with self._cv:
+                self._sched.claimed(claim, None)
+            raise
+        with self._cv:
+            throttled = self._sched.claimed(claim, None if lease is None else str(lease.id))
+            if lease is not None:
+                lease.throttled = throttled
+                step = _Step(lease)
+                self._running[lease.token] = step
+                stopping = self._sched.stopping
+            self._cv.notify_all()
+        if lease is None:
+            return True
+        self._in_step.active = True
+        outcome = "interrupted"
+        try:
+            if stopping:
+                outcome = self._release_unstarted(lease)
+            elif lease.expired(self.clock.now()):
+                # It waited longer than its lease lasted: another replica may run the step
+                # now. Hand it back (fenced: a no-op if it was taken) rather than run it.
+                outcome = self._hand_back(lease, "its lease expired before it started")
+            else:
+                outcome = self._execute(lease)
+        except BaseException:
+            # SystemExit and the like from a handler: the lease is left to expire, so
+            # another replica takes the step over; this worker carries on.
+            self._log(
+                logging.CRITICAL,
+                "step interrupted; lease left to expire",
+                lease,
+                "interrupted",
+                exc_info=True,
+            )
+        finally:
+            self._in_step.active = False
+        with self._cv:
+            self._stats[outcome] += 1
+            if step.abandoned:
+                return False
+            del self._running[lease.token]
+            self._sched.finished(outcome)
+            self._cv.notify_all()
+        return True
 
     def _claim(self, handler: Handler) -> Lease[Any] | None:
         token = secrets.token_hex(8)
@@ -329,9 +382,6 @@ class Orchestrator:
             return None
         with self._cv:
             self._stats["claimed"] += 1
-            key = (handler.collection, str(doc.get("_id")))
-            self._claims_this_tick[key] += 1
-            throttled = self._claims_this_tick[key] > self.settings.max_unlocks_per_tick
         return Lease(
             store=self._store,
             clock=self.clock,
@@ -341,51 +391,7 @@ class Orchestrator:
             token=token,
             claimed_at=now,
             expires_at=until,
-            throttled=throttled,
         )
-
-    def _dispatch(self, lease: Lease[Any]) -> None:
-        step = _Step(lease)
-        with self._cv:
-            self._running[lease.token] = step
-            if self._pool is None:
-                self._pool = self._new_pool()
-            pool = self._pool
-        try:
-            pool.submit(self._run_step, step)
-        except RuntimeError:  # stop() timed out and shut the pool: hand the lease back
-            self._finish(step, self._release_unstarted(lease))
-
-    def _new_pool(self) -> ThreadPoolExecutor:
-        return ThreadPoolExecutor(
-            max_workers=self.settings.max_concurrency,
-            thread_name_prefix=f"orchestrator-{self.settings.replica_id}",
-        )
-
-    def _run_step(self, step: _Step) -> None:
-        outcome = "interrupted"
-        try:
-            if self._stopping.is_set():
-                outcome = self._release_unstarted(step.lease)
-            elif step.lease.expired(self.clock.now()):
-                # It waited longer than its lease lasted: another replica may run the step
-                # now. Hand it back (fenced: a no-op if it was taken) rather than run it.
-                outcome = self._hand_back(step.lease, "its lease expired before it started")
-            else:
-                outcome = self._execute(step.lease)
-        except BaseException:
-            # The process is going down (SystemExit and the like): leave the lease to
-            # expire so another replica takes the step over.
-            self._log(
-                logging.CRITICAL,
-                "step interrupted; lease left to expire",
-                step.lease,
-                "interrupted",
-                exc_info=True,
-            )
-            raise
-        finally:
-            self._finish(step, outcome)
 
     def _execute(self, lease: Lease[Any]) -> str:
         handler = lease.handler
@@ -490,27 +496,6 @@ class Orchestrator:
         self._log(logging.INFO, f"handed back unstarted lease: {why}", lease, "released")
         return "released"
 
-    def _finish(self, step: _Step, outcome: str) -> None:
-        with self._cv:
-            if not step.abandoned:
-                self._running.pop(step.lease.token, None)
-                if outcome in _FREES_WORK:
-                    self._generation += 1
-            self._stats[outcome] += 1
-            self._cv.notify_all()
-
-    def _wait_for(self, ready: Callable[[], bool]) -> None:
-        """Wait until ``ready()``, keeping long steps' leases alive meanwhile."""
-        interval = min(self.settings.tick, self.settings.lock_timeout / 6)
-        while True:
-            with self._cv:
-                if ready():
-                    return
-                self._cv.wait(interval)
-                if ready():
-                    return
-            self._safe_heartbeat()  # an error here must not leave run_once half-finished
-
     # -- long steps -----------------------------------------------------------------------
 
     def heartbeat(self) -> int:
@@ -521,16 +506,22 @@ class Orchestrator:
         if not steps:
             return 0
         now = self.clock.now()
-        half = self.settings.lock_timeout / 2
         extended = 0
         for step in steps:
             lease = step.lease
             if not lease.held:
                 continue
-            timeout = self.settings.step_timeout
-            if timeout is not None and (now - lease.claimed_at).total_seconds() >= timeout:
-                self._time_out(step, timeout)
-            elif self.settings.heartbeat and (now - lease.locked_at).total_seconds() >= half:
+            decision = scheduler.heartbeat(
+                now,
+                claimed_at=lease.claimed_at,
+                locked_at=lease.locked_at,
+                lock_timeout=self.settings.lock_timeout,
+                step_timeout=self.settings.step_timeout,
+                extend=self.settings.heartbeat,
+            )
+            if decision == "time_out":
+                self._time_out(step)
+            elif decision == "extend":
                 try:
                     lease.extend()
                     extended += 1
@@ -541,69 +532,64 @@ class Orchestrator:
                 self._stats["extended"] += extended
         return extended
 
-    def _time_out(self, step: _Step, timeout: float) -> None:
+    def _time_out(self, step: _Step) -> None:
         """A step that never returns must not hold its document forever: count the attempt,
-        release the lease (its late writes will then raise LeaseLost) and free its slot."""
-        message = f"step ran longer than step_timeout ({timeout:g}s)"
+        release the lease (its late writes will then raise LeaseLost), free its slot and
+        put a fresh worker in the place of the one it holds."""
+        message = f"step ran longer than step_timeout ({self.settings.step_timeout:g}s)"
         self._settle(step.lease, StepTimeout.__name__, message)
         with self._cv:
-            if step.abandoned:
+            if step.abandoned or step.lease.token not in self._running:
                 return
             step.abandoned = True
-            self._running.pop(step.lease.token, None)
+            del self._running[step.lease.token]
             self._stats["timed_out"] += 1
-            self._generation += 1
-            # The stuck thread keeps its pool worker; later steps get a fresh pool.
-            stuck, self._pool = self._pool, None
-            self._cv.notify_all()
-        if stuck is not None:
-            stuck.shutdown(wait=False)
+            self._sched.finished("timed_out")
+            self._workers -= 1
+            self._top_up_workers()
+
+    def _top_up_workers(self) -> None:
+        """Top the workers up to max_concurrency (the caller holds the lock)."""
+        missing = self.settings.max_concurrency - self._workers
+        for _ in range(missing if self._registry.handlers and not self._sched.stopping else 0):
+            self._workers += 1
+            threading.Thread(
+                target=self._work, name=f"orchestrator-{self.replica_id}", daemon=True
+            ).start()
+        self._cv.notify_all()
 
     # -- running in the background --------------------------------------------------------
 
     def start(self) -> None:
-        """Create indexes, then run the loop every ``tick`` seconds in the background."""
+        """Create indexes, then keep claiming in the background: at once whenever a worker is
+        free and work is due, and every ``tick`` seconds for due relocks and expired leases."""
         with self._cv:
-            if self._scheduler is not None:
+            if self._timer is not None:
                 raise OrchestratorError("this orchestrator is already started")
-            self._stopping.clear()
-            self._released_on_stop.clear()
         self.ensure_indexes()
         self.clock.measure()
-        scheduler = BackgroundScheduler(
+        timer = BackgroundScheduler(
             timezone=UTC,
             job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": None},
         )
-        # The interval job only wakes the loop thread, so a long drain never makes the
-        # scheduler skip (and warn about) ticks; submit() wakes it the same way.
-        scheduler.add_job(self._wake.set, "interval", seconds=self.settings.tick, id="tick")
-        scheduler.add_job(
+        timer.add_job(self._background_tick, "interval", seconds=self.settings.tick, id="tick")
+        timer.add_job(
             self._safe_heartbeat, "interval", seconds=self.settings.lock_timeout / 6, id="heartbeat"
         )
-        self._loop_thread = threading.Thread(
-            target=self._loop, name=f"orchestrator-loop-{self.replica_id}", daemon=True
-        )
-        self._scheduler = scheduler
-        self._loop_thread.start()
-        scheduler.start()
-        self._wake.set()
+        with self._cv:
+            if self._timer is not None:
+                raise OrchestratorError("this orchestrator is already started")
+            self._timer = timer
+            self._serving = True
+            self._released_on_stop.clear()
+            self._sched.resume()
+            self._tick()
+        timer.start()
         logger.info("orchestrator started", extra={**self._log_base, "outcome": "started"})
 
-    def _loop(self) -> None:
-        while not self._stopping.is_set():
-            self._wake.wait()
-            self._wake.clear()
-            if self._stopping.is_set():
-                return
-            try:
-                self.run_once()
-            except Exception:
-                with self._cv:
-                    self._stats["tick_failures"] += 1
-                logger.exception(
-                    "tick failed; the next tick runs as usual",
-                    extra={**self._log_base, "outcome": "tick-failed"},
-                )
+    def _background_tick(self) -> None:
+        with self._cv:
+            self._tick()
 
     def _clock_fallback(self) -> None:
         with self._cv:
@@ -623,34 +609,34 @@ class Orchestrator:
 
     def request_stop(self) -> None:
         """Stop claiming now, without waiting (safe from a signal handler)."""
-        self._stopping.set()
-        self._wake.set()
+        with self._cv:
+            self._sched.stop()
+            self._serving = False
+            self._cv.notify_all()
 
     def stop(self, timeout: float = 10.0) -> StopReport:
         """Stop claiming, wait up to ``timeout`` seconds for running steps, hand back leases
         claimed but not started, and report what was still running."""
         self.request_stop()
         with self._cv:
-            scheduler, self._scheduler = self._scheduler, None
-        if scheduler is not None:
-            scheduler.shutdown(wait=False)
+            timer, self._timer = self._timer, None
+        if timer is not None:
+            timer.shutdown(wait=False)
         deadline = time.monotonic() + timeout
         with self._cv:
-            while self._running or self._draining:
+            while self._sched.busy:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     break
                 self._cv.wait(remaining)
             still = [f"{s.lease.collection}/{s.lease.id}" for s in self._running.values()]
             report = StopReport(list(self._released_on_stop), still)
-            pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.shutdown(wait=False)
         level = logging.WARNING if still else logging.INFO
+        left = f": {', '.join(still)} left to expire" if still else ""
         logger.log(
             level,
             f"orchestrator stopped: {len(report.released)} unstarted lease(s) handed back, "
-            f"{len(still)} step(s) still running {still}",
+            f"{len(still)} step(s) still running{left}",
             extra={**self._log_base, "outcome": "stopped"},
         )
         return report

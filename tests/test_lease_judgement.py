@@ -31,6 +31,8 @@ def _recorder(orch: Orchestrator, collection: str = "jobs", phase: str = "Runnin
 
 
 def _hold(orch: Orchestrator) -> tuple[dict[str, Any], threading.Thread]:
+    """``orch`` holds one step until told; give it one slot, or its other workers would
+    take its own expired document back when the clock moves."""
     box = hold_step(orch)
     tick = threading.Thread(target=orch.run_once)
     tick.start()
@@ -50,7 +52,7 @@ def _finish(box: dict[str, Any], tick: threading.Thread) -> None:
 def test_a_short_timeout_reader_does_not_steal_a_long_timeout_lease(
     make: MakeReplica, db: Database[Any], clock: FakeClock
 ) -> None:
-    long = make("long", lock_timeout=300, heartbeat=False)
+    long = make("long", lock_timeout=300, heartbeat=False, max_concurrency=1)
     short = make("short", lock_timeout=30)
     ran = _recorder(short)
     doc = long.submit("jobs", {"phase": "Running"})
@@ -69,7 +71,7 @@ def test_a_short_timeout_reader_does_not_steal_a_long_timeout_lease(
 def test_a_long_timeout_reader_takes_a_short_lease_when_it_expires(
     make: MakeReplica, db: Database[Any], clock: FakeClock
 ) -> None:
-    short = make("short", lock_timeout=30, heartbeat=False)
+    short = make("short", lock_timeout=30, heartbeat=False, max_concurrency=1)
     long = make("long", lock_timeout=300)
     ran = _recorder(long)
     short.submit("jobs", {"phase": "Running"})
@@ -110,7 +112,7 @@ def test_a_relock_is_honoured_exactly_by_a_replica_with_another_lock_timeout(
 def test_an_ntp_step_between_measurements_does_not_steal_a_live_lease(
     make: MakeReplica, db: Database[Any], clock: FakeClock
 ) -> None:
-    holder = make("holder", heartbeat=False)
+    holder = make("holder", heartbeat=False, max_concurrency=1)
     view = clock.skewed(0)
     reader = make("reader", clock=view, clock_refresh=3600)
     ran = _recorder(reader)
@@ -166,7 +168,9 @@ def test_a_server_without_time_is_said_loudly_once(
 def test_without_server_time_a_replica_40s_ahead_does_not_steal_a_live_lease(
     timeless: Database[Any], clock: FakeClock
 ) -> None:
-    holder = Orchestrator(timeless, replica_id="holder", clock=clock, heartbeat=False)
+    holder = Orchestrator(
+        timeless, replica_id="holder", clock=clock, heartbeat=False, max_concurrency=1
+    )
     ahead = Orchestrator(timeless, replica_id="ahead", clock=clock.skewed(40))
     ran = _recorder(ahead)
     holder.submit("jobs", {"phase": "Running"})

@@ -106,7 +106,7 @@ def test_two_outcomes_in_one_step_count_attempts_until_the_failed_phase(
 def test_a_genuinely_lost_lease_is_still_filed_as_lost_without_a_record(
     make: MakeReplica, db: Database[Any], clock: FakeClock
 ) -> None:
-    first = make("first", heartbeat=False)
+    first = make("first", heartbeat=False, max_concurrency=1)
     second = make("second")
     box = hold_step(first)
     taken: list[Any] = []
