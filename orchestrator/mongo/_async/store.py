@@ -339,7 +339,7 @@ async def connect_async(
     where = redact(uri)
     try:
         client: AsyncMongoClient[Document] = AsyncMongoClient(uri, **common.client_options(timeout))
-    except PyMongoError as exc:
+    except (PyMongoError, ValueError) as exc:  # a malformed port is a bare ValueError
         raise StoreError(f"invalid MongoDB URI {where}: {redact(str(exc))}") from exc
     try:
         db = client[database] if database else client.get_default_database("orchestrator")

@@ -338,7 +338,7 @@ def connect(uri: str, database: str | None = None, *, timeout: float = 5.0) -> D
     where = redact(uri)
     try:
         client: MongoClient[Document] = MongoClient(uri, **common.client_options(timeout))
-    except PyMongoError as exc:
+    except (PyMongoError, ValueError) as exc:  # a malformed port is a bare ValueError
         raise StoreError(f"invalid MongoDB URI {where}: {redact(str(exc))}") from exc
     try:
         db = client[database] if database else client.get_default_database("orchestrator")
