@@ -25,7 +25,8 @@ import anyio.to_thread
 import pytest
 from bson.codec_options import CodecOptions, DatetimeConversion
 from pymongo import AsyncMongoClient, MongoClient
-from pymongo.errors import AutoReconnect, OperationFailure, WTimeoutError
+from pymongo.errors import AutoReconnect, OperationFailure, WriteError, WTimeoutError
+from pymongo.errors import DocumentTooLarge as DriverDocumentTooLarge
 
 from orchestrator import ConfigError, LeaseLost, StoreError, queries
 from orchestrator.mongo import AsyncStore, Store, connect, connect_async
@@ -34,7 +35,6 @@ from orchestrator.queries import bson_time
 from orchestrator.resource import EPOCH
 from orchestrator.testing import FakeClock, async_memory_database, async_view, memory_database
 from orchestrator.testing.faults import Faults
-from orchestrator.testing.memory import MAX_BSON_SIZE
 
 pytestmark = pytest.mark.anyio
 
@@ -515,17 +515,26 @@ async def test_driver_errors_leave_as_store_errors_that_say_whether_to_retry(
     assert doc is not None and doc["y"] == 1, "the timed-out write applied on the primary"
 
 
-async def test_a_write_over_16_mib_is_refused_and_changes_nothing(
+async def test_a_document_refused_as_over_16_mib_is_a_document_too_large_error(
     backend: Backend, clock: FakeClock
 ) -> None:
-    store = backend.open()
+    """Whoever refuses it (pymongo before sending, the server for an update's result:
+    17419), the store says so in one error; the refusal itself is injected, as the
+    server decides it, not the store (the in-memory server's own is tested with it)."""
+    faults = Faults()
+    store = backend.open(faults=faults)
     now = clock.now()
     await seed(store, "jobs", {"_id": 1, "phase": "Q", **lease(now, "t")})
-    huge = "x" * (MAX_BSON_SIZE + 1)
-    with pytest.raises(DocumentTooLarge):
-        await store.write("jobs", queries.fenced(1, "t"), {"$set": {"blob": huge}})
-    with pytest.raises(DocumentTooLarge):
-        await store.insert("jobs", {"name": "big", "blob": huge}, ())
+    message = "Resulting document after update is larger than 16777216"
+    faults.fail_next("update_one", WriteError(message, 17419, {"code": 17419}))
+    with pytest.raises(DocumentTooLarge, match="write to jobs/1 refused"):
+        await store.write("jobs", queries.fenced(1, "t"), {"$set": {"blob": "x"}})
+    faults.fail_next("find_one_and_update", OperationFailure(message, 17419))
+    with pytest.raises(DocumentTooLarge, match="update jobs refused"):
+        await store.operator_update("jobs", {"_id": 1}, {"$set": {"blob": "x"}})
+    faults.fail_next("insert_one", DriverDocumentTooLarge("BSON document too large"))
+    with pytest.raises(DocumentTooLarge, match="insert into jobs refused"):
+        await store.insert("jobs", {"name": "big"}, ())
     doc = await store.find_one("jobs", {"_id": 1})
     assert doc is not None and "blob" not in doc
 
@@ -679,6 +688,14 @@ async def test_collection_names_are_sorted_without_the_servers_own_and_drop_remo
     assert await store.collection_names() == ["a", "b"]
     await store.drop("b")
     assert await store.collection_names() == ["a"]
+
+
+async def test_after_a_drop_the_next_submit_makes_the_unique_index_again(backend: Backend) -> None:
+    store = backend.open()
+    await store.insert("jobs", {"name": "a"}, ("name",))
+    await store.drop("jobs")
+    await store.insert("jobs", {"name": "a"}, ("name",))
+    assert "orchestrator_unique_name" in await index_keys(store, "jobs")
 
 
 # -- connect -----------------------------------------------------------------------------------

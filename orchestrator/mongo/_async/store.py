@@ -288,6 +288,8 @@ class AsyncStore:
         return None
 
     async def find_one(self, name: str, query: Mapping[str, Any]) -> Document | None:
+        """A plain read outside any lease (operators, ``submit``'s answer): what it returns
+        may be changed by a holder at once, so nothing is decided on it under a lease."""
         with driver_errors(f"read from {name}"):
             return await self.collection(name).find_one(dict(query))
 
@@ -327,8 +329,12 @@ class AsyncStore:
             )
 
     async def drop(self, name: str) -> None:
+        """Drop a collection with its documents and indexes. The unique indexes this store
+        made there are forgotten too, so the next submit makes them again rather than
+        trusting an index that is gone."""
         with driver_errors(f"drop {name}"):
             await self._db.drop_collection(name)
+        self._unique_done = {done for done in self._unique_done if done[0] != name}
 
 
 async def connect_async(

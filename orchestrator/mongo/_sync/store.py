@@ -289,6 +289,8 @@ class Store:
         return None
 
     def find_one(self, name: str, query: Mapping[str, Any]) -> Document | None:
+        """A plain read outside any lease (operators, ``submit``'s answer): what it returns
+        may be changed by a holder at once, so nothing is decided on it under a lease."""
         with driver_errors(f"read from {name}"):
             return self.collection(name).find_one(dict(query))
 
@@ -328,8 +330,12 @@ class Store:
             )
 
     def drop(self, name: str) -> None:
+        """Drop a collection with its documents and indexes. The unique indexes this store
+        made there are forgotten too, so the next submit makes them again rather than
+        trusting an index that is gone."""
         with driver_errors(f"drop {name}"):
             self._db.drop_collection(name)
+        self._unique_done = {done for done in self._unique_done if done[0] != name}
 
 
 def connect(uri: str, database: str | None = None, *, timeout: float = 5.0) -> Database[Document]:
