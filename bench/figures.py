@@ -34,9 +34,10 @@ from bench.workloads import (
     register,
     release_update,
 )
-from orchestrator import Lease, Orchestrator, Outcome, queries
-from orchestrator.clock import SystemClock
-from orchestrator.store import Store
+from orchestrator import Lease, Orchestrator, Outcome
+from orchestrator.core import queries
+from orchestrator.core.clock import SystemClock
+from orchestrator.mongo import Store
 from orchestrator.testing import FakeClock, memory_database
 
 TICK = 1.0

@@ -18,8 +18,8 @@ from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.errors import AutoReconnect, OperationFailure, WriteError
 
 from orchestrator import Orchestrator
+from orchestrator.core.queries import bson_time
 from orchestrator.mongo import AsyncStore, Store
-from orchestrator.queries import bson_time
 from orchestrator.testing import FakeClock, async_memory_database, async_view, memory_database
 from orchestrator.testing.faults import Faults, ReplicaCrashed
 from orchestrator.testing.memory import MAX_BSON_SIZE

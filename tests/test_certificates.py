@@ -11,7 +11,7 @@ from pymongo.database import Database
 
 from examples.certificates import RuntimeDomain
 from examples.gateway import LEDGER, Faults, Workflow, build
-from orchestrator.queries import as_utc
+from orchestrator.core.queries import as_utc
 from orchestrator.testing import FakeClock
 
 

@@ -17,9 +17,10 @@ from typing import Any
 import pytest
 from pymongo.database import Database
 
-from orchestrator import Lease, Orchestrator, cli
-from orchestrator.queries import bson_time
+from orchestrator import Lease, Orchestrator
+from orchestrator.core.queries import bson_time
 from orchestrator.testing import FakeClock
+from orchestrator.tools import cli
 
 ROOT = Path(__file__).resolve().parent.parent
 URI = "mongodb://ops:hunter2@db.internal:27017/platform"

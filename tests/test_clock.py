@@ -7,7 +7,7 @@ from datetime import datetime, timedelta
 import pytest
 
 from orchestrator import Orchestrator, StoreError
-from orchestrator.clock import ServerClock
+from orchestrator.core.clock import ServerClock
 from orchestrator.testing import FakeClock, memory_database
 
 

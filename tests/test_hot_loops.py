@@ -13,7 +13,8 @@ from typing import Any, ClassVar
 
 from pymongo.database import Database
 
-from orchestrator import Lease, Resource, queries
+from orchestrator import Lease, Resource
+from orchestrator.core import queries
 from orchestrator.testing import FakeClock
 from tests.conftest import MakeReplica
 

@@ -13,7 +13,7 @@ import pytest
 from pymongo.database import Database
 
 from orchestrator import ConfigError, Lease, Orchestrator, Settings
-from orchestrator.clock import ServerClock
+from orchestrator.core.clock import ServerClock
 from orchestrator.testing import FakeClock, memory_database
 from tests.conftest import MakeReplica
 from tests.holding import hold_step

@@ -22,12 +22,15 @@ from pymongo.errors import (
     WTimeoutError,
 )
 
-from orchestrator import ConfigError, Lease, Orchestrator, Resource, StoreError, cli, queries
-from orchestrator.queries import bson_time
-from orchestrator.settings import Settings
-from orchestrator.store import MIN_SERVER_VERSION, Store, driver_errors
+from orchestrator import ConfigError, Lease, Orchestrator, Resource, StoreError
+from orchestrator.core import queries
+from orchestrator.core.queries import bson_time
+from orchestrator.core.settings import Settings
+from orchestrator.mongo import Store
+from orchestrator.mongo.common import MIN_SERVER_VERSION, driver_errors
 from orchestrator.testing import FakeClock, memory_database
 from orchestrator.testing.memory import MAX_BSON_SIZE
+from orchestrator.tools import cli
 from tests.conftest import MakeReplica
 
 

@@ -14,10 +14,10 @@ import pytest
 from pymongo.database import Database
 
 from orchestrator import EPOCH, Lease, LeaseLost, Orchestrator, Outcome
-from orchestrator.queries import as_utc
-from orchestrator.status import collect
+from orchestrator.core.queries import as_utc
 from orchestrator.testing import FakeClock
 from orchestrator.testing.faults import Faults
+from orchestrator.tools.status import collect
 from tests.conftest import MakeReplica
 from tests.holding import hold_step
 

@@ -8,7 +8,7 @@ from typing import Any
 from pymongo.database import Database
 
 from orchestrator import EPOCH, Lease, Orchestrator
-from orchestrator.store import Store
+from orchestrator.mongo import Store
 from orchestrator.testing import FakeClock
 from tests.conftest import MakeReplica
 

@@ -28,11 +28,12 @@ from pymongo import AsyncMongoClient, MongoClient
 from pymongo.errors import AutoReconnect, OperationFailure, WriteError, WTimeoutError
 from pymongo.errors import DocumentTooLarge as DriverDocumentTooLarge
 
-from orchestrator import ConfigError, LeaseLost, StoreError, queries
+from orchestrator import ConfigError, LeaseLost, StoreError
+from orchestrator.core import queries
+from orchestrator.core.queries import bson_time
+from orchestrator.core.resource import EPOCH
 from orchestrator.mongo import AsyncStore, Store, connect, connect_async
 from orchestrator.mongo.common import MIN_SERVER_VERSION, DocumentTooLarge
-from orchestrator.queries import bson_time
-from orchestrator.resource import EPOCH
 from orchestrator.testing import FakeClock, async_memory_database, async_view, memory_database
 from orchestrator.testing.faults import Faults
 

@@ -9,7 +9,7 @@ import pytest
 from pymongo.database import Database
 
 from orchestrator import EPOCH, ConfigError, Lease, Resource
-from orchestrator.store import Store
+from orchestrator.mongo import Store
 from tests.conftest import MakeReplica
 
 

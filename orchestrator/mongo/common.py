@@ -29,8 +29,8 @@ from pymongo.errors import (
 from pymongo.errors import DocumentTooLarge as DriverDocumentTooLarge
 from pymongo.write_concern import WriteConcern
 
-from orchestrator.errors import ConfigError, StoreError
-from orchestrator.redact import redact
+from orchestrator.core.errors import ConfigError, StoreError
+from orchestrator.core.redact import redact
 
 Document = dict[str, Any]
 

@@ -26,7 +26,7 @@ from pymongo.asynchronous.cursor import AsyncCursor
 from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.asynchronous.mongo_client import AsyncMongoClient
 
-from orchestrator.clock import Clock
+from orchestrator.core.clock import Clock
 from orchestrator.testing.memory import (
     MemoryClient,
     MemoryCollection,

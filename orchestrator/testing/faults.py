@@ -30,7 +30,7 @@ from pymongo.errors import (
     ServerSelectionTimeoutError,
 )
 
-from orchestrator.clock import Clock, SystemClock
+from orchestrator.core.clock import Clock, SystemClock
 
 if TYPE_CHECKING:
     from pymongo.asynchronous.database import AsyncDatabase

@@ -6,7 +6,7 @@ One design in two forms, as PyMongo's own: ``AsyncStore``
 ``Store`` (``orchestrator/mongo/_sync/store.py``) is generated from it by
 ``scripts/synchro.py`` with ``unasync``, so the two cannot drift apart. What needs no I/O
 (error mapping, codec options, index decisions) lives once in ``orchestrator.mongo.common``;
-every filter and update comes from ``orchestrator.queries``.
+every filter and update comes from ``orchestrator.core.queries``.
 
 Driver errors leave here as ``StoreError`` (with a ``transient`` flag) and fenced writes
 that match nothing as ``LeaseLost``, so the layers above never see a driver exception.
@@ -35,12 +35,12 @@ from pymongo.errors import (
 from pymongo.synchronous.collection import Collection
 from pymongo.synchronous.database import Database
 
-from orchestrator import queries
-from orchestrator.errors import ConfigError, LeaseLost, StoreError
+from orchestrator.core import queries
+from orchestrator.core.errors import ConfigError, LeaseLost, StoreError
+from orchestrator.core.queries import as_utc
+from orchestrator.core.redact import redact
 from orchestrator.mongo import common
 from orchestrator.mongo.common import COMMAND_NOT_FOUND, Document, driver_errors
-from orchestrator.queries import as_utc
-from orchestrator.redact import redact
 
 __all__ = ["Store", "connect"]
 

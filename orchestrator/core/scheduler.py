@@ -19,7 +19,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
-    from orchestrator.registry import Handler
+    from orchestrator.core.registry import Handler
 
 FREES_WORK = frozenset({"unlocked", "advanced", "failed", "released", "timed_out", "done", "lost"})
 """Outcomes after which something may be claimable at once, by this handler or another

@@ -25,15 +25,16 @@ from pymongo.database import Database
 from rich.console import Console
 from rich.table import Table
 
-from orchestrator import queries
-from orchestrator.core import Orchestrator
-from orchestrator.demo import DemoOptions
-from orchestrator.demo import run as run_demo
-from orchestrator.errors import OrchestratorError
-from orchestrator.graph import mermaid
-from orchestrator.redact import redact
-from orchestrator.status import collect
-from orchestrator.store import Document, Store, connect
+from orchestrator.core import queries
+from orchestrator.core.errors import OrchestratorError
+from orchestrator.core.redact import redact
+from orchestrator.mongo import Store, connect
+from orchestrator.mongo.common import Document
+from orchestrator.runners.threaded import Orchestrator
+from orchestrator.tools.demo import DemoOptions
+from orchestrator.tools.demo import run as run_demo
+from orchestrator.tools.graph import mermaid
+from orchestrator.tools.status import collect
 
 EXIT_FAILED = 1  # the command ran and found something wrong (demo invariants)
 EXIT_ERROR = 2  # the command could not run: bad input, unreachable database

@@ -27,10 +27,11 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
-from orchestrator.errors import ConfigError
-from orchestrator.status import Status, collect
-from orchestrator.store import Document, connect
+from orchestrator.core.errors import ConfigError
+from orchestrator.mongo import connect
+from orchestrator.mongo.common import Document
 from orchestrator.testing import memory_database
+from orchestrator.tools.status import Status, collect
 
 PHASES = ("Creating", "Created", "Deleting", "Deleted", "Failed")
 WATCHED = ("gateways", "runtimeDomains")

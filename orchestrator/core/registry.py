@@ -10,14 +10,14 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from orchestrator import queries
-from orchestrator.backoff import BackoffPolicy
-from orchestrator.errors import ConfigError
-from orchestrator.resource import Resource
-from orchestrator.settings import HandlerOptions, Settings
+from orchestrator.core import queries
+from orchestrator.core.backoff import BackoffPolicy
+from orchestrator.core.errors import ConfigError
+from orchestrator.core.resource import Resource
+from orchestrator.core.settings import HandlerOptions, Settings
 
 if TYPE_CHECKING:
-    from orchestrator.lease import Lease, Outcome
+    from orchestrator.mongo.lease import Lease, Outcome
 
 HandlerFunc = Callable[["Lease[Any]"], "Outcome | None"]
 Target = str | type[Resource]

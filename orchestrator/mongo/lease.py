@@ -19,17 +19,17 @@ from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel
 
-from orchestrator import queries
-from orchestrator.errors import ConfigError, LeaseLost, OrchestratorError, StoreError
-from orchestrator.queries import as_utc
-from orchestrator.resource import EPOCH
-from orchestrator.store import DocumentTooLarge
+from orchestrator.core import queries
+from orchestrator.core.errors import ConfigError, LeaseLost, OrchestratorError, StoreError
+from orchestrator.core.queries import as_utc
+from orchestrator.core.resource import EPOCH
+from orchestrator.mongo.common import DocumentTooLarge
 
 if TYPE_CHECKING:
-    from orchestrator.clock import ServerClock
-    from orchestrator.registry import Handler
-    from orchestrator.settings import Settings
-    from orchestrator.store import Store
+    from orchestrator.core.clock import ServerClock
+    from orchestrator.core.registry import Handler
+    from orchestrator.core.settings import Settings
+    from orchestrator.mongo import Store
 
 R = TypeVar("R")
 

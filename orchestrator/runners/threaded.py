@@ -21,16 +21,17 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from pydantic import BaseModel, ValidationError
 from pymongo.database import Database
 
-from orchestrator import queries, scheduler
-from orchestrator.clock import Clock, ServerClock, SystemClock
-from orchestrator.errors import ConfigError, LeaseLost, OrchestratorError, StoreError
-from orchestrator.lease import Lease, Outcome
-from orchestrator.redact import RedactingFilter
-from orchestrator.registry import Handler, Registry, Target, options, resolve
-from orchestrator.resource import Resource
-from orchestrator.scheduler import Claim, Probe, Scheduler
-from orchestrator.settings import Settings
-from orchestrator.store import Document, Store
+from orchestrator.core import queries, scheduler
+from orchestrator.core.clock import Clock, ServerClock, SystemClock
+from orchestrator.core.errors import ConfigError, LeaseLost, OrchestratorError, StoreError
+from orchestrator.core.redact import RedactingFilter
+from orchestrator.core.registry import Handler, Registry, Target, options, resolve
+from orchestrator.core.resource import Resource
+from orchestrator.core.scheduler import Claim, Probe, Scheduler
+from orchestrator.core.settings import Settings
+from orchestrator.mongo import Store
+from orchestrator.mongo.common import Document
+from orchestrator.mongo.lease import Lease, Outcome
 
 logger = logging.getLogger("orchestrator")
 logger.addFilter(RedactingFilter())
