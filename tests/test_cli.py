@@ -67,7 +67,7 @@ def seed(db: Database[Any], clock: FakeClock) -> Orchestrator:
             "_id": "stuck",
             "name": "stuck",
             "phase": "Deleting",
-            "lockedAt": bson_time(clock.now() - timedelta(seconds=100)),
+            "lockedAt": bson_time(orch.clock.now() - timedelta(seconds=100)),
             "lockToken": "dead",
             "lockedBy": "pod-9",
         }
