@@ -105,18 +105,17 @@ class Store:
         self,
         name: str,
         match: Mapping[str, Any],
-        now: datetime,
-        lock_timeout: float,
-        token: str,
-        replica: str,
-        *,
-        max_wait: float,
+        judged_at: datetime,
+        horizon: float,
+        handler: str | None,
+        update: Mapping[str, Any],
     ) -> Document | None:
-        """One atomic find-and-modify: the oldest expired lease matching ``match``, or None."""
+        """One atomic find-and-modify: the longest-free document ``match`` selects whose
+        lease is free at ``judged_at``, taken with ``update``; None when there is none."""
         with driver_errors(f"claim on {name}"):
             return self.collection(name).find_one_and_update(
-                queries.claim_filter(match, now, lock_timeout, max_wait),
-                queries.claim_update(now, token, replica),
+                queries.claim_filter(match, judged_at, horizon, handler),
+                dict(update),
                 sort=queries.CLAIM_SORT,
                 return_document=ReturnDocument.AFTER,
             )
@@ -124,28 +123,23 @@ class Store:
     def has_claimable(
         self,
         name: str,
-        matches: Sequence[Mapping[str, Any]],
+        matches: Sequence[tuple[Mapping[str, Any], str]],
         now: datetime,
-        lock_timeout: float,
-        *,
-        max_wait: float,
+        horizon: float,
     ) -> bool:
         """One read: could any of these handlers' claims find a document now?"""
         with driver_errors(f"probe {name}"):
             found = self.collection(name).find_one(
-                queries.probe_filter(matches, now, lock_timeout, max_wait),
-                queries.PROBE_PROJECTION,
+                queries.probe_filter(matches, now, horizon), queries.PROBE_PROJECTION
             )
         return found is not None
 
-    def write(
-        self, name: str, doc_id: Any, token: str, update: Mapping[str, Any], action: str
-    ) -> None:
-        """A write under a lease; ``LeaseLost`` when the lease is no longer this token's."""
-        with driver_errors(f"{action} on {name}/{doc_id}"):
-            result = self.collection(name).update_one(queries.fenced(doc_id, token), update)
-        if result.matched_count == 0:
-            raise LeaseLost(name, doc_id, token, action)
+    def write(self, name: str, query: Mapping[str, Any], update: Mapping[str, Any]) -> bool:
+        """A fenced write (``query`` from ``queries.fenced``); False when it matched nothing,
+        that is, the lease is no longer the writer's."""
+        with driver_errors(f"write to {name}/{query.get('_id')}"):
+            result = self.collection(name).update_one(dict(query), update)
+        return result.matched_count > 0
 
     def delete(self, name: str, doc_id: Any, token: str) -> None:
         """Delete under a lease; ``LeaseLost`` when the lease is no longer this token's."""
@@ -214,9 +208,9 @@ class Store:
             names = self._db.list_collection_names()
         return sorted(n for n in names if not n.startswith("system."))
 
-    def phase_summary(self, name: str, now: datetime, lock_timeout: float) -> list[Document]:
+    def phase_summary(self, name: str, now: datetime) -> list[Document]:
         with driver_errors(f"summarise {name}"):
-            return list(self.collection(name).aggregate(queries.status_pipeline(now, lock_timeout)))
+            return list(self.collection(name).aggregate(queries.status_pipeline(now)))
 
     def latest_errors(self, name: str, limit: int) -> list[Document]:
         with driver_errors(f"read errors of {name}"):

@@ -30,7 +30,7 @@ def _raw(db: Database[Any], orch: Orchestrator, collection: str = "items", **fie
     """Insert a document as written from outside, dated by ``orch``'s estimate of the
     server's clock (the only time that means anything on a real server)."""
     now = bson_time(orch.clock.now())
-    doc = {"phase": "A", "lockedAt": EPOCH, "createdAt": now, "updatedAt": now, **fields}
+    doc = {"phase": "A", "lockedUntil": EPOCH, "createdAt": now, "updatedAt": now, **fields}
     for key in [k for k, v in doc.items() if v is _MISSING]:
         del doc[key]
     return db[collection].insert_one(doc).inserted_id
@@ -63,7 +63,7 @@ def test_a_document_with_a_malformed_lock_time_is_claimed_and_runs_once(
 ) -> None:
     orch = make()
     ran = _advancing(orch)
-    doc_id = _raw(db, orch, lockedAt=locked_at)
+    doc_id = _raw(db, orch, lockedUntil=locked_at)
     orch.run_once()
     orch.run_once()
     assert ran == [doc_id]
@@ -73,10 +73,10 @@ def test_a_document_with_a_malformed_lock_time_is_claimed_and_runs_once(
 def test_a_lease_within_max_wait_in_the_future_is_honoured_not_capped(
     make: MakeReplica, db: Database[Any], clock: FakeClock
 ) -> None:
-    """A relock's lockedAt lies ahead by up to max_wait - lock_timeout: never stolen."""
+    """A relock's lockedUntil lies ahead by up to max_wait: never stolen."""
     orch = make(max_wait=3600)
     ran = _advancing(orch)
-    _raw(db, orch, lockedAt=orch.clock.now() + timedelta(seconds=3600 - 30))
+    _raw(db, orch, lockedUntil=orch.clock.now() + timedelta(seconds=3600))
     orch.run_once()
     clock.advance(3599)
     orch.run_once()

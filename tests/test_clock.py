@@ -24,7 +24,7 @@ def test_the_estimate_is_the_servers_own_clock_and_moves_with_the_local_one(
     """On purpose, the real offset: a replica on a fake clock reads the server's time
     (months away from 2026-01-01 on a real server), then carries it forward by its own
     clock. Every other test compares times through this estimate."""
-    orch = Orchestrator(db, clock=clock, clock_refresh=1e9)
+    orch = Orchestrator(db, clock=clock, clock_refresh=1e6)
     before = _hello_time(db)
     orch.clock.measure()
     after = _hello_time(db)

@@ -64,7 +64,7 @@ def test_a_driver_error_carrying_a_password_reaches_no_log_and_no_document(
     db: Database[Any], clock: FakeClock, caplog: pytest.LogCaptureFixture
 ) -> None:
     faults = Faults(clock=clock)
-    orch = Orchestrator(faults.wrap(db), replica_id="pod-1", clock=clock, clock_refresh=1e9)
+    orch = Orchestrator(faults.wrap(db), replica_id="pod-1", clock=clock, clock_refresh=1e6)
 
     @orch.phase("jobs", "Running")
     def step(lease: Lease[Any]) -> Any:
@@ -120,7 +120,7 @@ def test_a_full_lifecycle_sends_only_the_documented_commands(
     db: Database[Any], clock: FakeClock
 ) -> None:
     faults = Faults(clock=clock)  # no faults: it records every operation
-    orch = Orchestrator(faults.wrap(db), replica_id="pod-1", clock=clock, clock_refresh=1e9)
+    orch = Orchestrator(faults.wrap(db), replica_id="pod-1", clock=clock, clock_refresh=1e6)
 
     @orch.phase("jobs", "A")
     def a(lease: Lease[Any]) -> Any:

@@ -649,8 +649,9 @@ def _judge(test: _Test, spec: Any, doc: Mapping[str, Any]) -> bool:
 
 
 def _compile(spec: Any) -> _Test | None:
-    """A native test for filters made of string equalities, date ranges, ``$not`` of a date
-    range, ``$or`` and ``$and`` on top-level fields (a claim's shape); None otherwise."""
+    """A native test for filters made of string equalities and ``$ne``, date ranges, ``$not``
+    of a date range, ``$or`` and ``$and`` on top-level fields (a claim's shape); None
+    otherwise."""
     if not isinstance(spec, Mapping) or not spec:
         return None
     tests: list[_Test] = []
@@ -671,6 +672,9 @@ def _compile(spec: Any) -> _Test | None:
         if not isinstance(value, Mapping) or len(value) != 1:
             return None
         ((op, operand),) = value.items()
+        if op == "$ne" and type(operand) is str:
+            tests.append(_differs(key, operand))
+            continue
         negate = op == "$not"
         if negate:
             if not isinstance(operand, Mapping) or len(operand) != 1:
@@ -689,6 +693,16 @@ def _equals(key: str, wanted: str) -> _Test:
         if type(value) is str:
             return value == wanted
         return False if value is _MISSING else None
+
+    return test
+
+
+def _differs(key: str, unwanted: str) -> _Test:
+    def test(doc: Mapping[str, Any]) -> _Verdict:
+        value = doc.get(key, _MISSING)
+        if value is _MISSING or type(value) is str:
+            return value != unwanted
+        return None  # arrays and other types: mongomock's rules
 
     return test
 
