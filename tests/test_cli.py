@@ -235,6 +235,14 @@ def test_demo_refuses_bad_sizes(capsys: pytest.CaptureFixture[str]) -> None:
     assert_one_line_error(code, err, "--delete-fraction")
 
 
+def test_demo_processes_need_a_server(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("MONGODB_URI", raising=False)
+    code, _, err = run(["demo", "--processes", "2"], capsys)
+    assert_one_line_error(code, err, "--processes needs MONGODB_URI")
+
+
 WORKER = """
 from orchestrator import Orchestrator
 from orchestrator.testing import memory_database

@@ -5,7 +5,8 @@ that share nothing but the database. Three processes here each run ``orchestrato
 (an ``Orchestrator`` started with ``start()``) over a three-step workflow; one is killed
 with SIGKILL in the middle of a step. Its lease must be taken over only after it expires,
 every document must finish, and no step may run twice except the one interrupted.
-Conditions are awaited by polling the database with a deadline.
+Conditions are awaited by polling the database with a deadline. The demo's
+``--processes`` mode is checked here too.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import pytest
 from pymongo import MongoClient
 from pymongo.database import Database
 
-from orchestrator import Orchestrator
+from orchestrator import Orchestrator, cli
 from orchestrator.queries import as_utc
 from tests.conftest import MONGODB_URI
 from tests.process_replica import COLLECTION, LOCK_TIMEOUT, STEPS
@@ -178,3 +179,23 @@ def test_three_processes_share_the_work_and_a_killed_ones_step_is_taken_over(
         f"{hanging['doc']}, taken over by {repeat['by']} "
         f"{(as_utc(repeat['claimedAt']) - expiry).total_seconds():.2f}s after its lease expired)"
     )
+
+
+def test_the_demo_with_replica_processes_passes_its_audit(
+    database: Database[Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["demo", "--processes", "3", "--gateways", "8", "--cert-delay", "0.2"]
+    code = cli.main([*argv, "--uri", str(MONGODB_URI), "--db", database.name])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "3 replica processes" in out
+    assert "steps run twice: 0" in out
+    assert "every replica stopped cleanly" in out
+    assert "all invariants hold" in out
+    # Each process published its own counts: the report's steps are theirs.
+    published = {d["_id"]: d for d in database.demoReplicas.find({})}
+    assert set(published) == {"replica-1", "replica-2", "replica-3"}
+    assert all(d["stopped"] and d["pid"] for d in published.values())
+    assert len({d["pid"] for d in published.values()}) == 3
+    for name, report in published.items():
+        assert f"{name} {report['stats'].get('claimed', 0)}" in out
