@@ -26,12 +26,28 @@ from typing import Any
 import pytest
 from pymongo import MongoClient
 from pymongo.database import Database
+from pymongo.errors import PyMongoError
 
 from orchestrator import Orchestrator
 from orchestrator.clock import SystemClock
 from orchestrator.testing import FakeClock, memory_database
 
 MONGODB_URI = os.environ.get("MONGODB_URI")
+
+
+def pytest_report_header(config: pytest.Config) -> str | None:
+    """Name the server the MONGODB_URI tier runs on, as it names itself: the same tests
+    prove different things on MongoDB and on another wire-protocol implementation."""
+    if not MONGODB_URI:
+        return None
+    client: MongoClient[Any] = MongoClient(MONGODB_URI, serverSelectionTimeoutMS=5000)
+    try:
+        info = client.admin.command("buildInfo")
+    except PyMongoError as exc:
+        return f"MONGODB_URI server: unreachable ({type(exc).__name__})"
+    finally:
+        client.close()
+    return f"MONGODB_URI server: version {info.get('version')} ({info.get('gitVersion')})"
 
 
 @pytest.fixture
