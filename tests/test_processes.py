@@ -40,15 +40,18 @@ DOCUMENTS = 300
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def wait_for(condition: Callable[[], Any], timeout: float, what: str) -> Any:
-    """Poll ``condition`` until it returns something truthy; fail saying what never came."""
+def wait_for(
+    condition: Callable[[], Any], timeout: float, what: str, context: Callable[[], str]
+) -> Any:
+    """Poll ``condition`` until it returns something truthy; fail saying what never came,
+    with ``context()`` (the replicas' logs)."""
     deadline = time.monotonic() + timeout
     while True:
         value = condition()
         if value:
             return value
         if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:g}s waiting for {what}")
+            pytest.fail(f"timed out after {timeout:g}s waiting for {what}\n{context()}")
         time.sleep(0.1)  # the poll interval, not a stand-in for synchronisation
 
 
@@ -83,6 +86,9 @@ class Replicas:
 
     def log(self, name: str) -> str:
         return (self.logs / f"{name}.log").read_text(errors="replace")[-3000:]
+
+    def all_logs(self) -> str:
+        return "\n".join(f"--- {name}:\n{self.log(name)}" for name in self.procs)
 
     def exit_code(self, name: str, timeout: float) -> int:
         try:
@@ -132,7 +138,10 @@ def test_three_processes_share_the_work_and_a_killed_ones_step_is_taken_over(
     replicas.spawn("proc-2")
 
     hanging = wait_for(
-        lambda: db.markers.find_one({"_id": "hanging"}), 120, "the victim to hang mid-step"
+        lambda: db.markers.find_one({"_id": "hanging"}),
+        120,
+        "the victim to hang mid-step",
+        replicas.all_logs,
     )
     replicas.procs["proc-victim"].send_signal(signal.SIGKILL)
     assert replicas.exit_code("proc-victim", 10) == -signal.SIGKILL
@@ -147,6 +156,7 @@ def test_three_processes_share_the_work_and_a_killed_ones_step_is_taken_over(
         lambda: db[COLLECTION].count_documents({"phase": "Done"}) == DOCUMENTS,
         240,
         f"all {DOCUMENTS} documents to reach Done",
+        replicas.all_logs,
     )
     for name in ("proc-1", "proc-2"):
         replicas.procs[name].send_signal(signal.SIGTERM)
