@@ -65,7 +65,7 @@ class DemoOptions:
         if not 1 <= self.replicas <= 32:
             raise ConfigError("--replicas must be between 1 and 32")
         if not 0 <= self.processes <= 32:
-            raise ConfigError("--processes must be between 1 and 32")
+            raise ConfigError("--processes must be between 1 and 32 (0: the replicas are threads)")
         if self.processes and not self.uri:
             raise ConfigError(
                 "--processes needs MONGODB_URI (or --uri): processes share no in-memory store"
