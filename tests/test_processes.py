@@ -27,6 +27,7 @@ from pymongo import MongoClient
 from pymongo.database import Database
 
 from orchestrator import Orchestrator, cli
+from orchestrator.demo_processes import REPLICAS
 from orchestrator.queries import as_utc
 from tests.conftest import MONGODB_URI
 from tests.process_replica import COLLECTION, LOCK_TIMEOUT, STEPS
@@ -203,7 +204,7 @@ def test_the_demo_with_replica_processes_passes_its_audit(
     assert "every replica stopped cleanly" in out
     assert "all invariants hold" in out
     # Each process published its own counts: the report's steps are theirs.
-    published = {d["_id"]: d for d in database.demoReplicas.find({})}
+    published = {d["_id"]: d for d in database[REPLICAS].find({})}
     assert set(published) == {"replica-1", "replica-2", "replica-3"}
     assert all(d["stopped"] and d["pid"] for d in published.values())
     assert len({d["pid"] for d in published.values()}) == 3
