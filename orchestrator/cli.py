@@ -296,10 +296,20 @@ def _retry(args: argparse.Namespace) -> int:
             )
     if phase.startswith("$"):
         raise CommandError(f"{phase!r} is not a phase name")
+    # updatedAt starts the phase's clock for the replicas' backoff: the server's time, as
+    # every lease time is, not this machine's.
+    now = store.server_time()
+    if now is None:
+        now = datetime.now(UTC)
+        print(
+            "orchestrator retry: warning: the server reports no time; "
+            "updatedAt is stamped with this machine's clock",
+            file=sys.stderr,
+        )
     # Only if nobody moved it meanwhile: the phase read above is still the phase.
     guarded = {"_id": doc["_id"], "phase": doc.get("phase")}
     updated = store.operator_update(
-        args.collection, guarded, queries.operator_retry_update(phase, datetime.now(UTC))
+        args.collection, guarded, queries.operator_retry_update(phase, now)
     )
     if updated is None:
         raise CommandError(f"{args.collection}/{doc['_id']} changed meanwhile; run retry again")

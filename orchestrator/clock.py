@@ -58,6 +58,7 @@ class ServerClock:
         self._tolerance = tolerance
         self._on_fallback = on_fallback
         self._anchor: datetime | None = None
+        self._latest: datetime | None = None
         self._anchor_mono = 0.0
         self._measured_at: float | None = None
         self._offset = timedelta(0)
@@ -84,9 +85,14 @@ class ServerClock:
         if self._measured_at is None or mono - self._measured_at >= self._refresh:
             self.measure()
         with self._lock:
-            anchor, anchor_mono = self._anchor, self._anchor_mono
-        assert anchor is not None  # measure() raised otherwise
-        return anchor + timedelta(seconds=self._local.monotonic() - anchor_mono)
+            assert self._anchor is not None  # measure() raised otherwise
+            estimate = self._anchor + timedelta(seconds=self._local.monotonic() - self._anchor_mono)
+            # A re-measure may land up to half a round trip earlier (the reply's delay is
+            # not symmetric); time judged by this replica never runs backwards.
+            if self._latest is not None and estimate < self._latest:
+                return self._latest
+            self._latest = estimate
+            return estimate
 
     def measure(self) -> None:
         """Probe the server now; the midpoint of the round trip stands for its reply time.

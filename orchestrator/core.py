@@ -38,8 +38,9 @@ logger.addFilter(RedactingFilter())
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-# Outcomes after which something may be claimable at once (by this or another handler).
-_FREES_WORK = frozenset({"unlocked", "advanced", "failed", "released", "timed_out", "done"})
+# Outcomes after which something may be claimable at once (by this or another handler);
+# "lost" too: a step whose phase was changed from outside releases its document.
+_FREES_WORK = frozenset({"unlocked", "advanced", "failed", "released", "timed_out", "done", "lost"})
 
 
 @dataclass
@@ -79,7 +80,7 @@ class Orchestrator:
         if settings is not None and options:
             raise ConfigError("pass either a Settings object or keyword settings, not both")
         self.settings = settings if settings is not None else Settings.build(**options)
-        self._store = Store(db, self.settings.write_concern)
+        self._store = Store(db, self.settings.write_concern, self.settings.write_timeout)
         self._local = clock if clock is not None else SystemClock()
         self.clock = ServerClock(
             self._local,
@@ -151,7 +152,12 @@ class Orchestrator:
         unique: str | Iterable[str] | None = None,
     ) -> Document:
         """Create a document in its first phase, unlocked; with ``unique`` keys, idempotent:
-        concurrent submits of one key create one document and all return it."""
+        concurrent submits of one key create one document and all return it.
+
+        ``unique`` defaults to the keys the model declares (``Resource.unique``; for a
+        collection name, those of the model registered on it), else to ``_id`` when the
+        document has one.
+        """
         collection, model = resolve(target)
         fields = self._document_fields(doc, model)
         phase = fields.get("phase")
@@ -161,7 +167,12 @@ class Orchestrator:
             {k: v for k, v in fields.items() if k not in {"_id", "phase", "updatedAt"}}
         )
         keys: tuple[str, ...]
-        if unique is None:
+        declared = model or self._registry.model_for(collection)
+        if unique is None and declared is not None and declared.unique:
+            # The model's identity is the default: a second submit of one key returns the first.
+            keys = tuple(declared.field_name(k) for k in declared.unique)
+            self._registry.add_unique(collection, keys)
+        elif unique is None:
             keys = ("_id",) if "_id" in fields else ()
         else:
             raw = (unique,) if isinstance(unique, str) else tuple(unique)

@@ -23,6 +23,7 @@ from orchestrator import queries
 from orchestrator.errors import ConfigError, LeaseLost, OrchestratorError, StoreError
 from orchestrator.queries import as_utc
 from orchestrator.resource import EPOCH
+from orchestrator.store import DocumentTooLarge
 
 if TYPE_CHECKING:
     from orchestrator.clock import ServerClock
@@ -192,9 +193,11 @@ class Lease(Generic[R]):
             self.expires_at = until
 
     def expired(self, now: datetime) -> bool:
-        """True once this lease's expiry has passed: another replica may hold it now."""
-        margin = timedelta(seconds=self._clock.uncertainty)
-        return now + margin >= self.expires_at
+        """True once this lease's expiry has passed: another replica may hold it now.
+
+        No margin for clock uncertainty: other replicas judge leases that much late, which
+        covers their skew against this replica."""
+        return now >= self.expires_at
 
     # -- what the loop calls --------------------------------------------------------------
 
@@ -222,22 +225,56 @@ class Lease(Generic[R]):
         if permanent or attempts >= self.handler.max_attempts:
             failed = self.handler.failed_phase
             until, _ = self._free_until()
-            update = queries.fail_update(failed, attempts, error, now, self.handler.name, until)
-            self._write(
-                update, "fail", until=until, phase_change=True, next_phase=failed, after=True
+            self._write_error(
+                lambda record: queries.fail_update(
+                    failed, attempts, record, now, self.handler.name, until
+                ),
+                error,
+                "fail",
+                until=until,
+                phase_change=True,
+                next_phase=failed,
             )
             return Outcome("failed", failed, None, self.token)
         until = now + timedelta(seconds=wait)
-        update = queries.retry_update(attempts, error, until)
-        self._write(update, "retry", until=until, after=True)
+        self._write_error(
+            lambda record: queries.retry_update(attempts, record, until),
+            error,
+            "retry",
+            until=until,
+        )
         return Outcome("retrying", self.phase, wait, self.token)
 
     def release(self) -> Outcome:
-        """Hand back a lease whose step never ran."""
-        self._write(queries.release_update(), "release", until=EPOCH)
-        return Outcome("released", self.phase, None, self.token)
+        """Hand back a lease whose step never ran (subject to the budget, like any release)."""
+        until, wait = self._free_until()
+        self._write(queries.release_update(until), "release", until=until)
+        return Outcome("released", self.phase, wait, self.token)
 
     # -- internals -------------------------------------------------------------------------
+
+    def _write_error(
+        self,
+        build: Callable[[dict[str, Any]], dict[str, Any]],
+        error: dict[str, Any],
+        action: str,
+        **write: Any,
+    ) -> None:
+        """Write a failed attempt with ``build(error record)``. The server refuses a write
+        that takes the document past 16 MiB, yet the attempt must count: store less and
+        write again, the message cut short, then no message and no ``previousError``."""
+        message = str(error.get("message", ""))
+        cut = {**error, "message": message[:200] + " [cut: the document is near 16 MiB]"}
+        bare = {**error, "message": "[not stored: the document is at the 16 MiB limit]"}
+        for record in (error, cut):
+            try:
+                self._write(build(record), action, after=True, **write)
+                return
+            except DocumentTooLarge:
+                continue
+        update = build(bare)
+        update.setdefault("$unset", {})["previousError"] = ""
+        self._write(update, action, after=True, **write)
 
     def _write(
         self,

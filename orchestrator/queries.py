@@ -142,10 +142,10 @@ def unlock_update(fields: Mapping[str, Any], until: datetime = EPOCH) -> dict[st
     }
 
 
-def release_update() -> dict[str, Any]:
-    """Claimable at once, counters untouched: a lease whose step never ran, or an
-    operator's unlock (a live holder's later writes then raise LeaseLost)."""
-    return {"$set": {"lockedUntil": EPOCH}, "$unset": {"lockToken": ""}}
+def release_update(until: datetime = EPOCH) -> dict[str, Any]:
+    """Claimable at once (unless throttled), counters untouched: a lease whose step never
+    ran, or an operator's unlock (a live holder's later writes then raise LeaseLost)."""
+    return {"$set": {"lockedUntil": bson_time(until)}, "$unset": {"lockToken": ""}}
 
 
 def relock_update(until: datetime, fields: Mapping[str, Any]) -> dict[str, Any]:

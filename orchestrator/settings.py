@@ -59,6 +59,13 @@ class Settings(BaseModel):
     write_concern: Literal["majority"] | int = Field(
         "majority", description='Write concern of lease writes: "majority" or a node count.'
     )
+    write_timeout: float = Field(
+        10.0,
+        gt=0,
+        le=600,
+        description="Seconds a write waits for its write concern (wtimeout); past it the"
+        " write fails as a transient error instead of blocking while no majority is up.",
+    )
     clock_refresh: float = Field(
         60.0, gt=0, le=MAX_DURATION, description="Re-measure the server clock this often."
     )

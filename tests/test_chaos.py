@@ -11,7 +11,7 @@ import pytest
 from orchestrator import queries
 from orchestrator.chaos import HANDLER_EXCEPTIONS, Chaos, ChaosConfig, Figures, main
 
-CI = ChaosConfig(replicas=3, resources=40, duration=300, rate=0.05, seed=1)
+CI = ChaosConfig(replicas=3, resources=40, duration=400, rate=0.05, seed=1)
 
 
 @pytest.fixture(scope="module")

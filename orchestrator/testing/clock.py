@@ -11,8 +11,6 @@ import math
 import threading
 from datetime import UTC, datetime, timedelta
 
-from orchestrator.clock import Clock
-
 __all__ = ["FakeClock"]
 
 _DEFAULT_START = datetime(2026, 1, 1, tzinfo=UTC)
@@ -42,12 +40,14 @@ class FakeClock:
             start = start.astimezone(UTC)
         self._start = start
         self._elapsed = 0.0
+        self._stepped = 0.0
         self._lock = threading.Lock()
 
     def now(self) -> datetime:
         with self._lock:
-            # Derived from the elapsed seconds, so now() and monotonic() never drift apart.
-            return self._start + timedelta(seconds=self._elapsed)
+            # Derived from the elapsed seconds, so now() and monotonic() never drift apart
+            # unless a test steps the wall clock on purpose.
+            return self._start + timedelta(seconds=self._elapsed + self._stepped)
 
     def monotonic(self) -> float:
         with self._lock:
@@ -61,7 +61,14 @@ class FakeClock:
         with self._lock:
             self._elapsed += seconds
 
-    def skewed(self, offset_seconds: float) -> Clock:
+    def step_wall(self, seconds: float) -> None:
+        """Step the wall clock by ``seconds`` (either way) without moving ``monotonic()``:
+        what an NTP correction does to a machine."""
+        seconds = _finite("seconds", seconds)
+        with self._lock:
+            self._stepped += seconds
+
+    def skewed(self, offset_seconds: float) -> _SkewedClock:
         """A view of this clock whose ``now()`` is ``offset_seconds`` ahead (or behind if < 0).
 
         Its ``monotonic()`` is this clock's; advancing this clock moves the view too.
@@ -88,6 +95,10 @@ class _SkewedClock:
     def advance(self, seconds: float) -> None:
         """Advance the shared base clock (and so every view of it)."""
         self.base.advance(seconds)
+
+    def step_wall(self, seconds: float) -> None:
+        """Step this view's wall clock only (an NTP correction on one machine)."""
+        self.offset += timedelta(seconds=_finite("seconds", seconds))
 
     def __repr__(self) -> str:
         return f"<skewed {self.offset.total_seconds():+g}s of {self.base!r}>"
