@@ -412,7 +412,8 @@ def test_with_no_room_for_a_message_the_attempt_still_counts(
 ) -> None:
     orch = failing(make)
     doc_id = orch.submit("big", {"phase": "Working"})["_id"]
-    old = {"type": "E", "message": "m" * 2000, "at": bson_time(clock.now()), "phase": "Working"}
+    at = bson_time(orch.clock.now())
+    old = {"type": "E", "message": "m" * 2000, "at": at, "phase": "Working"}
     db.big.update_one({"_id": doc_id}, {"$set": {"previousError": old}})
     fill_to(db, doc_id, MAX_BSON_SIZE - 250)
     assert orch.run_once().get("retrying") == 1

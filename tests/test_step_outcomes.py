@@ -159,7 +159,7 @@ def test_a_retry_policy_answering_nonsense_still_counts_the_attempt(
     doc = _doc(db)
     assert doc["attempts"] == 1
     assert "retry_policy returned" in doc["lastError"]["message"]
-    waited = (as_utc(doc["lockedUntil"]) - clock.now()).total_seconds()
+    waited = (as_utc(doc["lockedUntil"]) - orch.clock.now()).total_seconds()
     assert waited == pytest.approx(30)  # the safe wait: one lock timeout
 
 
@@ -284,4 +284,4 @@ def test_an_outside_phase_change_also_wins_over_a_recorded_failure(
     stored = _doc(db)
     assert stored["phase"] == "Cancelled" and "lastError" not in stored
     assert "lockToken" not in stored
-    assert as_utc(stored["lockedUntil"]) <= clock.now() + timedelta(seconds=0)
+    assert as_utc(stored["lockedUntil"]) <= orch.clock.now() + timedelta(seconds=0)
