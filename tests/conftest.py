@@ -35,19 +35,26 @@ from orchestrator.testing import FakeClock, memory_database
 MONGODB_URI = os.environ.get("MONGODB_URI")
 
 
+def server_name(db: Database[Any]) -> str:
+    """A server as it names itself (``buildInfo``): its version and gitVersion, a commit
+    hash on MongoDB, another implementation's name elsewhere. A test that cannot show on a
+    server what it shows on MongoDB says which server that was."""
+    info = db.command("buildInfo")
+    return f"version {info.get('version')} ({info.get('gitVersion')})"
+
+
 def pytest_report_header(config: pytest.Config) -> str | None:
-    """Name the server the MONGODB_URI tier runs on, as it names itself: the same tests
-    prove different things on MongoDB and on another wire-protocol implementation."""
+    """Name the server the MONGODB_URI tier runs on: the same tests prove different things
+    on MongoDB and on another wire-protocol implementation."""
     if not MONGODB_URI:
         return None
     client: MongoClient[Any] = MongoClient(MONGODB_URI, serverSelectionTimeoutMS=5000)
     try:
-        info = client.admin.command("buildInfo")
+        return f"MONGODB_URI server: {server_name(client.admin)}"
     except PyMongoError as exc:
         return f"MONGODB_URI server: unreachable ({type(exc).__name__})"
     finally:
         client.close()
-    return f"MONGODB_URI server: version {info.get('version')} ({info.get('gitVersion')})"
 
 
 @pytest.fixture
