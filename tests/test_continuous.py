@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from pymongo.database import Database
 
-from orchestrator import Lease, Orchestrator, OrchestratorError
+from orchestrator import Lease, Orchestrator
 from orchestrator.testing import FakeClock
 from tests.conftest import MakeReplica
 
