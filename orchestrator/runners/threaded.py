@@ -86,7 +86,9 @@ class Orchestrator:
             on_fallback=self._clock_fallback,
         )
         self._registry = Registry(self.settings)
-        self._cv = threading.Condition()
+        lock = threading.RLock()
+        self._cv = threading.Condition(lock)  # workers wait here for an action
+        self._settled = threading.Condition(lock)  # run_once and stop wait here
         self._sched = Scheduler(
             [],
             max_concurrency=self.settings.max_concurrency,
@@ -251,7 +253,7 @@ class Orchestrator:
                 while action is None:
                     if not self._serving and self._sched.quiet:
                         self._workers -= 1
-                        self._cv.notify_all()
+                        self._settled.notify_all()
                         return
                     self._cv.wait()
                     action = self._sched.next()
@@ -265,7 +267,7 @@ class Orchestrator:
                     self._workers -= 1  # the next tick puts a fresh worker in its place
                     self._stats["tick_failures"] += 1
                     self._errors.append(exc)
-                    self._cv.notify_all()
+                    self._changed(more_work=True)
                 logger.error(
                     "a worker failed; the next tick replaces it",
                     exc_info=exc,
@@ -280,7 +282,7 @@ class Orchestrator:
             with self._cv:
                 if ready():
                     return
-                self._cv.wait(interval)
+                self._settled.wait(interval)
                 if ready():
                     return
             self._safe_heartbeat()  # an error here must not leave run_once half-finished
@@ -299,7 +301,7 @@ class Orchestrator:
         finally:
             with self._cv:
                 self._sched.probed(probe, found)
-                self._cv.notify_all()
+                self._changed(more_work=found is not False)
 
     def _judgement_time(self) -> datetime:
         """When leases are judged: the server's time, less what this estimate may be off by
@@ -320,7 +322,7 @@ class Orchestrator:
                 step = _Step(lease)
                 self._running[lease.token] = step
                 stopping = self._sched.stopping
-            self._cv.notify_all()
+            self._changed(more_work=lease is not None)
         if lease is None:
             return True
         self._in_step.active = True
@@ -352,8 +354,19 @@ class Orchestrator:
                 return False
             del self._running[lease.token]
             self._sched.finished(outcome)
-            self._cv.notify_all()
+            self._changed(more_work=False)  # this worker takes the next action itself
         return True
+
+    def _changed(self, *, more_work: bool) -> None:
+        """Wake whom a change concerns (the caller holds the lock): one more worker when
+        there may be work for it (it wakes the next in turn if it finds some), and the
+        waiters of run_once and stop when the replica may have settled. Waking every
+        thread at every step cost a context switch each under the GIL."""
+        if more_work:
+            self._cv.notify()
+        if self._sched.quiet or not self._sched.busy or not self._workers:
+            self._cv.notify_all()  # idle workers of run_once leave when quiet
+            self._settled.notify_all()
 
     def _claim(self, handler: Handler) -> Lease[Any] | None:
         token = secrets.token_hex(8)
@@ -557,7 +570,8 @@ class Orchestrator:
             threading.Thread(
                 target=self._work, name=f"orchestrator-{self.replica_id}", daemon=True
             ).start()
-        self._cv.notify_all()
+        self._cv.notify_all()  # a new tick: every idle worker may have work
+        self._settled.notify_all()
 
     # -- running in the background --------------------------------------------------------
 
@@ -614,6 +628,7 @@ class Orchestrator:
             self._sched.stop()
             self._serving = False
             self._cv.notify_all()
+            self._settled.notify_all()
 
     def stop(self, timeout: float = 10.0) -> StopReport:
         """Stop claiming, wait up to ``timeout`` seconds for running steps, hand back leases
@@ -629,7 +644,7 @@ class Orchestrator:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     break
-                self._cv.wait(remaining)
+                self._settled.wait(remaining)
             still = [f"{s.lease.collection}/{s.lease.id}" for s in self._running.values()]
             report = StopReport(list(self._released_on_stop), still)
         level = logging.WARNING if still else logging.INFO
