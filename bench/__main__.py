@@ -36,6 +36,7 @@ def run(size_name: str) -> dict[str, Any]:
             "batch": figures.batch(size),
             "idle": figures.idle_cost(size),
             "pickup": figures.pickup(size),
+            "intake": figures.intake(size),
             "real_server": figures.real_server(size),
         },
     }

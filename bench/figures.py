@@ -370,6 +370,56 @@ def pickup(size: Size) -> dict[str, Any]:
     }
 
 
+# -- 8: intake while a long step holds a slot -------------------------------------------------
+
+INTAKE_TICK = 0.2
+
+
+def intake(size: Size) -> dict[str, Any]:
+    """Time from a document inserted by another process (no local wake-up) to its step
+    starting, while one step of the same replica is blocked: a free worker must take it
+    at the next tick, not when the long step ends (before: up to ``step_timeout``)."""
+    db = fresh()
+    orch = replica(db, None, "bench", tick=INTAKE_TICK, max_concurrency=4)
+    blocked, release, started = threading.Event(), threading.Event(), threading.Event()
+    started_at: list[float] = []
+
+    @orch.phase("intake", "Long")
+    def long(lease: Lease[Any]) -> Outcome:
+        blocked.set()
+        release.wait(60)
+        return lease.advance("Done")
+
+    @orch.phase("intake", "Quick")
+    def quick(lease: Lease[Any]) -> Outcome:
+        started_at.append(time.perf_counter())
+        started.set()
+        return lease.advance("Done")
+
+    orch.start()
+    delays = []
+    try:
+        orch.submit("intake", {"phase": "Long"})
+        if not blocked.wait(10):
+            raise RuntimeError("the long step did not start within 10 s")
+        for _ in range(size.pickup_runs):
+            started.clear()
+            t0 = time.perf_counter()
+            db["intake"].insert_one(queries.new_document({"phase": "Quick"}, SystemClock().now()))
+            if not started.wait(10):
+                raise RuntimeError("the inserted document was not taken within 10 s")
+            delays.append(started_at[-1] - t0)
+    finally:
+        release.set()
+        orch.stop(timeout=5)
+    return {
+        "tick_s": INTAKE_TICK,
+        "median_ms": statistics.median(delays) * 1e3,
+        "max_ms": max(delays) * 1e3,
+        "max_ticks": max(delays) / INTAKE_TICK,
+    }
+
+
 # -- 7: the claim on a real server ----------------------------------------------------------------
 
 

@@ -101,6 +101,17 @@ def rows(results: dict[str, Any]) -> list[dict[str, str]]:
             p["after_submit_ms"] < 100 and p["after_advance_ms"] < 100,
         )
     )
+    i = f["intake"]
+    out.append(
+        _row(
+            f"8. intake with one step blocked (tick {i['tick_s']:g} s)",
+            f"{i['median_ms']:.0f} ms median, {i['max_ms']:.0f} ms at most; before: until "
+            "the blocked step ended (up to step_timeout)",
+            f"{i['max_ticks']:.2f} ticks",
+            "<= 1 tick (+ the claim)",
+            i["max_ms"] <= i["tick_s"] * 1e3 + 5,
+        )
+    )
     out += real_server_rows(f["real_server"])
     return out
 

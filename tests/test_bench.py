@@ -33,6 +33,7 @@ def test_the_benchmark_writes_its_table_results_and_plot(tmp_path: Path) -> None
         "batch",
         "idle",
         "pickup",
+        "intake",
         "real_server",
     }
     assert results["meta"]["size"] == "tiny"
@@ -51,6 +52,7 @@ def test_the_benchmark_writes_its_table_results_and_plot(tmp_path: Path) -> None
     # 30 documents x 3 steps at 9 claims a tick (3 replicas x 3 jobs) take 10+ ticks.
     assert batch["baseline"]["ticks"] >= 10
     assert figures["latency"]["baseline_s"] >= 5 * figures["latency"]["tick_s"]
+    assert figures["intake"]["max_ms"] >= figures["intake"]["median_ms"] > 0
     assert "skipped" in figures["real_server"] or figures["real_server"]["rows"]
 
     table = out.read_text()
