@@ -11,12 +11,15 @@ from orchestrator.core.errors import ConfigError, LeaseLost, OrchestratorError, 
 from orchestrator.core.lease import Outcome
 from orchestrator.core.resource import EPOCH, ErrorRecord, Resource
 from orchestrator.core.settings import Settings
-from orchestrator.mongo import Lease
+from orchestrator.mongo import AsyncLease, Lease
+from orchestrator.runners.aio import AsyncOrchestrator, ThreadLease
 from orchestrator.runners.base import StepTimeout, StopReport
 from orchestrator.runners.threaded import Orchestrator
 
 __all__ = [
     "EPOCH",
+    "AsyncLease",
+    "AsyncOrchestrator",
     "BackoffPolicy",
     "Clock",
     "ConfigError",
@@ -34,4 +37,5 @@ __all__ = [
     "StopReport",
     "StoreError",
     "SystemClock",
+    "ThreadLease",
 ]

@@ -43,6 +43,9 @@ logger = logging.getLogger("orchestrator")
 logger.addFilter(RedactingFilter())
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+TIMER_DEFAULTS = {"coalesce": True, "max_instances": 1, "misfire_grace_time": None}
+"""The APScheduler job defaults of both runners' ticks and heartbeats."""
 T = TypeVar("T")
 
 Call = Callable[[], Any]
@@ -128,6 +131,8 @@ class Runner:
     _store: Any
     _lease_type: Callable[..., Any]
     _measure: Callable[..., Any]
+    _background_tick: Callable[[], Any]
+    _safe_heartbeat: Callable[[], Any]
 
     def __init__(
         self, settings: Settings | None, clock: Clock | None, given: dict[str, Any]
@@ -155,6 +160,7 @@ class Runner:
         self._stats: Counter[str] = Counter()
         self._released_on_stop: list[str] = []
         self._errors: list[BaseException] = []  # what workers met during run_once
+        self._timer: Any = None  # the APScheduler of ticks and heartbeats, while started
         self._log_base = {"replica": self.settings.replica_id}
 
     @property
@@ -355,8 +361,10 @@ class Runner:
             self._notify()
         if lease is None:
             return True
-        outcome: str = yield partial(self._run_step, step, stopping)
+        outcome: str | None = yield partial(self._run_step, step, stopping)
         with self._cv:
+            if outcome is None:  # cancelled by step_timeout, which counted it
+                return False
             self._stats[outcome] += 1
             if step.abandoned:
                 return False
@@ -367,7 +375,8 @@ class Runner:
 
     def _run_step(self, step: Step, stopping: bool) -> Any:
         """Run ``_step(step, stopping)`` in a step's context; returns its outcome (or an
-        awaitable of it). ``interrupted`` when the process is being torn down under it."""
+        awaitable of it). ``interrupted`` when the process is being torn down under it,
+        None when step_timeout cancelled it."""
         raise NotImplementedError
 
     def _interrupted(self, step: Step) -> str:
@@ -665,12 +674,37 @@ class Runner:
         after = self.stats()
         return {k: after[k] - before.get(k, 0) for k in after if after[k] != before.get(k, 0)}
 
-    def _start_serving(self) -> None:
-        """Claim in the background from now on (the caller holds the lock)."""
-        self._serving = True
-        self._released_on_stop.clear()
-        self._sched.resume()
-        self._tick()
+    def _refuse_restart(self) -> None:
+        with self._cv:
+            if self._timer is not None:
+                raise OrchestratorError("this orchestrator is already started")
+
+    def _serve(self, timer: Any) -> None:
+        """Claim in the background from now on: ``timer`` (an APScheduler scheduler) runs
+        the ticks and the heartbeat. Coalesced, one instance at a time: a heartbeat slower
+        than its interval is never run twice at once, and missed runs are not made up."""
+        timer.add_job(self._background_tick, "interval", seconds=self.settings.tick, id="tick")
+        timer.add_job(
+            self._safe_heartbeat, "interval", seconds=self.settings.lock_timeout / 6, id="heartbeat"
+        )
+        with self._cv:
+            if self._timer is not None:
+                raise OrchestratorError("this orchestrator is already started")
+            self._timer = timer
+            self._serving = True
+            self._released_on_stop.clear()
+            self._sched.resume()
+            self._tick()
+        timer.start()
+        logger.info("orchestrator started", extra={**self._log_base, "outcome": "started"})
+
+    def _stop_serving(self) -> None:
+        """Claim nothing more and stop the timer; running steps go on."""
+        self.request_stop()
+        with self._cv:
+            timer, self._timer = self._timer, None
+        if timer is not None:
+            timer.shutdown(wait=False)
 
     def request_stop(self) -> None:
         """Stop claiming now, without waiting (safe from a signal handler; in the asyncio

@@ -19,14 +19,22 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from pymongo.database import Database
 
 from orchestrator.core.clock import Clock
-from orchestrator.core.errors import ConfigError, OrchestratorError
+from orchestrator.core.errors import ConfigError
 from orchestrator.core.registry import Target
 from orchestrator.core.resource import Resource
 from orchestrator.core.settings import Settings
 from orchestrator.mongo import Lease, Store
 from orchestrator.mongo._sync.clock import measure
 from orchestrator.mongo.common import Document
-from orchestrator.runners.base import Runner, Step, StepTimeout, StopReport, drive, logger
+from orchestrator.runners.base import (
+    TIMER_DEFAULTS,
+    Runner,
+    Step,
+    StepTimeout,
+    StopReport,
+    drive,
+    logger,
+)
 
 __all__ = ["Orchestrator", "StepTimeout", "StopReport"]
 
@@ -52,7 +60,6 @@ class Orchestrator(Runner):
     ) -> None:
         super().__init__(settings, clock, options)
         self._store = Store(db, self.settings.write_concern, self.settings.write_timeout)
-        self._timer: Any = None  # the APScheduler of ticks and heartbeats, while started
 
     def _notify(self) -> None:
         self._cv.notify_all()
@@ -166,26 +173,10 @@ class Orchestrator(Runner):
     def start(self) -> None:
         """Create indexes, then keep claiming in the background: at once whenever a worker is
         free and work is due, and every ``tick`` seconds for due relocks and expired leases."""
-        with self._cv:
-            if self._timer is not None:
-                raise OrchestratorError("this orchestrator is already started")
+        self._refuse_restart()
         self.ensure_indexes()
         measure(self.clock, self._store)  # raises if the server's clock cannot be read
-        timer = BackgroundScheduler(
-            timezone=UTC,
-            job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": None},
-        )
-        timer.add_job(self._background_tick, "interval", seconds=self.settings.tick, id="tick")
-        timer.add_job(
-            self._safe_heartbeat, "interval", seconds=self.settings.lock_timeout / 6, id="heartbeat"
-        )
-        with self._cv:
-            if self._timer is not None:
-                raise OrchestratorError("this orchestrator is already started")
-            self._timer = timer
-            self._start_serving()
-        timer.start()
-        logger.info("orchestrator started", extra={**self._log_base, "outcome": "started"})
+        self._serve(BackgroundScheduler(timezone=UTC, job_defaults=TIMER_DEFAULTS))
 
     def _background_tick(self) -> None:
         with self._cv:
@@ -194,11 +185,7 @@ class Orchestrator(Runner):
     def stop(self, timeout: float = 10.0) -> StopReport:
         """Stop claiming, wait up to ``timeout`` seconds for running steps, hand back leases
         claimed but not started, and report what was still running."""
-        self.request_stop()
-        with self._cv:
-            timer, self._timer = self._timer, None
-        if timer is not None:
-            timer.shutdown(wait=False)
+        self._stop_serving()
         deadline = time.monotonic() + timeout
         with self._cv:
             while self._sched.busy:
