@@ -144,16 +144,20 @@ class Orchestrator(Runner):
         self._top_up_workers()
 
     def _wait_until(self, ready: Callable[[], bool]) -> None:
-        """Wait until ``ready()``, keeping long steps' leases alive meanwhile."""
+        """Wait until ``ready()``, keeping long steps' leases alive meanwhile: a heartbeat
+        every interval, not at every wake-up (a test's own heartbeat calls stay its own)."""
         interval = min(self.settings.tick, self.settings.lock_timeout / 6)
+        beat = time.monotonic() + interval
         while True:
             with self._cv:
                 if ready():
                     return
-                self._cv.wait(interval)
+                self._cv.wait(max(beat - time.monotonic(), 0.0))
                 if ready():
                     return
-            self._safe_heartbeat()  # an error here must not leave run_once half-finished
+            if time.monotonic() >= beat:
+                self._safe_heartbeat()  # an error here must not leave run_once half-finished
+                beat = time.monotonic() + interval
 
     # -- long steps -----------------------------------------------------------------------
 
