@@ -4,12 +4,37 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import datetime, timedelta
+from typing import Any
 
 import pytest
+from pymongo.database import Database
 
 from orchestrator import Orchestrator, OrchestratorError, StoreError
 from orchestrator.core.clock import ServerClock
+from orchestrator.core.queries import as_utc
 from orchestrator.testing import FakeClock, memory_database
+
+
+def _hello_time(db: Database[Any]) -> datetime:
+    return as_utc(db.command("hello")["localTime"])
+
+
+def test_the_estimate_is_the_servers_own_clock_and_moves_with_the_local_one(
+    db: Database[Any], clock: FakeClock
+) -> None:
+    """On purpose, the real offset: a replica on a fake clock reads the server's time
+    (months away from 2026-01-01 on a real server), then carries it forward by its own
+    clock. Every other test compares times through this estimate."""
+    orch = Orchestrator(db, clock=clock, clock_refresh=1e6)
+    before = _hello_time(db)
+    orch.measure_clock()
+    after = _hello_time(db)
+    estimate = orch.clock.now()
+    ms = timedelta(milliseconds=1)  # hello's localTime is a BSON date: milliseconds
+    assert before - ms <= estimate <= after + ms
+    assert abs(orch.clock.offset - (estimate - clock.now())) <= ms
+    clock.advance(90)
+    assert orch.clock.now() - estimate == timedelta(seconds=90)
 
 
 def test_a_skewed_replica_sees_the_servers_time() -> None:

@@ -185,7 +185,7 @@ def test_an_operator_retry_lets_the_failing_handler_try_again(
 
     orch.submit("items", {"phase": "Running", "state": "Deleted"})
     orch.run_once()
-    db.items.update_one({}, queries.operator_retry_update("Running", clock.now()))
+    db.items.update_one({}, queries.operator_retry_update("Running", orch.clock.now()))
     orch.run_once()
     assert calls == ["Running", "Running"]
     doc = db.items.find_one({})

@@ -68,7 +68,8 @@ class AsyncOrchestrator(Runner):
         self._tasks: set[asyncio.Task[Any]] = set()  # the workers, kept from the collector
         self._pool: ThreadPoolExecutor | None = None  # for plain def handlers, made on need
 
-    def _notify(self) -> None:
+    def _notify(self, *, more_work: bool, everyone: bool = False) -> None:
+        # Waking every waiting task costs no context switch: they all look again.
         self._changed.set()
         self._changed = asyncio.Event()
 

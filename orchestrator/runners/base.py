@@ -148,7 +148,9 @@ class Runner:
             on_fallback=self._clock_fallback,
         )
         self._registry = Registry(self.settings)
-        self._cv = threading.Condition()
+        lock = threading.RLock()
+        self._cv = threading.Condition(lock)  # threaded workers wait here for an action
+        self._settled = threading.Condition(lock)  # threaded run_once and stop wait here
         self._sched = Scheduler(
             [],
             max_concurrency=self.settings.max_concurrency,
@@ -171,8 +173,10 @@ class Runner:
     def handlers(self) -> list[Handler]:
         return list(self._registry.handlers)
 
-    def _notify(self) -> None:
-        """Wake the workers waiting for something to happen (the caller holds ``_cv``)."""
+    def _notify(self, *, more_work: bool, everyone: bool = False) -> None:
+        """Something happened (the caller holds ``_cv``): ``more_work``, there may be work
+        for one more worker; ``everyone``, every idle worker may have work (a tick, a
+        submit, a stop). The runner wakes whom it concerns."""
         raise NotImplementedError
 
     def _check_handler(self, func: Callable[..., Any]) -> None:
@@ -251,7 +255,7 @@ class Runner:
         stored: Document = yield partial(self._store.insert, collection, new, keys)
         with self._cv:  # idle workers look again at once, not at the next tick
             self._sched.wake()
-            self._notify()
+            self._notify(more_work=True, everyone=True)
         return stored
 
     @staticmethod
@@ -320,7 +324,7 @@ class Runner:
                     self._sched.probed(action, None)
                 else:
                     self._sched.claimed(action, None)
-                self._notify()
+                self._notify(more_work=False)
             return True
         if isinstance(action, Probe):
             yield from self._probe(action)
@@ -342,7 +346,7 @@ class Runner:
         finally:
             with self._cv:
                 self._sched.probed(probe, found)
-                self._notify()
+                self._notify(more_work=found is not False)
 
     def _claim_and_run(self, claim: Claim) -> Plan[bool]:
         try:
@@ -358,7 +362,7 @@ class Runner:
                 step = Step(lease)
                 self._running[lease.token] = step
                 stopping = self._sched.stopping
-            self._notify()
+            self._notify(more_work=lease is not None)
         if lease is None:
             return True
         outcome: str | None = yield partial(self._run_step, step, stopping)
@@ -370,7 +374,7 @@ class Runner:
                 return False
             del self._running[lease.token]
             self._sched.finished(outcome)
-            self._notify()
+            self._notify(more_work=False)  # this worker takes the next action itself
         return True
 
     def _run_step(self, step: Step, stopping: bool) -> Any:
@@ -603,7 +607,7 @@ class Runner:
             self._stats["timed_out"] += 1
             self._sched.finished("timed_out")
             self._abandon(step)
-            self._notify()
+            self._notify(more_work=True)
 
     def _abandon(self, step: Step) -> None:
         """Let go of a timed-out step's worker (the caller holds ``_cv``)."""
@@ -623,7 +627,7 @@ class Runner:
         for _ in range(missing if self._registry.handlers and not self._sched.stopping else 0):
             self._workers += 1
             self._spawn_worker()
-        self._notify()
+        self._notify(more_work=True, everyone=True)  # a new tick: every idle worker may have work
 
     def _spawn_worker(self) -> None:
         raise NotImplementedError
@@ -634,7 +638,7 @@ class Runner:
         if self._serving or not self._sched.quiet:
             return False
         self._workers -= 1
-        self._notify()
+        self._notify(more_work=False)
         return True
 
     def _worker_failed(self, exc: BaseException) -> None:
@@ -643,7 +647,7 @@ class Runner:
             self._workers -= 1  # the next tick puts a fresh worker in its place
             self._stats["tick_failures"] += 1
             self._errors.append(exc)
-            self._notify()
+            self._notify(more_work=True)
         logger.error(
             "a worker failed; the next tick replaces it",
             exc_info=exc,
@@ -712,7 +716,7 @@ class Runner:
         with self._cv:
             self._sched.stop()
             self._serving = False
-            self._notify()
+            self._notify(more_work=True, everyone=True)
 
     def _stop_report(self) -> StopReport:
         with self._cv:

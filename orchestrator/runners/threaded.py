@@ -61,8 +61,19 @@ class Orchestrator(Runner):
         super().__init__(settings, clock, options)
         self._store = Store(db, self.settings.write_concern, self.settings.write_timeout)
 
-    def _notify(self) -> None:
-        self._cv.notify_all()
+    def _notify(self, *, more_work: bool, everyone: bool = False) -> None:
+        """Wake one more worker when there may be work for it (it wakes the next in turn
+        if it finds some), and the waiters of run_once and stop when the replica may have
+        settled. Waking every thread at every step cost a context switch each under the GIL."""
+        if everyone:
+            self._cv.notify_all()
+            self._settled.notify_all()
+            return
+        if more_work:
+            self._cv.notify()
+        if self._sched.quiet or not self._sched.busy or not self._workers:
+            self._cv.notify_all()  # idle workers of run_once leave when quiet
+            self._settled.notify_all()
 
     def _check_handler(self, func: Callable[..., Any]) -> None:
         if inspect.iscoroutinefunction(func) or inspect.isasyncgenfunction(func):
@@ -152,7 +163,7 @@ class Orchestrator(Runner):
             with self._cv:
                 if ready():
                     return
-                self._cv.wait(max(beat - time.monotonic(), 0.0))
+                self._settled.wait(max(beat - time.monotonic(), 0.0))
                 if ready():
                     return
             if time.monotonic() >= beat:
@@ -196,5 +207,5 @@ class Orchestrator(Runner):
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     break
-                self._cv.wait(remaining)
+                self._settled.wait(remaining)
         return self._stop_report()

@@ -74,6 +74,14 @@ def _parser() -> argparse.ArgumentParser:
     defaults = DemoOptions()
     demo.add_argument("--gateways", type=int, default=defaults.gateways)
     demo.add_argument("--replicas", type=int, default=defaults.replicas)
+    demo.add_argument(
+        "--processes",
+        type=int,
+        default=defaults.processes,
+        metavar="N",
+        help="run the replicas as N OS processes instead of --replicas threads "
+        "(needs MONGODB_URI or --uri)",
+    )
     demo.add_argument("--delete-fraction", type=float, default=defaults.delete_fraction)
     demo.add_argument(
         "--cert-delay",
@@ -166,6 +174,7 @@ def _demo(args: argparse.Namespace) -> int:
         database=args.db,
         timeout=args.timeout,
         log_file=args.log_file,
+        processes=args.processes,
     )
     return run_demo(options, Console())
 
