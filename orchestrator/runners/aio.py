@@ -26,12 +26,10 @@ from typing import Any, Generic, TypeVar
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from pymongo.asynchronous.database import AsyncDatabase
 
-from orchestrator.core.clock import Clock
 from orchestrator.core.errors import OrchestratorError
 from orchestrator.core.lease import Outcome
 from orchestrator.core.registry import Handler, Target
 from orchestrator.core.resource import Resource
-from orchestrator.core.settings import Settings
 from orchestrator.mongo import AsyncLease, AsyncStore
 from orchestrator.mongo._async.clock import measure
 from orchestrator.mongo.common import Document
@@ -43,7 +41,7 @@ R = TypeVar("R")
 T = TypeVar("T")
 
 
-class AsyncOrchestrator(Runner):
+class AsyncOrchestrator(Runner[AsyncDatabase[Document]]):
     """Register handlers with ``phase``/``when`` (``async def`` or plain ``def``), then
     ``await start()`` in every replica, e.g. in a FastAPI lifespan.
 
@@ -51,22 +49,14 @@ class AsyncOrchestrator(Runner):
     Settings and ``clock`` are ``Orchestrator``'s.
     """
 
+    _store_type = AsyncStore
     _lease_type = AsyncLease
     _measure = staticmethod(measure)
+    _pool: ThreadPoolExecutor | None = None  # for plain def handlers, made on need
 
-    def __init__(
-        self,
-        db: AsyncDatabase[Document],
-        settings: Settings | None = None,
-        *,
-        clock: Clock | None = None,
-        **options: Any,
-    ) -> None:
-        super().__init__(settings, clock, options)
-        self._store = AsyncStore(db, self.settings.write_concern, self.settings.write_timeout)
+    def _setup(self) -> None:
         self._changed = asyncio.Event()  # set, and replaced, whenever something happened
         self._tasks: set[asyncio.Task[Any]] = set()  # the workers, kept from the collector
-        self._pool: ThreadPoolExecutor | None = None  # for plain def handlers, made on need
 
     def _notify(self, *, more_work: bool, everyone: bool = False) -> None:
         # Waking every waiting task costs no context switch: they all look again.

@@ -24,7 +24,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from functools import partial
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
@@ -47,6 +47,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 TIMER_DEFAULTS = {"coalesce": True, "max_instances": 1, "misfire_grace_time": None}
 """The APScheduler job defaults of both runners' ticks and heartbeats."""
 T = TypeVar("T")
+DB = TypeVar("DB")
 
 Call = Callable[[], Any]
 Plan = Generator[Call, Any, T]
@@ -120,26 +121,35 @@ _IN_STEP: ContextVar[object | None] = ContextVar("orchestrator_in_step", default
 from inside it would wait for itself)."""
 
 
-class Runner:
+class Runner(Generic[DB]):
     """Registration, submission, statistics, logging and the plans of a step's life.
 
-    Subclasses set ``_store`` (``Store`` or ``AsyncStore``), ``_lease_type`` (``Lease`` or
+    ``db`` is the runner's database (``Database`` or ``AsyncDatabase``); subclasses set
+    ``_store_type`` (``Store`` or ``AsyncStore``), ``_lease_type`` (``Lease`` or
     ``AsyncLease``) and ``_measure`` (the matching ``measure``) and carry the plans out.
+    Settings come as keyword options (``lock_timeout=30, tick=1.0, ...``) or as a built
+    ``Settings``; ``clock`` is this replica's local clock (tests pass a ``FakeClock``).
     ``_cv`` guards the scheduler and the counters; only the threaded runner waits on it.
     """
 
-    _store: Any
+    _store_type: Callable[..., Any]
     _lease_type: Callable[..., Any]
     _measure: Callable[..., Any]
     _background_tick: Callable[[], Any]
     _safe_heartbeat: Callable[[], Any]
 
     def __init__(
-        self, settings: Settings | None, clock: Clock | None, given: dict[str, Any]
+        self,
+        db: DB,
+        settings: Settings | None = None,
+        *,
+        clock: Clock | None = None,
+        **given: Any,
     ) -> None:
         if settings is not None and given:
             raise ConfigError("pass either a Settings object or keyword settings, not both")
         self.settings = settings if settings is not None else Settings.build(**given)
+        self._store = self._store_type(db, self.settings.write_concern, self.settings.write_timeout)
         self._local = clock if clock is not None else SystemClock()
         self.clock = ServerClock(
             self._local,
@@ -164,6 +174,10 @@ class Runner:
         self._errors: list[BaseException] = []  # what workers met during run_once
         self._timer: Any = None  # the APScheduler of ticks and heartbeats, while started
         self._log_base = {"replica": self.settings.replica_id}
+        self._setup()
+
+    def _setup(self) -> None:
+        """What a runner keeps beside the shared state (the asyncio runner: its event)."""
 
     @property
     def replica_id(self) -> str:

@@ -18,11 +18,9 @@ from typing import Any
 from apscheduler.schedulers.background import BackgroundScheduler
 from pymongo.database import Database
 
-from orchestrator.core.clock import Clock
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.registry import Target
 from orchestrator.core.resource import Resource
-from orchestrator.core.settings import Settings
 from orchestrator.mongo import Lease, Store
 from orchestrator.mongo._sync.clock import measure
 from orchestrator.mongo.common import Document
@@ -39,7 +37,7 @@ from orchestrator.runners.base import (
 __all__ = ["Orchestrator", "StepTimeout", "StopReport"]
 
 
-class Orchestrator(Runner):
+class Orchestrator(Runner[Database[Document]]):
     """Register handlers with ``phase``/``when``, then ``start()`` in every replica.
 
     ``db`` is a pymongo ``Database`` (or ``orchestrator.testing.memory_database()``).
@@ -47,19 +45,9 @@ class Orchestrator(Runner):
     ``Settings``; ``clock`` is this replica's local clock (tests pass a ``FakeClock``).
     """
 
+    _store_type = Store
     _lease_type = Lease
     _measure = staticmethod(measure)
-
-    def __init__(
-        self,
-        db: Database[Document],
-        settings: Settings | None = None,
-        *,
-        clock: Clock | None = None,
-        **options: Any,
-    ) -> None:
-        super().__init__(settings, clock, options)
-        self._store = Store(db, self.settings.write_concern, self.settings.write_timeout)
 
     def _notify(self, *, more_work: bool, everyone: bool = False) -> None:
         """Wake one more worker when there may be work for it (it wakes the next in turn
