@@ -1,7 +1,8 @@
 """``uv run python -m bench [--size tiny|small|full] [--out docs/benchmarks.md]``
 
-Runs the seven figures side by side against the classic pattern and writes the Markdown
-table (``--out``), the JSON results and the PNG plot next to it. ``full`` (the default)
+Runs the figures side by side against the classic pattern (and figures 1, 2, 8 and 9 for
+both engines, the threaded ``Orchestrator`` and the ``AsyncOrchestrator``) and writes the
+Markdown table (``--out``), the JSON results and the PNG plot next to it. ``full`` (the default)
 takes a few minutes; set MONGODB_URI to add the real-server figure (7).
 """
 
@@ -20,23 +21,17 @@ from bench import figures, report
 def run(size_name: str) -> dict[str, Any]:
     size = figures.SIZES[size_name]
     began = time.perf_counter()
-    throughput = [figures.throughput(size, c) for c in (1, 4)]
-    single = throughput[0]
+    throughput = [figures.throughput(size, e, c) for e in figures.ENGINES for c in (1, 4)]
     results: dict[str, Any] = {
         "figures": {
             "throughput": throughput,
-            "overhead": {
-                "orchestrator_outside_db_us": single["orchestrator_outside_db_us_per_step"],
-                "bare_outside_db_us": single["bare_outside_db_us_per_step"],
-                "overhead_us": single["orchestrator_outside_db_us_per_step"]
-                - single["bare_outside_db_us_per_step"],
-                "orchestrator_db_us": single["orchestrator_db_us_per_step"],
-            },
+            "overhead": {e: figures.overhead(throughput, e) for e in figures.ENGINES},
             "latency": figures.multi_step_latency(size),
             "batch": figures.batch(size),
             "idle": figures.idle_cost(size),
             "pickup": figures.pickup(size),
-            "intake": figures.intake(size),
+            "intake": {e: figures.intake(size, e) for e in figures.ENGINES},
+            "io_bound": figures.io_bound(size),
             "real_server": figures.real_server(size),
         },
     }
@@ -48,7 +43,8 @@ def run(size_name: str) -> dict[str, Any]:
         "store": f"the MONGODB_URI server {real['server']['name']} for figure 7, "
         "in-memory (orchestrator.testing) otherwise"
         if "rows" in real
-        else "in-memory (orchestrator.testing.memory_database)",
+        else "in-memory (orchestrator.testing.memory_database; its async view, "
+        "async_memory_database, for the async engine)",
         "seconds": time.perf_counter() - began,
         "command": f"uv run python -m bench --size {size_name}",
     }
