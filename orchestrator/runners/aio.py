@@ -55,19 +55,29 @@ class AsyncOrchestrator(Runner[AsyncDatabase[Document]]):
     _pool: ThreadPoolExecutor | None = None  # for plain def handlers, made on need
 
     def _setup(self) -> None:
-        self._changed = asyncio.Event()  # set, and replaced, whenever something happened
+        self._changed = asyncio.Event()  # workers wait here; set, and replaced, on news
+        self._settled_event = asyncio.Event()  # run_once and stop wait here; the same
         self._tasks: set[asyncio.Task[Any]] = set()  # the workers, kept from the collector
 
     def _notify(self, *, more_work: bool, everyone: bool = False) -> None:
-        # Waking every waiting task costs no context switch: they all look again.
-        self._changed.set()
-        self._changed = asyncio.Event()
+        """Wake the idle workers when there may be work, and the waiters of run_once and
+        stop when the replica may have settled (``_settling``): a waiter woken for nothing
+        costs a turn of the loop and a new wait each time, at every step."""
+        settling = everyone or self._settling()
+        if more_work or settling:
+            self._changed.set()
+            self._changed = asyncio.Event()
+        if settling:
+            self._settled_event.set()
+            self._settled_event = asyncio.Event()
 
-    async def _changes(self, timeout: float | None = None) -> None:
-        """Wait until something happens (``_notify``), at most ``timeout`` seconds."""
-        changed = self._changed
+    @staticmethod
+    async def _until(event: asyncio.Event, timeout: float | None = None) -> None:
+        """Wait until ``event`` is set, at most ``timeout`` seconds (``asyncio.timeout``:
+        no task per wait, as ``wait_for`` makes on Python 3.11)."""
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(changed.wait(), timeout)
+            async with asyncio.timeout(timeout):
+                await event.wait()
 
     # -- documents ------------------------------------------------------------------------
 
@@ -100,7 +110,7 @@ class AsyncOrchestrator(Runner[AsyncDatabase[Document]]):
         interval = min(self.settings.tick, self.settings.lock_timeout / 6)
         beat = loop.time() + interval
         while not self._once_over():
-            await self._changes(max(beat - loop.time(), 0.0))
+            await self._until(self._settled_event, max(beat - loop.time(), 0.0))
             if loop.time() >= beat:  # long steps' leases are kept alive meanwhile
                 await self._safe_heartbeat()
                 beat = loop.time() + interval
@@ -122,7 +132,7 @@ class AsyncOrchestrator(Runner[AsyncDatabase[Document]]):
             if leave:
                 return
             if action is None:
-                await self._changes()
+                await self._until(self._changed)
                 continue
             try:
                 await adrive(self._act(action))
@@ -202,7 +212,7 @@ class AsyncOrchestrator(Runner[AsyncDatabase[Document]]):
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while self._sched.busy and loop.time() < deadline:
-            await self._changes(deadline - loop.time())
+            await self._until(self._settled_event, deadline - loop.time())
         if self._pool is not None:
             self._pool.shutdown(wait=False)  # a thread step still running keeps its thread
             self._pool = None
