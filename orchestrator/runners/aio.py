@@ -2,11 +2,12 @@
 
 It uses only the async driver (``AsyncStore`` over an ``AsyncDatabase``): no second, sync
 client. ``max_concurrency`` worker tasks ask the scheduler for actions and carry them out
-by awaiting the shared plans of ``orchestrator.runners.base``. A step runs in a task of
-its own, so step_timeout can cancel it and free its slot: ``async def`` handlers are
-awaited there; plain ``def`` handlers (blocking SDKs) run in a thread pool of
-``max_concurrency`` threads and get a ``ThreadLease``, whose methods run the
-``AsyncLease``'s coroutines on the loop and wait for them.
+by awaiting the shared plans of ``orchestrator.runners.base``. A step is awaited in its
+worker's task, which step_timeout cancels to free the slot (the worker outlives that
+cancellation and takes the next action): ``async def`` handlers are awaited there; plain
+``def`` handlers (blocking SDKs) run in a thread pool of ``max_concurrency`` threads and
+get a ``ThreadLease``, whose methods run the ``AsyncLease``'s coroutines on the loop and
+wait for them.
 
 Ticks and heartbeats come from APScheduler's ``AsyncIOScheduler``, the async twin of the
 threaded runner's ``BackgroundScheduler``: the same coalescing, one-instance jobs, with
@@ -145,19 +146,22 @@ class AsyncOrchestrator(Runner[AsyncDatabase[Document]]):
                 return
 
     async def _run_step(self, step: Step, stopping: bool) -> str | None:
-        """The step in a task of its own, which step_timeout may cancel; None then (the
-        time-out counted it)."""
-        step.task = asyncio.get_running_loop().create_task(self._guarded(step, stopping))
-        await asyncio.wait({step.task})
-        return None if step.task.cancelled() else str(step.task.result())
-
-    async def _guarded(self, step: Step, stopping: bool) -> str:
+        """The step, in the worker's own task: a task per step cost two more turns of the
+        event loop per step. step_timeout cancels that task (``_abandon``); its
+        cancellation ends the step here, and the worker carries on: None then (the
+        time-out counted it). A cancellation from anyone else ends the worker."""
+        task = step.task = asyncio.current_task()
         try:
-            return await adrive(self._step(step, stopping))
+            outcome = await adrive(self._step(step, stopping))
         except asyncio.CancelledError:
+            if step.abandoned and task is not None and task.uncancel() == 0:
+                return None
             raise
         except BaseException:
-            return self._interrupted(step)
+            outcome = self._interrupted(step)
+        if step.abandoned and task is not None and task.cancelling():
+            task.uncancel()  # the step swallowed the time-out's cancellation and returned
+        return outcome
 
     def _call_handler(self, step: Step) -> Any:
         func = step.lease.handler.func
@@ -171,8 +175,9 @@ class AsyncOrchestrator(Runner[AsyncDatabase[Document]]):
         return loop.run_in_executor(self._pool, func, ThreadLease(step.lease, loop))
 
     def _abandon(self, step: Step) -> None:
-        # An async step is cancelled; a thread step is left to return on its own (its
-        # late writes raise LeaseLost). Either way its worker is free at once.
+        # The step's await is cancelled: an async step ends there; a thread step is left
+        # to return on its own (its late writes raise LeaseLost). Either way its worker is
+        # free at once.
         if step.task is not None:
             step.task.cancel()
 
