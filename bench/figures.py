@@ -554,10 +554,24 @@ def _intake_threaded(size: Size) -> list[float]:
             if not started.wait(10):
                 raise RuntimeError("the inserted document was not taken within 10 s")
             delays.append(started_at[-1] - t0)
+            _settle(orch, len(delays))
     finally:
         release.set()
         orch.stop(timeout=5)
     return delays
+
+
+def _settle(orch: Orchestrator | AsyncOrchestrator, advanced: int) -> None:
+    """Wait until the quick step just taken has advanced, then a little more: the replica
+    looks for more work after a step frees some, and the next insert must arrive when it
+    has stopped looking (the next tick must find it), as in the threaded and the async
+    engine alike."""
+    deadline = time.monotonic() + 10
+    while orch.stats().get("advanced", 0) < advanced:
+        if time.monotonic() > deadline:
+            raise RuntimeError("the quick step did not advance within 10 s")
+        time.sleep(0.001)
+    time.sleep(0.02)
 
 
 async def _intake_async(size: Size) -> list[float]:
@@ -598,6 +612,7 @@ async def _intake_async(size: Size) -> list[float]:
             memory["intake"].insert_one(new)
             await asyncio.wait_for(started.wait(), 10)
             delays.append(started_at[-1] - t0)
+            await asyncio.to_thread(_settle, orch, len(delays))
     finally:
         release.set()
         await orch.stop(timeout=5)

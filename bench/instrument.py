@@ -89,15 +89,20 @@ class CountingCollection:
     def __init__(self, collection: Any, meter: Meter) -> None:
         self._collection = collection
         self._meter = meter
+        self._timed: dict[str, Any] = {}  # made once: the wrapper's own cost is per step
 
     def with_options(self, *args: Any, **kwargs: Any) -> CountingCollection:
         return CountingCollection(self._collection.with_options(*args, **kwargs), self._meter)
 
     def __getattr__(self, name: str) -> Any:
-        value = getattr(self._collection, name)
         if name in _OPERATIONS:
-            return _timed(self._meter, name, value)
-        return value
+            timed = self._timed.get(name)
+            if timed is None:
+                timed = self._timed[name] = _timed(
+                    self._meter, name, getattr(self._collection, name)
+                )
+            return timed
+        return getattr(self._collection, name)
 
 
 class CountingDatabase:
