@@ -1,4 +1,5 @@
-"""An ``orchestrator run`` worker in its own OS process, for the tests of signals and exits."""
+"""A worker in its own OS process (``orchestrator run``, or a program of the test's own),
+for the tests of signals and exits."""
 
 from __future__ import annotations
 
@@ -20,9 +21,21 @@ def worker_process(
 ) -> Iterator[subprocess.Popen[str]]:
     """``python -m orchestrator run MODULE:orch ARGS`` with ``source`` as MODULE; killed
     on the way out if the test left it running."""
+    with python_process(
+        tmp_path, module, source, "-m", "orchestrator", "run", f"{module}:orch", *args
+    ) as proc:
+        yield proc
+
+
+@contextmanager
+def python_process(
+    tmp_path: Path, module: str, source: str, *args: str
+) -> Iterator[subprocess.Popen[str]]:
+    """``python ARGS`` in ``tmp_path`` with ``source`` saved as MODULE (with no ARGS: run
+    as the program itself); killed on the way out if the test left it running."""
     (tmp_path / f"{module}.py").write_text(textwrap.dedent(source))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "orchestrator", "run", f"{module}:orch", *args],
+        [sys.executable, *(args or (f"{module}.py",))],
         cwd=tmp_path,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
         stdout=subprocess.PIPE,
