@@ -5,6 +5,7 @@ events, never with sleeps."""
 from __future__ import annotations
 
 import asyncio
+import inspect
 import signal
 import threading
 from collections.abc import AsyncIterator, Callable
@@ -24,6 +25,7 @@ from orchestrator import (
     LeaseLost,
     Orchestrator,
     OrchestratorError,
+    ThreadLease,
 )
 from orchestrator.core.queries import as_utc
 from orchestrator.testing import FakeClock, async_view, memory_database
@@ -577,3 +579,45 @@ async def test_a_def_step_past_step_timeout_does_not_hold_up_the_next_def_step(
     finally:
         go.set()
         await aorch.stop()
+
+
+RUNNER_ONLY = {"record_error", "release", "throttled"}  # what the runner calls, not a handler
+
+
+async def test_a_thread_lease_is_not_a_lease_but_offers_a_handler_all_of_the_lease_api(
+    aorch: AsyncOrchestrator, db: Database[Any], clock: FakeClock
+) -> None:
+    """A ``ThreadLease`` is a view on the step's ``AsyncLease``, not a ``Lease`` (it has
+    no sync store to write through); everything a handler uses of a ``Lease`` is there,
+    with the same signature, and reads the ``AsyncLease``'s state."""
+    seen: dict[str, Any] = {}
+    threaded = Orchestrator(db, replica_id="pod-t", clock=clock, clock_refresh=1e6)
+
+    @threaded.phase("jobs", "Sync")
+    def sync_step(lease: Lease[Any]) -> Any:
+        seen["lease"] = lease
+        return lease.advance("Done")
+
+    @aorch.phase("jobs", "Thread")
+    def thread_step(lease: ThreadLease[Any]) -> Any:
+        seen["thread"] = lease
+        seen["inside"] = {name: getattr(lease, name) for name in ("held", "lost", "locked_at")}
+        return lease.advance("Done")
+
+    await aorch.submit("jobs", {"phase": "Thread"})
+    await aorch.run_once()
+    await anyio.to_thread.run_sync(threaded.submit, "jobs", {"phase": "Sync"})
+    await anyio.to_thread.run_sync(threaded.run_once)
+    lease, thread_lease = seen["lease"], seen["thread"]
+    assert isinstance(thread_lease, ThreadLease) and not isinstance(thread_lease, Lease)
+    assert seen["inside"]["held"] is True and seen["inside"]["lost"] is False
+    public = {n for n in [*dir(lease), *vars(lease)] if not n.startswith("_")} - RUNNER_ONLY
+    missing = sorted(n for n in public if not hasattr(thread_lease, n))
+    assert missing == []
+    for name in sorted(public):
+        ours = getattr(thread_lease, name)
+        if callable(ours):
+            assert inspect.signature(ours) == inspect.signature(getattr(lease, name)), name
+        else:
+            assert ours == getattr(thread_lease._lease, name), name
+    await aorch.stop()

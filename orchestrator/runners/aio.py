@@ -280,7 +280,15 @@ class _HandlerThreads:
 class ThreadLease(Generic[R]):
     """What a plain ``def`` handler gets in the ``AsyncOrchestrator``: the ``Lease`` API,
     each outcome run as the ``AsyncLease``'s coroutine on the event loop while the
-    handler's thread waits for it. Its outcomes are the ``AsyncLease``'s own."""
+    handler's thread waits for it. Its outcomes are the ``AsyncLease``'s own.
+
+    Deliberately not a ``Lease`` (``isinstance(lease, Lease)`` is False): it has no state
+    of its own but is a view on the ``AsyncLease`` the runner judges the step by, and a
+    ``Lease`` writes through a sync ``Store``, which the async engine (the async driver
+    only) does not have; a subclass would inherit writes that must never run. What the
+    two share is what a handler calls, so annotate a ``def`` handler of the async engine
+    ``ThreadLease[R]``, and one run by both engines ``Lease[R] | ThreadLease[R]``.
+    """
 
     def __init__(self, lease: AsyncLease[R], loop: asyncio.AbstractEventLoop) -> None:
         self._lease = lease
@@ -337,6 +345,10 @@ class ThreadLease(Generic[R]):
     @property
     def claimed_at(self) -> datetime:
         return self._lease.claimed_at
+
+    @property
+    def locked_at(self) -> datetime:
+        return self._lease.locked_at
 
     @property
     def expires_at(self) -> datetime:
