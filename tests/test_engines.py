@@ -29,7 +29,7 @@ from orchestrator import (
 )
 from orchestrator.core.queries import as_utc
 from orchestrator.testing import FakeClock, async_view, memory_database
-from tests.engines import Replica, hold, wait
+from tests.engines import MODES, Replica, hold, new_replica, wait
 from tests.worker_process import python_process, read_until
 
 pytestmark = pytest.mark.anyio
@@ -38,16 +38,11 @@ MakeReplica = Callable[..., Replica]
 
 
 @pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture
 def db(clock: FakeClock) -> Database[Any]:
     return memory_database(clock=clock)
 
 
-@pytest.fixture(params=["threaded", "async", "mixed"])
+@pytest.fixture(params=MODES)
 async def make(
     request: pytest.FixtureRequest, db: Database[Any], clock: FakeClock
 ) -> AsyncIterator[MakeReplica]:
@@ -57,16 +52,7 @@ async def make(
     adb = async_view(db)
 
     def factory(replica_id: str = "pod-1", **options: Any) -> Replica:
-        options.setdefault("lock_timeout", 30)
-        options.setdefault("tick", 1.0)
-        options.setdefault("clock_refresh", 1e6)
-        threaded = request.param == "threaded" or (request.param == "mixed" and len(made) % 2 == 0)
-        orch: Orchestrator | AsyncOrchestrator
-        if threaded:
-            orch = Orchestrator(db, replica_id=replica_id, clock=clock, **options)
-        else:
-            orch = AsyncOrchestrator(adb, replica_id=replica_id, clock=clock, **options)
-        replica = Replica(orch)
+        replica = new_replica(request.param, len(made), db, adb, clock, replica_id, **options)
         made.append(replica)
         return replica
 
