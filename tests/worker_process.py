@@ -52,12 +52,19 @@ def python_process(
 
 def read_until(proc: subprocess.Popen[str], text: str, timeout: float = 30) -> list[str]:
     """Lines of the worker's stdout up to the one containing ``text``; the timeout bounds a
-    hang, it measures nothing."""
+    hang, it measures nothing.
+
+    Reads the pipe's file descriptor directly: a line read through ``proc.stdout`` could
+    leave the next one in Python's buffer, where ``select`` never sees it. What follows
+    the matching line in the same read is returned too; ``communicate`` gets the rest."""
     assert proc.stdout is not None
+    fd = proc.stdout.fileno()
     selector = selectors.DefaultSelector()
-    selector.register(proc.stdout, selectors.EVENT_READ)
-    lines: list[str] = []
-    while not any(text in line for line in lines):
-        assert selector.select(timeout=timeout), f"never printed {text!r}: {lines}"
-        lines.append(proc.stdout.readline())
-    return lines
+    selector.register(fd, selectors.EVENT_READ)
+    received = b""
+    while text.encode() not in received:
+        assert selector.select(timeout=timeout), f"never printed {text!r}: {received!r}"
+        chunk = os.read(fd, 65536)
+        assert chunk, f"the worker closed its output before printing {text!r}: {received!r}"
+        received += chunk
+    return received.decode().splitlines(keepends=True)
