@@ -30,7 +30,7 @@ class FakeClock:
 
     ``start`` defaults to 2026-01-01T00:00:00Z; a naive ``start`` is taken as UTC.
     ``monotonic()`` counts the seconds advanced since creation (it starts at 0.0).
-    Thread-safe; never sleeps.
+    ``step`` moves the wall time alone, as an NTP correction does. Thread-safe; never sleeps.
     """
 
     def __init__(self, start: datetime | None = None) -> None:
@@ -42,12 +42,14 @@ class FakeClock:
             start = start.astimezone(UTC)
         self._start = start
         self._elapsed = 0.0
+        self._stepped = 0.0
         self._lock = threading.Lock()
 
     def now(self) -> datetime:
         with self._lock:
-            # Derived from the elapsed seconds, so now() and monotonic() never drift apart.
-            return self._start + timedelta(seconds=self._elapsed)
+            # Derived from the elapsed seconds, so now() and monotonic() only drift apart
+            # by what step() says.
+            return self._start + timedelta(seconds=self._elapsed + self._stepped)
 
     def monotonic(self) -> float:
         with self._lock:
@@ -60,6 +62,13 @@ class FakeClock:
             raise ValueError(f"a clock cannot go back: advance({seconds!r})")
         with self._lock:
             self._elapsed += seconds
+
+    def step(self, seconds: float) -> None:
+        """Step the wall time by ``seconds`` (either way) without moving ``monotonic()``:
+        an NTP correction. Every view of this clock steps with it."""
+        seconds = _finite("seconds", seconds)
+        with self._lock:
+            self._stepped += seconds
 
     def skewed(self, offset_seconds: float) -> Clock:
         """A view of this clock whose ``now()`` is ``offset_seconds`` ahead (or behind if < 0).
@@ -88,6 +97,11 @@ class _SkewedClock:
     def advance(self, seconds: float) -> None:
         """Advance the shared base clock (and so every view of it)."""
         self.base.advance(seconds)
+
+    def step(self, seconds: float) -> None:
+        """Step this view's wall time alone (one machine's NTP correction); its
+        ``monotonic()`` and the base clock do not move."""
+        self.offset += timedelta(seconds=_finite("seconds", seconds))
 
     def __repr__(self) -> str:
         return f"<skewed {self.offset.total_seconds():+g}s of {self.base!r}>"
