@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from datetime import timedelta
 from functools import partial
 from typing import Any, cast
 
@@ -82,7 +83,7 @@ def throughput(size: Size, concurrency: int) -> dict[str, Any]:
 
     clock = FakeClock()
     db = fresh(clock)
-    orch = replica(db, clock, "bench", max_concurrency=concurrency, clock_refresh=1e9)
+    orch = replica(db, clock, "bench", max_concurrency=concurrency, clock_refresh=1e6)
     register(orch, [work])
     _fill(orch, docs, "Count")
     orch.ensure_indexes()
@@ -133,20 +134,14 @@ def _bare_loop(store: Store, step: Step, clock: FakeClock) -> int:
     done = 0
     while True:
         token = secrets.token_hex(8)
-        doc = store.claim(
-            step.collection,
-            {"phase": step.phase},
-            clock.now(),
-            30.0,
-            token,
-            "bare",
-            max_wait=3600.0,
-        )
+        now = clock.now()
+        update = queries.claim_update(now, now + timedelta(seconds=30), token, "bare")
+        doc = store.claim(step.collection, {"phase": step.phase}, now, 3600.0, None, update)
         if doc is None:
             return done
         nxt, fields = step.work(doc)
         store.write(
-            step.collection, doc["_id"], token, release_update(nxt, fields, clock), "release"
+            step.collection, queries.fenced(doc["_id"], token), release_update(nxt, fields, clock)
         )
         done += 1
 
@@ -257,12 +252,12 @@ def batch(size: Size, replicas: int = 3) -> dict[str, Any]:
         db = fresh(clock)
         tally = Tally()
         steps = finishing(chain("batch", THREE), tally)
-        seeder = replica(db, clock, "seed", clock_refresh=1e9)
+        seeder = replica(db, clock, "seed", clock_refresh=1e6)
         _fill(seeder, docs, THREE[0], "batch")
         runs: list[Callable[[], Any]] = []
         for n in range(replicas):
             if side == "orchestrator":
-                orch = replica(db, clock, f"pod-{n}", clock_refresh=1e9)
+                orch = replica(db, clock, f"pod-{n}", clock_refresh=1e6)
                 register(orch, steps)
                 orch.ensure_indexes()
                 runs.append(orch.run_once)
@@ -417,17 +412,19 @@ def _insert_bulk(coll: Any, have: int, target: int) -> None:
 def _claim_row(store: Store, coll: Any, documents: int) -> dict[str, Any]:
     clock = SystemClock()
     now = clock.now()
-    claim = queries.claim_filter({"phase": "Work"}, now, 30.0, 3600.0)
+    claim = queries.claim_filter({"phase": "Work"}, now, 3600.0)
     plan = coll.find(claim).sort(queries.CLAIM_SORT).limit(1).explain()
     stages = _stages(plan.get("queryPlanner", {}).get("winningPlan", {}))
     samples = []
     for _ in range(50):
         token = secrets.token_hex(8)
         began = time.perf_counter()
-        doc = store.claim("claims", {"phase": "Work"}, clock.now(), 30.0, token, "b", max_wait=3600)
+        now = clock.now()
+        update = queries.claim_update(now, now + timedelta(seconds=30), token, "b")
+        doc = store.claim("claims", {"phase": "Work"}, now, 3600.0, None, update)
         samples.append(time.perf_counter() - began)
         if doc is not None:
-            store.write("claims", doc["_id"], token, queries.release_update(), "release")
+            store.write("claims", queries.fenced(doc["_id"], token), queries.release_update())
     return {
         "documents": documents,
         "stages": sorted(set(stages)),

@@ -10,11 +10,13 @@ import secrets
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from functools import partial
 from typing import Any
 
 from orchestrator import Lease, Orchestrator, Outcome, queries
 from orchestrator.clock import Clock
+from orchestrator.queries import claim_update
 from orchestrator.store import Store
 
 Work = Callable[[dict[str, Any]], tuple[str | None, dict[str, Any]]]
@@ -123,14 +125,15 @@ class ClassicReplica:
         """One tick of every job; returns the steps run."""
         claimed = []
         for step in self._steps:
+            now = self._clock.now()
+            until = now + timedelta(seconds=self._lock_timeout)
             doc = self._store.claim(
                 step.collection,
                 {"phase": step.phase},
-                self._clock.now(),
-                self._lock_timeout,
-                secrets.token_hex(8),
-                self._replica,
-                max_wait=3600.0,
+                now,
+                3600.0,
+                None,
+                claim_update(now, until, secrets.token_hex(8), self._replica),
             )
             if doc is not None:
                 claimed.append((step, doc))

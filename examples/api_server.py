@@ -138,7 +138,7 @@ def create_app(db: Database[dict[str, Any]] | None = None, **settings: Any) -> F
 
     @app.get("/phases")
     def phases() -> dict[str, Any]:
-        status = collect(platform.db, lock_timeout=orch.settings.lock_timeout, errors=0)
+        status = collect(platform.db, errors=0)
         return {"replica": orch.replica_id, "phases": status.counts()}
 
     return app

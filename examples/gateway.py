@@ -196,7 +196,11 @@ class Platform:
         )
 
     def archive(self, doc: dict[str, Any]) -> None:
-        kept = {k: v for k, v in doc.items() if k not in {"lockedAt", "lockToken", "lockedBy"}}
+        kept = {
+            k: v
+            for k, v in doc.items()
+            if k not in {"lockedAt", "lockedUntil", "lockToken", "lockedBy"}
+        }
         self.db[ARCHIVE].replace_one(
             {"_id": doc["_id"]}, {**kept, "archivedAt": self.now()}, upsert=True
         )

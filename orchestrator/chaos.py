@@ -153,6 +153,9 @@ HANDLER_EXCEPTIONS: dict[str, Callable[[], BaseException]] = {
     "ZeroDivisionError": lambda: ZeroDivisionError("division by zero"),
 }
 
+WRITE_ACTIONS = frozenset({"advance", "unlock"})
+"""The writes a chaos step ends with: a crash mid-write meets each kind before repeating."""
+
 # Step faults are taken in turn from this cycle (its mix is the weighting), so even a short
 # run meets every kind; "exception" takes the next of HANDLER_EXCEPTIONS.
 STEP_FAULTS: tuple[str, ...] = (
@@ -212,6 +215,7 @@ class Chaos:
         self._executions = 0
         self._exceptions = 0
         self._step_faults = 0
+        self._crashed_writes: set[str] = set()
         self._calm = 0
         self._hangs_left = max(2, config.resources // 40)
 
@@ -331,7 +335,7 @@ class Chaos:
             self._executions += 1
             execution = _Execution(self._executions, r.name)
             self.executions.setdefault(key, []).append(execution)
-            fault = self._draw_step_fault()
+            fault = self._draw_step_fault(step[1])
         probe = f"{r.name}#{execution.number}"
         try:
             result = self._inject(fault, r, lease, probe, step[1], finish)
@@ -344,11 +348,16 @@ class Chaos:
             execution.interrupted = fault or "bad-outcome"
         return result
 
-    def _draw_step_fault(self) -> str | None:
+    def _draw_step_fault(self, action: str) -> str | None:
         if self.silenced or self._calm or self.rng.random() >= min(1.0, 5 * self.cfg.rate):
             return None
         kind = STEP_FAULTS[self._step_faults % len(STEP_FAULTS)]
+        uncovered = WRITE_ACTIONS - self._crashed_writes
+        if kind == "crash-mid-write" and uncovered and action not in uncovered:
+            return None  # kept for a step whose write kind has not crashed yet
         self._step_faults += 1
+        if kind == "crash-mid-write":
+            self._crashed_writes.add(action)
         if kind == "exception":
             kinds = list(HANDLER_EXCEPTIONS)
             kind = kinds[self._exceptions % len(kinds)]

@@ -108,7 +108,6 @@ def _parser() -> argparse.ArgumentParser:
     )
     _database_options(status)
     status.add_argument("--collection", "-c", action="append", help="only this (repeatable)")
-    status.add_argument("--lock-timeout", type=float, default=30.0, help="your replicas' setting")
     status.add_argument("--errors", type=int, default=5, help="latest errors per collection")
     status.add_argument("--json", action="store_true", help="machine-readable output")
     status.set_defaults(func=_status)
@@ -212,9 +211,7 @@ def _run(args: argparse.Namespace) -> int:
 
 def _status(args: argparse.Namespace) -> int:
     db = open_database(args)
-    status = collect(
-        db, collections=args.collection, lock_timeout=args.lock_timeout, errors=args.errors
-    )
+    status = collect(db, collections=args.collection, errors=args.errors)
     if args.json:
         print(json.dumps(status.to_dict(), indent=2))
         return 0
@@ -236,6 +233,11 @@ def _status(args: argparse.Namespace) -> int:
     if not status.phases:
         table.add_row("(no documents with a phase)", "", "", "", "", "", "")
     console.print(table)
+    if not status.server_time:
+        console.print(
+            "[yellow]warning:[/] the server reports no time (hello without localTime): leases "
+            "were judged by this machine's clock, and the replicas judge them by theirs"
+        )
     if status.errors:
         errors = Table(title="latest errors")
         for column in ("collection", "id", "phase", "attempts", "at", "error"):
@@ -285,10 +287,20 @@ def _retry(args: argparse.Namespace) -> int:
             )
     if phase.startswith("$"):
         raise CommandError(f"{phase!r} is not a phase name")
+    # updatedAt starts the phase's clock for the replicas' backoff: the server's time, as
+    # every lease time is, not this machine's.
+    now = store.server_time()
+    if now is None:
+        now = datetime.now(UTC)
+        print(
+            "orchestrator retry: warning: the server reports no time; "
+            "updatedAt is stamped with this machine's clock",
+            file=sys.stderr,
+        )
     # Only if nobody moved it meanwhile: the phase read above is still the phase.
     guarded = {"_id": doc["_id"], "phase": doc.get("phase")}
     updated = store.operator_update(
-        args.collection, guarded, queries.operator_retry_update(phase, datetime.now(UTC))
+        args.collection, guarded, queries.operator_retry_update(phase, now)
     )
     if updated is None:
         raise CommandError(f"{args.collection}/{doc['_id']} changed meanwhile; run retry again")

@@ -15,7 +15,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from datetime import UTC
+from datetime import UTC, datetime, timedelta
 from functools import partial
 from typing import Any, TypeVar
 
@@ -38,8 +38,9 @@ logger.addFilter(RedactingFilter())
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-# Outcomes after which something may be claimable at once (by this or another handler).
-_FREES_WORK = frozenset({"unlocked", "advanced", "failed", "released", "timed_out", "done"})
+# Outcomes after which something may be claimable at once (by this or another handler);
+# "lost" too: a step whose phase was changed from outside releases its document.
+_FREES_WORK = frozenset({"unlocked", "advanced", "failed", "released", "timed_out", "done", "lost"})
 
 
 @dataclass
@@ -79,9 +80,15 @@ class Orchestrator:
         if settings is not None and options:
             raise ConfigError("pass either a Settings object or keyword settings, not both")
         self.settings = settings if settings is not None else Settings.build(**options)
-        self._store = Store(db, self.settings.write_concern)
+        self._store = Store(db, self.settings.write_concern, self.settings.write_timeout)
         self._local = clock if clock is not None else SystemClock()
-        self.clock = ServerClock(self._local, self._store.server_time, self.settings.clock_refresh)
+        self.clock = ServerClock(
+            self._local,
+            self._store.server_time,
+            self.settings.clock_refresh,
+            self.settings.skew_tolerance,
+            on_fallback=self._clock_fallback,
+        )
         self._registry = Registry(self.settings)
         self._cv = threading.Condition()
         self._running: dict[str, _Step] = {}
@@ -145,7 +152,12 @@ class Orchestrator:
         unique: str | Iterable[str] | None = None,
     ) -> Document:
         """Create a document in its first phase, unlocked; with ``unique`` keys, idempotent:
-        concurrent submits of one key create one document and all return it."""
+        concurrent submits of one key create one document and all return it.
+
+        ``unique`` defaults to the keys the model declares (``Resource.unique``; for a
+        collection name, those of the model registered on it), else to ``_id`` when the
+        document has one.
+        """
         collection, model = resolve(target)
         fields = self._document_fields(doc, model)
         phase = fields.get("phase")
@@ -155,7 +167,12 @@ class Orchestrator:
             {k: v for k, v in fields.items() if k not in {"_id", "phase", "updatedAt"}}
         )
         keys: tuple[str, ...]
-        if unique is None:
+        declared = model or self._registry.model_for(collection)
+        if unique is None and declared is not None and declared.unique:
+            # The model's identity is the default: a second submit of one key returns the first.
+            keys = tuple(declared.field_name(k) for k in declared.unique)
+            self._registry.add_unique(collection, keys)
+        elif unique is None:
             keys = ("_id",) if "_id" in fields else ()
         else:
             raw = (unique,) if isinstance(unique, str) else tuple(unique)
@@ -263,12 +280,12 @@ class Orchestrator:
             if len(indexes) < 2:
                 continue  # a lone handler's claim costs what the probe would
             try:
+                judged = self._judgement_time()
                 found = self._store.has_claimable(
                     collection,
-                    [order[i].match for i in indexes],
-                    self.clock.now(),
-                    self.settings.lock_timeout,
-                    max_wait=self.settings.max_wait,
+                    [(order[i].match, order[i].name) for i in indexes],
+                    judged,
+                    self.settings.horizon,
                 )
             except StoreError:
                 continue  # the claims meet the same trouble and report it
@@ -279,18 +296,23 @@ class Orchestrator:
     def _quiet_or_changed(self, seen: int) -> bool:
         return not self._running or self._generation != seen or self._stopping.is_set()
 
+    def _judgement_time(self) -> datetime:
+        """When leases are judged: the server's time, less what this estimate may be off by
+        (nothing while the server reports its time), so no skew steals a live lease."""
+        return self.clock.now() - timedelta(seconds=self.clock.uncertainty)
+
     def _claim(self, handler: Handler) -> Lease[Any] | None:
         token = secrets.token_hex(8)
         try:
             now = self.clock.now()
+            until = now + timedelta(seconds=self.settings.lock_timeout)
             doc = self._store.claim(
                 handler.collection,
                 handler.match,
-                now,
-                self.settings.lock_timeout,
-                token,
-                self.settings.replica_id,
-                max_wait=self.settings.max_wait,
+                now - timedelta(seconds=self.clock.uncertainty),
+                self.settings.horizon,
+                handler.name,
+                queries.claim_update(now, until, token, self.settings.replica_id),
             )
         except StoreError as exc:
             # The database is unreachable (or the reply was lost after the claim applied:
@@ -310,17 +332,17 @@ class Orchestrator:
             key = (handler.collection, str(doc.get("_id")))
             self._claims_this_tick[key] += 1
             throttled = self._claims_this_tick[key] > self.settings.max_unlocks_per_tick
-        lease: Lease[Any] = Lease(
+        return Lease(
             store=self._store,
             clock=self.clock,
             settings=self.settings,
             handler=handler,
             doc=doc,
             token=token,
-            claimed_at=queries.as_utc(doc.get("lockedAt", now)),
+            claimed_at=now,
+            expires_at=until,
+            throttled=throttled,
         )
-        lease.throttled = throttled
-        return lease
 
     def _dispatch(self, lease: Lease[Any]) -> None:
         step = _Step(lease)
@@ -345,6 +367,10 @@ class Orchestrator:
         try:
             if self._stopping.is_set():
                 outcome = self._release_unstarted(step.lease)
+            elif step.lease.expired(self.clock.now()):
+                # It waited longer than its lease lasted: another replica may run the step
+                # now. Hand it back (fenced: a no-op if it was taken) rather than run it.
+                outcome = self._hand_back(step.lease, "its lease expired before it started")
             else:
                 outcome = self._execute(step.lease)
         except BaseException:
@@ -370,20 +396,22 @@ class Orchestrator:
                 return self._settle(lease, "ValidationError", str(exc), permanent=True)
         try:
             result = handler.func(lease)
-        except LeaseLost as exc:
-            self._log(logging.WARNING, f"lease lost: {exc}", lease, "lost")
-            return "lost"
         except Exception as exc:
+            # Judged by the step's own lease, not by the exception: a LeaseLost raised by
+            # another lease object, or by a second outcome, is the handler's error.
+            if lease.lost:
+                self._log(logging.WARNING, f"lease lost: {_describe(exc)}", lease, "lost")
+                return "lost"
             return self._settle(lease, type(exc).__name__, _describe(exc), exc=exc)
-        if result is not None and not isinstance(result, Outcome):
-            message = (
-                f"{handler.name} returned {type(result).__name__}; a handler returns "
-                "lease.unlock(), lease.relock(), lease.advance(...) or None"
+        if result is not None and not (isinstance(result, Outcome) and result.token == lease.token):
+            what = (
+                "another lease's outcome" if isinstance(result, Outcome) else type(result).__name__
             )
-            if lease.held:
-                return self._settle(lease, "TypeError", message)
-            self._log(logging.WARNING, message, lease, "bad-outcome")
-            return "bad-outcome"
+            message = (
+                f"{handler.name} returned {what}; a handler returns its own lease's "
+                "unlock(), relock(), advance(...), fail(...), remove() or None"
+            )
+            return self._settle(lease, "TypeError", message)
         if lease.held:
             try:
                 result = lease.unlock()
@@ -444,6 +472,14 @@ class Orchestrator:
         return outcome.action
 
     def _release_unstarted(self, lease: Lease[Any]) -> str:
+        outcome = self._hand_back(lease, "the replica is stopping")
+        if outcome == "released":
+            with self._cv:
+                self._released_on_stop.append(f"{lease.collection}/{lease.id}")
+        return outcome
+
+    def _hand_back(self, lease: Lease[Any], why: str) -> str:
+        """Release a lease whose step will not run; counters untouched."""
         try:
             lease.release()
         except (LeaseLost, StoreError) as exc:
@@ -451,9 +487,7 @@ class Orchestrator:
                 logging.WARNING, f"could not hand back an unstarted lease: {exc}", lease, "lost"
             )
             return "lost"
-        with self._cv:
-            self._released_on_stop.append(f"{lease.collection}/{lease.id}")
-        self._log(logging.INFO, "handed back unstarted lease", lease, "released")
+        self._log(logging.INFO, f"handed back unstarted lease: {why}", lease, "released")
         return "released"
 
     def _finish(self, step: _Step, outcome: str) -> None:
@@ -570,6 +604,16 @@ class Orchestrator:
                     "tick failed; the next tick runs as usual",
                     extra={**self._log_base, "outcome": "tick-failed"},
                 )
+
+    def _clock_fallback(self) -> None:
+        with self._cv:
+            self._stats["clock_fallback"] += 1
+        logger.warning(
+            "the server reports no time (hello without localTime): leases are judged by this "
+            f"machine's clock, {self.settings.skew_tolerance:g}s late (skew_tolerance); keep "
+            "the replicas' clocks synchronised within it",
+            extra={**self._log_base, "outcome": "clock-fallback"},
+        )
 
     def _safe_heartbeat(self) -> None:
         try:

@@ -183,7 +183,7 @@ def run(options: DemoOptions, console: Console) -> int:
         finally:
             reports = [w.orch.stop(timeout=10) for w in replicas]
     elapsed = time.monotonic() - started
-    status = collect(db, collections=None, lock_timeout=options.lock_timeout, errors=3)
+    status = collect(db, collections=None, errors=3)
     return _report(
         console,
         options,
@@ -246,7 +246,7 @@ class _Display:
             pause.wait(0.2)
 
     def _status(self) -> Status:
-        return collect(self.db, collections=WATCHED, lock_timeout=30.0, errors=0)
+        return collect(self.db, collections=WATCHED, errors=0)
 
     def _steps(self) -> int:
         return sum(r.orch.stats().get("claimed", 0) for r in self.replicas)

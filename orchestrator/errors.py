@@ -25,9 +25,17 @@ class LeaseLost(OrchestratorError):
     """A write under a lease matched nothing: another replica holds the document now,
     or this lease was already released. The step's outcome is dropped."""
 
-    def __init__(self, collection: str, doc_id: Any, token: str, action: str) -> None:
+    def __init__(
+        self,
+        collection: str,
+        doc_id: Any,
+        token: str,
+        action: str,
+        reason: str = "another replica holds it now, or its phase was changed from outside",
+    ) -> None:
         super().__init__(
-            f"lease {token[:8]} on {collection}/{doc_id} is no longer held; {action} dropped"
+            f"lease {token[:8]} on {collection}/{doc_id} is no longer held ({reason}); "
+            f"{action} dropped"
         )
         self.collection = collection
         self.doc_id = doc_id

@@ -7,10 +7,11 @@ instead of overwriting the new holder's lease.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import Enum
 from functools import partial
@@ -19,8 +20,10 @@ from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 from pydantic import BaseModel
 
 from orchestrator import queries
-from orchestrator.errors import ConfigError, LeaseLost
+from orchestrator.errors import ConfigError, LeaseLost, OrchestratorError, StoreError
 from orchestrator.queries import as_utc
+from orchestrator.resource import EPOCH
+from orchestrator.store import DocumentTooLarge
 
 if TYPE_CHECKING:
     from orchestrator.clock import ServerClock
@@ -35,17 +38,28 @@ Action = Literal["unlocked", "relocked", "advanced", "retrying", "failed", "rele
 
 @dataclass(frozen=True)
 class Outcome:
-    """What a step did with its lease; handlers return the value their lease gave them."""
+    """What a step did with its lease; handlers return the value their lease gave them.
+
+    ``token`` names the lease that wrote it: returning another lease's outcome is an error.
+    """
 
     action: Action
     phase: str | None
     wait: float | None = None
+    token: str | None = field(default=None, compare=False, repr=False)
+
+
+_SAME: Any = object()  # a release that leaves the phase as it was
 
 
 class _State(Enum):
     HELD = "held"
     RELEASED = "released"
     LOST = "lost"
+
+
+class PolicyError(OrchestratorError):
+    """A relock or retry policy raised or returned something that is not a wait."""
 
 
 class Lease(Generic[R]):
@@ -62,6 +76,8 @@ class Lease(Generic[R]):
         doc: dict[str, Any],
         token: str,
         claimed_at: datetime,
+        expires_at: datetime,
+        throttled: bool = False,
     ) -> None:
         self._store = store
         self._clock = clock
@@ -72,9 +88,12 @@ class Lease(Generic[R]):
         self.token = token
         self.claimed_at = claimed_at
         self.locked_at = claimed_at
+        self.expires_at = expires_at
+        self.throttled = throttled  # this document used its per-tick budget of claims
         self._state = _State.HELD
+        self._released_until: datetime | None = None
+        self._released_phase: Any = None
         self._lock = threading.Lock()
-        self.throttled = False  # set by the loop when this document used its burst
 
     @property
     def id(self) -> Any:
@@ -94,55 +113,66 @@ class Lease(Generic[R]):
         """True until this lease is released or found lost."""
         return self._state is _State.HELD
 
+    @property
+    def lost(self) -> bool:
+        """True once a write found the document held by another lease (or its phase
+        changed from outside): nothing more may be written for this step."""
+        return self._state is _State.LOST
+
     # -- what handlers call ---------------------------------------------------------------
 
     def unlock(self, **fields: Any) -> Outcome:
         """Step done, more to do: release now so the next step can be claimed at once."""
         data = self._fields(fields)
-        if not self.throttled:
-            self._write(queries.unlock_update(data), "unlock", release=True)
-            return Outcome("unlocked", self.phase)
-        wait = self._settings.relock_floor
-        update = queries.unlock_update(data, self._release_at(self._clock.now(), wait))
-        self._write(update, "unlock", release=True)
-        return Outcome("unlocked", self.phase, wait)
+        until, wait = self._free_until()
+        self._write(queries.unlock_update(data, until), "unlock", until=until)
+        return Outcome("unlocked", self.phase, wait, self.token)
 
     def relock(self, wait: float | None = None, **fields: Any) -> Outcome:
         """Waiting on something outside: release, claimable again after ``wait`` seconds
         (by default the handler's relock policy; never less than the floor of one tick)."""
         now = self._clock.now()
-        count = _int(self.doc.get("relocks")) + 1
+        data = self._fields(fields)
         if wait is None:
-            wait = self.handler.relock_policy.wait(
-                waited=self._time_in_phase(now),
-                count=count,
-                lock_timeout=self._settings.lock_timeout,
-            )
-        elif not isinstance(wait, int | float) or not math.isfinite(wait) or wait < 0:
+            count = _int(self.doc.get("relocks")) + 1
+            wait = self._policy_wait("relock_policy", self.handler.relock_policy, now, count)
+        elif not _is_wait(wait):
             raise ConfigError(
                 f"relock(wait=...) needs a finite number of seconds >= 0, not {wait!r}"
             )
-        wait = self._bounded(float(wait), floor=self._settings.relock_floor)
-        update = queries.relock_update(self._release_at(now, wait), self._fields(fields))
-        self._write(update, "relock", release=True)
-        return Outcome("relocked", self.phase, wait)
+        wait = self._bounded(float(wait))
+        until = now + timedelta(seconds=wait)
+        self._write(queries.relock_update(until, data), "relock", until=until)
+        return Outcome("relocked", self.phase, wait, self.token)
 
     def advance(self, phase: str, **fields: Any) -> Outcome:
-        """Enter ``phase`` (setting ``fields`` with it) and release at once."""
+        """Enter ``phase`` (setting ``fields`` with it) and release at once.
+
+        Fenced on the phase the step was claimed in too: if an outside writer (the API
+        cancelling, say) changed the phase meanwhile, the advance raises ``LeaseLost``, the
+        lease is released, and the document stays in the phase the outside writer chose.
+        """
         if not isinstance(phase, str) or not phase or phase.startswith("$"):
             raise ConfigError(f"advance() needs a phase name, not {phase!r}")
         if self.handler.to and phase not in self.handler.to:
             raise ConfigError(
                 f"{self.handler.name} may advance to {list(self.handler.to)}, not {phase!r}"
             )
-        update = queries.advance_update(phase, self._clock.now(), self._fields(fields))
-        self._write(update, "advance", release=True)
-        return Outcome("advanced", phase)
+        data = self._fields(fields)
+        until, wait = self._free_until()
+        update = queries.advance_update(phase, self._clock.now(), data, until)
+        self._write(update, "advance", until=until, phase_change=True, next_phase=phase)
+        return Outcome("advanced", phase, wait, self.token)
 
     def remove(self) -> Outcome:
         """Delete the document (the end of its life), fenced like every write."""
-        self._fenced("remove", partial(self._store.delete, self.collection, self.id, self.token))
-        return Outcome("removed", self.phase)
+        self._fenced(
+            "remove",
+            partial(self._store.delete, self.collection, self.id, self.token),
+            until=None,
+            next_phase=None,
+        )
+        return Outcome("removed", self.phase, None, self.token)
 
     def fail(self, reason: str) -> Outcome:
         """Give up now: the failed phase, with ``reason`` recorded, no further attempts."""
@@ -151,57 +181,190 @@ class Lease(Generic[R]):
     def extend(self) -> None:
         """Renew the lease for another lock timeout, for a step longer than one."""
         now = self._clock.now()
-        self._write(queries.extend_update(now), "extend", release=False)
-        self.locked_at = now
+        until = now + timedelta(seconds=self._settings.lock_timeout)
+        update = queries.extend_update(now, until)
+        with self._lock:
+            if self._state is not _State.HELD:
+                raise LeaseLost(self.collection, self.id, self.token, "extend")
+            if not self._store.write(self.collection, queries.fenced(self.id, self.token), update):
+                self._state = _State.LOST
+                raise LeaseLost(self.collection, self.id, self.token, "extend")
+            self.locked_at = now
+            self.expires_at = until
+
+    def expired(self, now: datetime) -> bool:
+        """True once this lease's expiry has passed: another replica may hold it now.
+
+        No margin for clock uncertainty: other replicas judge leases that much late, which
+        covers their skew against this replica."""
+        return now >= self.expires_at
 
     # -- what the loop calls --------------------------------------------------------------
 
     def record_error(self, kind: str, message: str, *, permanent: bool = False) -> Outcome:
         """Count a failed attempt: retry after the handler's backoff, or, past its
-        ``max_attempts`` (or when ``permanent``), move to its failed phase."""
+        ``max_attempts`` (or when ``permanent``), move to its failed phase.
+
+        Works on a lease the step already released with an outcome of its own (a handler
+        that unlocked, then raised): the attempt still counts, fenced on the document
+        being as that release left it.
+        """
         now = self._clock.now()
         attempts = _int(self.doc.get("attempts")) + 1
-        error = queries.error_record(kind, message, now, self.phase)
+        note = ""
+        wait = 0.0
+        if not permanent and attempts < self.handler.max_attempts:
+            try:
+                wait = self._bounded(
+                    self._policy_wait("retry_policy", self.handler.retry_policy, now, attempts)
+                )
+            except PolicyError as exc:  # a broken policy must not leave the attempt uncounted
+                wait = self._bounded(self._settings.lock_timeout)
+                note = f" [{exc}; waiting {wait:g}s instead]"
+        error = queries.error_record(kind, message + note, now, self.phase)
         if permanent or attempts >= self.handler.max_attempts:
             failed = self.handler.failed_phase
-            self._write(queries.fail_update(failed, attempts, error, now), "fail", release=True)
-            return Outcome("failed", failed)
-        try:
-            wait = self.handler.retry_policy.wait(
-                waited=self._time_in_phase(now),
-                count=attempts,
-                lock_timeout=self._settings.lock_timeout,
+            until, _ = self._free_until()
+            self._write_error(
+                lambda record: queries.fail_update(
+                    failed, attempts, record, now, self.handler.name, until
+                ),
+                error,
+                "fail",
+                until=until,
+                phase_change=True,
+                next_phase=failed,
             )
-        except Exception:  # a broken policy must not stop the attempt from being counted
-            wait = self._settings.lock_timeout
-        wait = self._bounded(wait, floor=self._settings.relock_floor)
-        update = queries.retry_update(attempts, error, self._release_at(now, wait))
-        self._write(update, "retry", release=True)
-        return Outcome("retrying", self.phase, wait)
+            return Outcome("failed", failed, None, self.token)
+        until = now + timedelta(seconds=wait)
+        self._write_error(
+            lambda record: queries.retry_update(attempts, record, until),
+            error,
+            "retry",
+            until=until,
+        )
+        return Outcome("retrying", self.phase, wait, self.token)
 
     def release(self) -> Outcome:
-        """Hand back a lease whose step never ran."""
-        self._write(queries.release_update(), "release", release=True)
-        return Outcome("released", self.phase)
+        """Hand back a lease whose step never ran (subject to the budget, like any release)."""
+        until, wait = self._free_until()
+        self._write(queries.release_update(until), "release", until=until)
+        return Outcome("released", self.phase, wait, self.token)
 
     # -- internals -------------------------------------------------------------------------
 
-    def _write(self, update: dict[str, Any], action: str, *, release: bool) -> None:
-        write = partial(self._store.write, self.collection, self.id, self.token, update, action)
-        self._fenced(action, write, release=release)
+    def _write_error(
+        self,
+        build: Callable[[dict[str, Any]], dict[str, Any]],
+        error: dict[str, Any],
+        action: str,
+        **write: Any,
+    ) -> None:
+        """Write a failed attempt with ``build(error record)``. The server refuses a write
+        that takes the document past 16 MiB, yet the attempt must count: store less and
+        write again, the message cut short, then no message and no ``previousError``."""
+        message = str(error.get("message", ""))
+        cut = {**error, "message": message[:200] + " [cut: the document is near 16 MiB]"}
+        bare = {**error, "message": "[not stored: the document is at the 16 MiB limit]"}
+        for record in (error, cut):
+            try:
+                self._write(build(record), action, after=True, **write)
+                return
+            except DocumentTooLarge:
+                continue
+        update = build(bare)
+        update.setdefault("$unset", {})["previousError"] = ""
+        self._write(update, action, after=True, **write)
 
-    def _fenced(self, action: str, operation: Callable[[], None], *, release: bool = True) -> None:
-        """Run a token-filtered ``operation``; serialised with the heartbeat's extends."""
-        with self._lock:
-            if self._state is not _State.HELD:
+    def _write(
+        self,
+        update: dict[str, Any],
+        action: str,
+        *,
+        until: datetime,
+        phase_change: bool = False,
+        next_phase: Any = _SAME,
+        after: bool = False,
+    ) -> None:
+        """A releasing write. ``phase_change``: fenced on the claimed phase too. ``after``:
+        allowed on a lease this step released itself (error bookkeeping only)."""
+        if next_phase is _SAME:
+            next_phase = self.doc.get("phase")
+
+        def operation() -> None:
+            if self._state is _State.RELEASED:
+                assert self._released_until is not None
+                query = queries.released_fence(self.id, self._released_until, self._released_phase)
+            elif phase_change:
+                query = queries.fenced(self.id, self.token, self.doc.get("phase"))
+            else:
+                query = queries.fenced(self.id, self.token)
+            if not self._store.write(self.collection, query, update):
+                if self._state is _State.HELD and phase_change:
+                    self._release_after_outside_change()
                 raise LeaseLost(self.collection, self.id, self.token, action)
+
+        self._fenced(action, operation, until=until, next_phase=next_phase, after=after)
+
+    def _release_after_outside_change(self) -> None:
+        """The phase-fenced write matched nothing: if the token still matches, the phase was
+        changed from outside while the step ran; let the document go at once."""
+        with contextlib.suppress(StoreError):  # if it fails, the lease expires on its own
+            self._store.write(
+                self.collection, queries.fenced(self.id, self.token), queries.release_update()
+            )
+
+    def _fenced(
+        self,
+        action: str,
+        operation: Callable[[], None],
+        *,
+        until: datetime | None,
+        next_phase: Any,
+        after: bool = False,
+    ) -> None:
+        """Run a fenced ``operation``; serialised with the heartbeat's extends."""
+        with self._lock:
+            allowed = self._state is _State.HELD or (after and self._state is _State.RELEASED)
+            if not allowed:
+                reason = (
+                    "this step already gave an outcome; a step returns exactly one"
+                    if self._state is _State.RELEASED
+                    else "another replica holds it now"
+                )
+                raise LeaseLost(self.collection, self.id, self.token, action, reason)
             try:
                 operation()
             except LeaseLost:
                 self._state = _State.LOST
                 raise
-            if release:
-                self._state = _State.RELEASED
+            self._state = _State.RELEASED
+            if until is not None:
+                self._released_until = until
+                self._released_phase = next_phase
+
+    def _free_until(self) -> tuple[datetime, float | None]:
+        """Released at once, unless this document used its claims for the tick: then it
+        waits the relock floor, so no outcome can make a handler spin."""
+        if not self.throttled:
+            return EPOCH, None
+        wait = self._settings.relock_floor
+        return self._clock.now() + timedelta(seconds=wait), wait
+
+    def _policy_wait(self, name: str, policy: Any, now: datetime, count: int) -> float:
+        """The policy's wait, checked: a policy that raises or answers NaN, None, a negative
+        or an infinite number is a ``PolicyError``, never a silent bad lease time."""
+        try:
+            wait = policy.wait(
+                waited=self._time_in_phase(now),
+                count=count,
+                lock_timeout=self._settings.lock_timeout,
+            )
+        except Exception as exc:
+            raise PolicyError(f"{name} raised {type(exc).__name__}: {exc}") from exc
+        if not _is_wait(wait):
+            raise PolicyError(f"{name} returned {wait!r}, not a finite number of seconds >= 0")
+        return float(wait)
 
     def _fields(self, fields: dict[str, Any]) -> dict[str, Any]:
         model = self.handler.model
@@ -217,15 +380,20 @@ class Lease(Generic[R]):
             return 0.0
         return max((now - as_utc(since)).total_seconds(), 0.0)
 
-    def _bounded(self, wait: float, *, floor: float) -> float:
-        return min(max(wait, floor), self._settings.max_wait)
-
-    def _release_at(self, now: datetime, wait: float) -> datetime:
-        """``lockedAt`` that makes the document claimable ``wait`` seconds from now."""
-        return now - timedelta(seconds=self._settings.lock_timeout) + timedelta(seconds=wait)
+    def _bounded(self, wait: float) -> float:
+        return min(max(wait, self._settings.relock_floor), self._settings.max_wait)
 
     def __repr__(self) -> str:
         return f"<Lease {self.collection}/{self.id} phase={self.phase} {self._state.value}>"
+
+
+def _is_wait(value: Any) -> bool:
+    return (
+        isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and value >= 0
+    )
 
 
 def _int(value: Any) -> int:

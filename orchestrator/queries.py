@@ -19,13 +19,13 @@ from orchestrator.errors import ConfigError
 from orchestrator.redact import redact
 from orchestrator.resource import EPOCH, LEASE_FIELDS
 
-CLAIM_SORT: list[tuple[str, int]] = [("lockedAt", 1), ("updatedAt", 1)]
-"""Oldest lease first (its wait is longest overdue), then the longest untouched."""
+CLAIM_SORT: list[tuple[str, int]] = [("lockedUntil", 1), ("updatedAt", 1)]
+"""Longest free first (its wait is longest overdue), then the longest untouched."""
 
-CLAIM_INDEX: list[tuple[str, int]] = [("phase", 1), ("lockedAt", 1), ("updatedAt", 1)]
-"""Serves the claim filter (phase equality, lockedAt range) and its sort without a scan."""
+CLAIM_INDEX: list[tuple[str, int]] = [("phase", 1), ("lockedUntil", 1), ("updatedAt", 1)]
+"""Serves the claim filter (phase equality, lockedUntil range) and its sort without a scan."""
 
-CLAIM_INDEX_NAME = "orchestrator_claim"
+CLAIM_INDEX_NAME = "orchestrator_claim_until"
 
 
 def bson_time(value: datetime) -> datetime:
@@ -43,92 +43,141 @@ def as_utc(value: datetime) -> datetime:
 
 
 def claim_filter(
-    match: Mapping[str, Any], now: datetime, lock_timeout: float, max_wait: float
+    match: Mapping[str, Any], now: datetime, horizon: float, handler: str | None = None
 ) -> dict[str, Any]:
-    """The handler's filter, limited to documents nobody holds: ``lockedAt`` is not a live
-    lease, a date in ``[now - lock_timeout, now + max_wait]``.
+    """The handler's filter, limited to documents nobody holds: ``lockedUntil`` is not a
+    date in ``(now, now + horizon]``.
 
-    So besides expired leases it matches what no replica writes: a missing, null or
-    non-date ``lockedAt`` (claimable at once; they sort first) and a date past
-    ``now + max_wait``, which no relock produces (its wait is capped by ``max_wait``): a
-    lease that would never expire. Both branches are index ranges on (phase, lockedAt) —
-    ``$not $gte`` is the complement ``[MinKey, cutoff)`` plus the types sorting after
-    dates — each scanned in index order, so the server merges them for the sort.
+    Each lease carries its own expiry, written from its holder's settings, so a reader with
+    another lock timeout judges it the same way. Besides past dates this matches what no
+    replica writes: a missing, null or non-date ``lockedUntil`` (claimable at once; they
+    sort first) and a date further ahead than ``horizon``, which no lease or wait reaches:
+    a lease that would never expire. Both branches are index ranges on (phase,
+    lockedUntil), scanned in index order, so the server merges them for the sort.
+
+    ``handler``: a document this handler moved to its failed phase (``failedBy``) is not
+    claimed by it again, so a handler whose filter also matches the failed phase cannot
+    spin on what it gave up on; an operator's retry clears the mark.
     """
-    cutoff = bson_time(now - timedelta(seconds=lock_timeout))
-    horizon = bson_time(now + timedelta(seconds=max_wait))
-    free = [{"lockedAt": {"$not": {"$gte": cutoff}}}, {"lockedAt": {"$gt": horizon}}]
-    if "$or" in match:
-        return {"$and": [dict(match), {"$or": free}]}
-    return {**match, "$or": free}
+    horizon_at = bson_time(now + timedelta(seconds=horizon))
+    free = [
+        {"lockedUntil": {"$not": {"$gt": bson_time(now)}}},
+        {"lockedUntil": {"$gt": horizon_at}},
+    ]
+    claim: dict[str, Any] = dict(match)  # check_match keeps lease fields out of it
+    if handler is not None:
+        claim["failedBy"] = {"$ne": handler}
+    if "$or" in claim:
+        return {"$and": [claim, {"$or": free}]}
+    return {**claim, "$or": free}
 
 
 def probe_filter(
-    matches: Iterable[Mapping[str, Any]], now: datetime, lock_timeout: float, max_wait: float
+    matches: Iterable[tuple[Mapping[str, Any], str]], now: datetime, horizon: float
 ) -> dict[str, Any]:
     """What any of several handlers could claim now: the ``$or`` of their claim filters, so
     one read finding nothing proves that none of their claims would find anything."""
-    return {"$or": [claim_filter(m, now, lock_timeout, max_wait) for m in matches]}
+    return {"$or": [claim_filter(m, now, horizon, name) for m, name in matches]}
 
 
 PROBE_PROJECTION: dict[str, Any] = {"_id": 1}
 """A probe only asks whether work exists: it reads no field of it."""
 
 
-def claim_update(now: datetime, token: str, replica: str) -> dict[str, Any]:
-    """Take the lease: a fresh token fences every later write to this holder."""
-    return {"$set": {"lockedAt": bson_time(now), "lockToken": token, "lockedBy": replica}}
-
-
-def fenced(doc_id: Any, token: str) -> dict[str, Any]:
-    """Matches the document only while this lease holds it."""
-    return {"_id": doc_id, "lockToken": token}
-
-
-def extend_update(now: datetime) -> dict[str, Any]:
-    return {"$set": {"lockedAt": bson_time(now)}}
-
-
-def unlock_update(fields: Mapping[str, Any], locked_at: datetime = EPOCH) -> dict[str, Any]:
-    """Release for the next step at once (``lockedAt`` at the epoch, unless throttled);
-    a step that succeeded resets the attempt count."""
+def claim_update(now: datetime, until: datetime, token: str, replica: str) -> dict[str, Any]:
+    """Take the lease until ``until`` (the holder's own timeout): a fresh token fences every
+    later write to this holder."""
     return {
-        "$set": {**fields, "lockedAt": bson_time(locked_at), "attempts": 0},
-        "$unset": {"lockToken": ""},
+        "$set": {
+            "lockedAt": bson_time(now),
+            "lockedUntil": bson_time(until),
+            "lockToken": token,
+            "lockedBy": replica,
+        }
     }
 
 
-def release_update() -> dict[str, Any]:
-    """Claimable at once, counters untouched: a lease whose step never started, or an
-    operator's unlock (a live holder's later writes then raise LeaseLost)."""
-    return {"$set": {"lockedAt": EPOCH}, "$unset": {"lockToken": ""}}
+_ANY = object()
 
 
-def relock_update(locked_at: datetime, fields: Mapping[str, Any]) -> dict[str, Any]:
-    """Release, claimable again when ``locked_at`` falls behind the lock timeout.
+def fenced(doc_id: Any, token: str, phase: Any = _ANY) -> dict[str, Any]:
+    """Matches the document only while this lease holds it (and, for writes that change the
+    phase, only while it is still in ``phase``: an outside writer's phase change wins)."""
+    query: dict[str, Any] = {"_id": doc_id, "lockToken": token}
+    if phase is not _ANY:
+        query["phase"] = phase
+    return query
+
+
+def released_fence(doc_id: Any, until: datetime, phase: Any) -> dict[str, Any]:
+    """Matches the document while it is as a step's own release left it (free, the same
+    ``lockedUntil`` and phase): how a step that gave an outcome and then failed still
+    counts its attempt. No lease can be taken and released in between unnoticed but by
+    another step writing the identical state, and then the record is merely one more
+    attempt on it."""
+    return {
+        "_id": doc_id,
+        "lockToken": {"$exists": False},
+        "lockedUntil": bson_time(until),
+        "phase": phase,
+    }
+
+
+def extend_update(now: datetime, until: datetime) -> dict[str, Any]:
+    return {"$set": {"lockedAt": bson_time(now), "lockedUntil": bson_time(until)}}
+
+
+_SUCCEEDED = {"lastError": "previousError"}
+"""A step that succeeds ends the streak of failures: ``lastError`` describes the current
+streak only, and the last one stays visible to operators as ``previousError``."""
+
+
+def unlock_update(fields: Mapping[str, Any], until: datetime = EPOCH) -> dict[str, Any]:
+    """Release for the next step at once (``lockedUntil`` at the epoch, unless throttled);
+    a step that succeeded resets the attempt count."""
+    return {
+        "$set": {**fields, "lockedUntil": bson_time(until), "attempts": 0},
+        "$unset": {"lockToken": ""},
+        "$rename": dict(_SUCCEEDED),
+    }
+
+
+def release_update(until: datetime = EPOCH) -> dict[str, Any]:
+    """Claimable at once (unless throttled), counters untouched: a lease whose step never
+    ran, or an operator's unlock (a live holder's later writes then raise LeaseLost)."""
+    return {"$set": {"lockedUntil": bson_time(until)}, "$unset": {"lockToken": ""}}
+
+
+def relock_update(until: datetime, fields: Mapping[str, Any]) -> dict[str, Any]:
+    """Release, claimable again at ``until``.
 
     ``updatedAt`` is kept: it measures the time spent in this phase, which the
     progressive policy grows its wait from.
     """
     return {
-        "$set": {**fields, "lockedAt": bson_time(locked_at), "attempts": 0},
+        "$set": {**fields, "lockedUntil": bson_time(until), "attempts": 0},
         "$inc": {"relocks": 1},
         "$unset": {"lockToken": ""},
+        "$rename": dict(_SUCCEEDED),
     }
 
 
-def advance_update(phase: str, now: datetime, fields: Mapping[str, Any]) -> dict[str, Any]:
-    """Enter ``phase``, released at once, with the per-phase counters reset."""
+def advance_update(
+    phase: str, now: datetime, fields: Mapping[str, Any], until: datetime = EPOCH
+) -> dict[str, Any]:
+    """Enter ``phase``, released (at once unless throttled), with the per-phase counters
+    reset and the failed-by mark cleared."""
     return {
         "$set": {
             **fields,
             "phase": phase,
-            "lockedAt": EPOCH,
+            "lockedUntil": bson_time(until),
             "updatedAt": bson_time(now),
             "attempts": 0,
             "relocks": 0,
         },
-        "$unset": {"lockToken": "", "lastError": ""},
+        "$unset": {"lockToken": "", "failedBy": ""},
+        "$rename": dict(_SUCCEEDED),
     }
 
 
@@ -147,24 +196,31 @@ def _storable_text(text: str) -> str:
     return text.encode("utf-8", "replace").decode("utf-8")
 
 
-def retry_update(attempts: int, error: Mapping[str, Any], locked_at: datetime) -> dict[str, Any]:
+def retry_update(attempts: int, error: Mapping[str, Any], until: datetime) -> dict[str, Any]:
     """Record a failed attempt and release, claimable again after the retry backoff."""
     return {
-        "$set": {"attempts": attempts, "lastError": dict(error), "lockedAt": bson_time(locked_at)},
+        "$set": {"attempts": attempts, "lastError": dict(error), "lockedUntil": bson_time(until)},
         "$unset": {"lockToken": ""},
     }
 
 
 def fail_update(
-    failed_phase: str, attempts: int, error: Mapping[str, Any], now: datetime
+    failed_phase: str,
+    attempts: int,
+    error: Mapping[str, Any],
+    now: datetime,
+    failed_by: str,
+    until: datetime = EPOCH,
 ) -> dict[str, Any]:
-    """Give up: the failed phase, the error kept for operators, released."""
+    """Give up: the failed phase, the error kept for operators, released; ``failedBy``
+    keeps the handler that gave up from claiming the document again."""
     return {
         "$set": {
             "phase": failed_phase,
             "attempts": attempts,
             "lastError": dict(error),
-            "lockedAt": EPOCH,
+            "failedBy": failed_by,
+            "lockedUntil": bson_time(until),
             "updatedAt": bson_time(now),
         },
         "$unset": {"lockToken": ""},
@@ -175,7 +231,7 @@ def new_document(doc: Mapping[str, Any], now: datetime) -> dict[str, Any]:
     """A submitted document: unlocked, in its first phase, with no lease history."""
     stamped = bson_time(now)
     fresh = {k: v for k, v in doc.items() if k not in LEASE_FIELDS}
-    fresh.update(lockedAt=EPOCH, attempts=0, relocks=0, createdAt=stamped, updatedAt=stamped)
+    fresh.update(lockedUntil=EPOCH, attempts=0, relocks=0, createdAt=stamped, updatedAt=stamped)
     return fresh
 
 
@@ -232,7 +288,7 @@ def check_match(match: Mapping[str, Any]) -> None:
     """A handler's filter may select on anything but the lease fields it is combined with."""
     if not isinstance(match, Mapping) or not match:
         raise ConfigError("a handler's filter must be a non-empty dict")
-    clash = sorted(set(match) & {"lockedAt", "lockToken"})
+    clash = sorted(set(match) & {"lockedAt", "lockedUntil", "lockToken", "failedBy"})
     if clash:
         raise ConfigError(f"a handler's filter cannot select on {clash}: the claim owns them")
 
@@ -243,28 +299,30 @@ ERRORS_SORT: list[tuple[str, int]] = [("lastError.at", -1)]
 """Latest failure first."""
 
 
-def status_pipeline(now: datetime, lock_timeout: float) -> list[dict[str, Any]]:
-    """Per phase: documents, leases held now, leases held past their timeout (the holder
-    died or is stuck), documents waiting out a relock or retry, and documents whose last
-    attempt failed."""
-    cutoff = bson_time(now - timedelta(seconds=lock_timeout))
+def status_pipeline(now: datetime) -> list[dict[str, Any]]:
+    """Per phase: documents, leases held now, leases held past their expiry (the holder
+    died or is stuck), documents waiting out a relock or retry, and documents whose latest
+    attempt failed. Every lease carries its expiry, so no lock timeout is needed here."""
+    at = bson_time(now)
     token = {"$ifNull": ["$lockToken", None]}
     held, free = {"$gt": [token, None]}, {"$lte": [token, None]}
-    fresh, stale = {"$gte": ["$lockedAt", cutoff]}, {"$lt": ["$lockedAt", cutoff]}
+    # BSON order ranks null, numbers and strings below every date: not live.
+    until = {"$ifNull": ["$lockedUntil", None]}
+    live, expired = {"$gt": [until, at]}, {"$lte": [until, at]}
 
     def count_if(condition: dict[str, Any]) -> dict[str, Any]:
         return {"$sum": {"$cond": [condition, 1, 0]}}
 
     return [
-        # Documents without a lockedAt count too: the claim treats them as free.
+        # Documents without a lockedUntil count too: the claim treats them as free.
         {"$match": {"phase": {"$exists": True}}},
         {
             "$group": {
                 "_id": "$phase",
                 "count": {"$sum": 1},
-                "leased": count_if({"$and": [held, fresh]}),
-                "overdue": count_if({"$and": [held, stale]}),
-                "waiting": count_if({"$and": [free, fresh]}),
+                "leased": count_if({"$and": [held, live]}),
+                "overdue": count_if({"$and": [held, expired]}),
+                "waiting": count_if({"$and": [free, live]}),
                 "failed": count_if({"$gt": [{"$ifNull": ["$lastError", None]}, None]}),
             }
         },
@@ -290,6 +348,5 @@ def operator_retry_update(phase: str, now: datetime) -> dict[str, Any]:
     """Back to ``phase`` with fresh counters, claimable at once; the error is kept as
     ``previousError`` so the operator's reason to retry stays visible."""
     update = advance_update(phase, now, {})
-    update["$unset"] = {"lockToken": ""}
-    update["$rename"] = {"lastError": "previousError"}
+    update["$unset"] = {"lockToken": "", "failedBy": ""}
     return update

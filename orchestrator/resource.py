@@ -12,10 +12,21 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 EPOCH = datetime(1970, 1, 1)
-"""``lockedAt`` of a document nobody holds: older than any cutoff, so claimable at once."""
+"""``lockedUntil`` of a document nobody holds: long past, so claimable at once."""
 
 LEASE_FIELDS = frozenset(
-    {"lockedAt", "lockToken", "lockedBy", "attempts", "relocks", "lastError", "createdAt"}
+    {
+        "lockedAt",
+        "lockedUntil",
+        "lockToken",
+        "lockedBy",
+        "attempts",
+        "relocks",
+        "lastError",
+        "previousError",
+        "failedBy",
+        "createdAt",
+    }
 )
 """Fields the orchestrator owns: handlers cannot set them through a lease."""
 
@@ -46,7 +57,8 @@ class Resource(BaseModel):
     id: Any = Field(default=None, alias="_id")
     phase: str
     state: str | None = None
-    locked_at: datetime = EPOCH
+    locked_at: datetime | None = None
+    locked_until: datetime = EPOCH
     created_at: datetime | None = None
     updated_at: datetime | None = None
     lock_token: str | None = None
@@ -54,6 +66,8 @@ class Resource(BaseModel):
     attempts: int = 0
     relocks: int = 0
     last_error: ErrorRecord | None = None
+    previous_error: ErrorRecord | None = None
+    failed_by: str | None = None
 
     @classmethod
     def field_name(cls, name: str) -> str:

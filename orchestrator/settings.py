@@ -22,6 +22,14 @@ from pydantic import (
 from orchestrator.backoff import BackoffPolicy, ExponentialBackoff, ProgressiveBackoff
 from orchestrator.errors import ConfigError
 
+DAY = 86_400.0
+MAX_LOCK_TIMEOUT = DAY
+"""No lease lasts longer: a reader treats a lease further ahead than this (or than its own
+``max_wait``) as bogus, so the bound is what keeps a long-lease holder safe from readers
+with other settings. A longer step keeps its lease with the heartbeat."""
+MAX_DURATION = 30 * DAY
+"""Longest wait or step: keeps every date the library computes far inside datetime's range."""
+
 
 def default_replica_id() -> str:
     """Host, process and a random suffix: unique even for two replicas in one process."""
@@ -36,7 +44,9 @@ class Settings(BaseModel):
         extra="forbid", frozen=True, arbitrary_types_allowed=True, allow_inf_nan=False
     )
 
-    lock_timeout: float = Field(30.0, gt=0, description="A lease older than this is claimable.")
+    lock_timeout: float = Field(
+        30.0, gt=0, le=MAX_LOCK_TIMEOUT, description="How long a lease lasts unless extended."
+    )
     tick: float = Field(1.0, gt=0, description="Seconds between two ticks of the loop.")
     max_concurrency: int = Field(
         4, ge=1, le=1024, strict=True, description="Steps run at once per replica."
@@ -49,22 +59,46 @@ class Settings(BaseModel):
     write_concern: Literal["majority"] | int = Field(
         "majority", description='Write concern of lease writes: "majority" or a node count.'
     )
-    clock_refresh: float = Field(60.0, gt=0, description="Re-measure the server clock this often.")
+    write_timeout: float = Field(
+        10.0,
+        gt=0,
+        le=600,
+        description="Seconds a write waits for its write concern (wtimeout); past it the"
+        " write fails as a transient error instead of blocking while no majority is up.",
+    )
+    clock_refresh: float = Field(
+        60.0, gt=0, le=MAX_DURATION, description="Re-measure the server clock this often."
+    )
+    skew_tolerance: float = Field(
+        60.0,
+        ge=0,
+        le=DAY,
+        description="Only when the server reports no time: the clock skew between replicas"
+        " that leases stay safe against; every lease is then judged this much later.",
+    )
     heartbeat: bool = Field(True, description="Extend leases of steps running past half a timeout.")
     step_timeout: float | None = Field(
-        300.0, gt=0, description="A step running longer loses its lease and counts as failed."
+        300.0,
+        gt=0,
+        le=MAX_DURATION,
+        description="A step running longer loses its lease and counts as failed.",
     )
     max_wait: float = Field(
-        3600.0, gt=0, description="Cap on any relock or retry wait: no lease outlives it."
+        3600.0, gt=0, le=MAX_DURATION, description="Cap on any relock or retry wait."
     )
     max_unlocks_per_tick: int = Field(
         100,
         ge=1,
-        description="Immediate continues of one document per tick; past it, one step a tick,"
-        " so a handler that unlocks without progress cannot spin the database.",
+        le=1_000_000,
+        strict=True,
+        description="Claims of one document per tick; past it, whatever the step's outcome"
+        " (unlock, advance, fail), the document waits a tick: no handler can spin the database.",
     )
     min_relock: float | None = Field(
-        None, ge=0, description="Floor of a relock's wait; defaults to one tick, so none spins."
+        None,
+        ge=0,
+        le=MAX_DURATION,
+        description="Floor of a relock's wait; defaults to one tick, so none spins.",
     )
     relock_policy: BackoffPolicy = Field(default_factory=ProgressiveBackoff)
     retry_policy: BackoffPolicy = Field(default_factory=ExponentialBackoff)
@@ -78,13 +112,21 @@ class Settings(BaseModel):
             )
         if self.step_timeout is not None and self.step_timeout < self.lock_timeout:
             raise ValueError("step_timeout must be at least lock_timeout")
+        if self.min_relock is not None and self.min_relock > self.max_wait:
+            raise ValueError("min_relock must not exceed max_wait")
         if isinstance(self.write_concern, int) and self.write_concern < 1:
             raise ValueError("write_concern must be 'majority' or a node count >= 1")
         return self
 
     @property
     def relock_floor(self) -> float:
-        return self.tick if self.min_relock is None else self.min_relock
+        return min(self.tick if self.min_relock is None else self.min_relock, self.max_wait)
+
+    @property
+    def horizon(self) -> float:
+        """A lease or wait further ahead than this is bogus: no replica writes one, whatever
+        its settings (its lock timeout is at most ``MAX_LOCK_TIMEOUT``)."""
+        return max(self.max_wait, MAX_LOCK_TIMEOUT)
 
     @classmethod
     def build(cls, **values: Any) -> Settings:

@@ -42,8 +42,11 @@ class RecentError:
 
 @dataclass(frozen=True)
 class Status:
+    """``server_time``: False when the server reported no time and this machine's clock
+    judged the leases (then ``leased``/``overdue`` are only as right as that clock)."""
+
     at: datetime
-    lock_timeout: float
+    server_time: bool
     phases: list[PhaseCount] = field(default_factory=list)
     errors: list[RecentError] = field(default_factory=list)
 
@@ -66,11 +69,11 @@ def collect(
     db: Database[Document],
     *,
     collections: Sequence[str] | None = None,
-    lock_timeout: float = 30.0,
     errors: int = 5,
 ) -> Status:
     """Phase counts of ``collections`` (by default every collection holding phased
-    documents) and their latest ``errors`` errors each, judged by the server's clock."""
+    documents) and their latest ``errors`` errors each, judged by the server's clock
+    against each lease's own expiry (so the replicas' lock timeouts need not be known)."""
     store = Store(db)
     present = store.collection_names()
     if collections:
@@ -84,10 +87,11 @@ def collect(
         names = list(collections)
     else:
         names = present
-    now = store.server_time() or datetime.now(UTC)
-    status = Status(at=now, lock_timeout=lock_timeout)
+    server = store.server_time()
+    now = server or datetime.now(UTC)
+    status = Status(at=now, server_time=server is not None)
     for name in names:
-        for row in store.phase_summary(name, now, lock_timeout):
+        for row in store.phase_summary(name, now):
             status.phases.append(
                 PhaseCount(
                     collection=name,

@@ -63,7 +63,7 @@ def make(db: Database[Any], clock: FakeClock) -> Iterator[MakeReplica]:
     def factory(replica_id: str = "pod-1", **options: Any) -> Orchestrator:
         options.setdefault("lock_timeout", 30)
         options.setdefault("tick", 1.0)
-        options.setdefault("clock_refresh", 1e9)
+        options.setdefault("clock_refresh", 1e6)
         local = options.pop("clock", clock)
         orch = Orchestrator(db, replica_id=replica_id, clock=local, **options)
         made.append(orch)

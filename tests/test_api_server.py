@@ -38,7 +38,7 @@ def apps(db: Database[Any], clock: FakeClock) -> Iterator[list[tuple[FastAPI, Te
                 clock=clock,
                 tick=1.0,
                 lock_timeout=30,
-                clock_refresh=1e9,
+                clock_refresh=1e6,
                 cert_delay=5.0,
             )
             made.append((app, stack.enter_context(TestClient(app))))
@@ -126,7 +126,7 @@ def test_bad_requests_get_clear_answers(apps: list[tuple[FastAPI, TestClient]]) 
 
 
 def test_the_lifespan_stops_the_orchestrator(db: Database[Any], clock: FakeClock) -> None:
-    app = create_app(db, replica_id="api-0", clock=clock, clock_refresh=1e9)
+    app = create_app(db, replica_id="api-0", clock=clock, clock_refresh=1e6)
     with TestClient(app) as client:
         assert client.get("/healthz").json() == {"status": "ok", "replica": "api-0"}
     # Stopped: a tick claims nothing, the gateway waits for a running replica.

@@ -105,7 +105,7 @@ def test_relock_with_a_missing_updated_at_still_waits_the_floor(
         waits.append(out.wait)
         return out
 
-    db.jobs.insert_one({"phase": "Polling", "lockedAt": EPOCH})
+    db.jobs.insert_one({"phase": "Polling", "lockedUntil": EPOCH})
     orch.run_once()
     assert waits == [1.0]
 

@@ -28,7 +28,7 @@ class Gadget(Resource):
 
 
 def _raw(db: Database[Any], collection: str = "items", **fields: Any) -> Any:
-    doc = {"phase": "A", "lockedAt": EPOCH, "createdAt": T0, "updatedAt": T0, **fields}
+    doc = {"phase": "A", "lockedUntil": EPOCH, "createdAt": T0, "updatedAt": T0, **fields}
     for key in [k for k, v in doc.items() if v is _MISSING]:
         del doc[key]
     return db[collection].insert_one(doc).inserted_id
@@ -61,7 +61,7 @@ def test_a_document_with_a_malformed_lock_time_is_claimed_and_runs_once(
 ) -> None:
     orch = make()
     ran = _advancing(orch)
-    doc_id = _raw(db, lockedAt=locked_at)
+    doc_id = _raw(db, lockedUntil=locked_at)
     orch.run_once()
     orch.run_once()
     assert ran == [doc_id]
@@ -71,10 +71,10 @@ def test_a_document_with_a_malformed_lock_time_is_claimed_and_runs_once(
 def test_a_lease_within_max_wait_in_the_future_is_honoured_not_capped(
     make: MakeReplica, db: Database[Any], clock: FakeClock
 ) -> None:
-    """A relock's lockedAt lies ahead by up to max_wait - lock_timeout: never stolen."""
+    """A relock's lockedUntil lies ahead by up to max_wait: never stolen."""
     orch = make(max_wait=3600)
     ran = _advancing(orch)
-    _raw(db, lockedAt=T0 + timedelta(seconds=3600 - 30))
+    _raw(db, lockedUntil=T0 + timedelta(seconds=3600))
     orch.run_once()
     clock.advance(3599)
     orch.run_once()

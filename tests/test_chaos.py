@@ -11,7 +11,7 @@ import pytest
 from orchestrator import queries
 from orchestrator.chaos import HANDLER_EXCEPTIONS, Chaos, ChaosConfig, Figures, main
 
-CI = ChaosConfig(replicas=3, resources=40, duration=300, rate=0.05, seed=1)
+CI = ChaosConfig(replicas=3, resources=40, duration=400, rate=0.05, seed=1)
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +64,7 @@ def test_the_same_seed_injects_the_same_faults(figures: Figures) -> None:
 
 def test_the_suite_fails_when_fencing_is_broken(monkeypatch: pytest.MonkeyPatch) -> None:
     """The invariants can fail: writes that ignore the lease token land from stale holders."""
-    monkeypatch.setattr(queries, "fenced", lambda doc_id, token: {"_id": doc_id})
+    monkeypatch.setattr(queries, "fenced", lambda doc_id, token, *phase: {"_id": doc_id})
     broken = Chaos(CI).run()
     assert not broken.ok
     assert broken.stale_writes_landed > 0

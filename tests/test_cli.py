@@ -49,7 +49,7 @@ def assert_one_line_error(code: int, err: str, *needles: str) -> None:
 
 def seed(db: Database[Any], clock: FakeClock) -> Orchestrator:
     """Three gateways: one done, one whose step keeps failing, one held by a dead replica."""
-    orch = Orchestrator(db, replica_id="pod-1", clock=clock, clock_refresh=1e9, max_attempts=2)
+    orch = Orchestrator(db, replica_id="pod-1", clock=clock, clock_refresh=1e6, max_attempts=2)
 
     @orch.phase("gateways", "Deleting", to="Deleted")
     def delete(lease: Lease[Any]) -> Any:
@@ -68,6 +68,7 @@ def seed(db: Database[Any], clock: FakeClock) -> Orchestrator:
             "name": "stuck",
             "phase": "Deleting",
             "lockedAt": bson_time(clock.now() - timedelta(seconds=100)),
+            "lockedUntil": bson_time(clock.now() - timedelta(seconds=70)),
             "lockToken": "dead",
             "lockedBy": "pod-9",
         }

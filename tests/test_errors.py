@@ -64,7 +64,7 @@ def test_errors_are_counted_recorded_backed_off_then_failed(
     assert failed is not None
     assert failed["phase"] == "Failed"
     assert failed["attempts"] == 3
-    assert failed["lockedAt"] == EPOCH
+    assert failed["lockedUntil"] == EPOCH
     assert failed["lastError"]["phase"] == "Running"
 
     # Never retried again.
@@ -132,7 +132,7 @@ def test_a_document_that_fails_validation_is_recorded_failed_and_the_loop_goes_o
 
     orch.submit(Gateway, {"name": "good", "phase": "Creating", "replicas": 1})
     db.gateways.insert_one(
-        {"name": "bad", "phase": "Creating", "replicas": "three", "lockedAt": EPOCH}
+        {"name": "bad", "phase": "Creating", "replicas": "three", "lockedUntil": EPOCH}
     )
     orch.run_once()
     assert seen == ["good"]

@@ -16,7 +16,7 @@ from orchestrator.testing.faults import TRANSIENT, Faults, ReplicaCrashed
 
 def _replica(db: Database[Any], faults: Faults, clock: FakeClock, name: str) -> Orchestrator:
     orch = Orchestrator(
-        faults.wrap(db), replica_id=name, clock=clock, lock_timeout=30, clock_refresh=1e9
+        faults.wrap(db), replica_id=name, clock=clock, lock_timeout=30, clock_refresh=1e6
     )
     return orch
 

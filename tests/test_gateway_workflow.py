@@ -27,7 +27,7 @@ def replica(db: Database[Any], clock: FakeClock) -> Iterator[MakeWorkflow]:
             clock=clock,
             lock_timeout=30,
             tick=1.0,
-            clock_refresh=1e9,
+            clock_refresh=1e6,
             **options,
         )
         made.append(workflow)

@@ -996,7 +996,7 @@ class LeaseMachine(RuleBasedStateMachine):
     def wall_clock_step(self, which: int, seconds: int) -> None:
         """One replica's wall clock steps (NTP) between two measures of the server clock."""
         self.action("wall-clock step")
-        self.pick(self.idle(), which).local.step(seconds)
+        self.pick(self.idle(), which).local.step_wall(seconds)
 
     @precondition(lambda self: self.stall is None)
     @rule(which=st.integers(0, 3), then=late_behaviours)

@@ -45,11 +45,15 @@ def _documents(seed: int) -> list[dict[str, Any]]:
         doc: dict[str, Any] = {"_id": rng.choice([ObjectId(), f"id-{n}"]), "n": n}
         if seed == 0:
             doc["phase"] = rng.choice(["A", "B", "C"])
-            doc["lockedAt"] = BASE + timedelta(seconds=rng.randint(-100, 100) // 10 * 10)
+            doc["lockedUntil"] = BASE + timedelta(seconds=rng.randint(-100, 100) // 10 * 10)
+            if rng.random() < 0.3:
+                doc["failedBy"] = rng.choice(["h1", "h2"])
             doc["updatedAt"] = BASE + timedelta(seconds=rng.randint(-5, 5))
         elif rng.random() < 0.9:
             doc["phase"] = rng.choice(["A", "B", ["A", "C"], 3, None])
-        for field in ("lockedAt", "updatedAt"):
+        if seed != 0 and rng.random() < 0.3:
+            doc["failedBy"] = rng.choice(["h1", "h2", 3, None, ["h1"]])
+        for field in ("lockedUntil", "updatedAt"):
             if seed != 0 and rng.random() < 0.9:
                 doc[field] = (
                     BASE + timedelta(seconds=rng.randint(-100, 100))
@@ -62,12 +66,13 @@ def _documents(seed: int) -> list[dict[str, Any]]:
 
 NOW = BASE.replace(tzinfo=UTC)
 FILTERS = [
-    queries.claim_filter({"phase": "A"}, NOW, 30, 60),
-    queries.claim_filter({"phase": "C"}, NOW, 30, 60),
-    queries.probe_filter([{"phase": "A"}, {"phase": "B"}], NOW, 30, 60),
-    queries.claim_filter({"$or": [{"phase": "A"}, {"phase": "B"}]}, NOW, 30, 60),
-    {"phase": {"$in": ["A", "B"]}, "lockedAt": {"$lt": BASE}},
-    {"lockedAt": {"$gte": BASE.replace(tzinfo=UTC)}},
+    queries.claim_filter({"phase": "A"}, NOW, 60, "h1"),
+    queries.claim_filter({"phase": "C"}, NOW, 60),
+    queries.probe_filter([({"phase": "A"}, "h1"), ({"phase": "B"}, "h2")], NOW, 60),
+    queries.claim_filter({"$or": [{"phase": "A"}, {"phase": "B"}]}, NOW, 60, "h2"),
+    {"phase": {"$in": ["A", "B"]}, "lockedUntil": {"$lt": BASE}},
+    {"lockedUntil": {"$gte": BASE.replace(tzinfo=UTC)}},
+    {"failedBy": {"$ne": "h1"}},
     {"updatedAt": {"$not": {"$lte": BASE}}},
     {"phase": "B"},
 ]
@@ -84,9 +89,9 @@ def test_finds_and_sorted_claims_match_plain_mongomock(seed: int, spec: dict[str
 
     assert list(fast.find(spec)) == list(plain.find(spec))
     assert fast.count_documents(spec) == plain.count_documents(spec)
-    for sort in (queries.CLAIM_SORT, [("lockedAt", -1), ("updatedAt", 1)]):
+    for sort in (queries.CLAIM_SORT, [("lockedUntil", -1), ("updatedAt", 1)]):
         for _ in range(5):  # repeated claims walk down the sort order identically
-            update = {"$set": {"lockedAt": BASE + timedelta(days=1)}, "$inc": {"claims": 1}}
+            update = {"$set": {"lockedUntil": BASE + timedelta(days=1)}, "$inc": {"claims": 1}}
             got = fast.find_one_and_update(
                 spec, update, sort=sort, return_document=ReturnDocument.AFTER
             )

@@ -12,27 +12,38 @@ from orchestrator import queries as q
 NOW = datetime(2026, 1, 1, 12, 0, 0, 123456, tzinfo=UTC)
 
 
-def test_claim_filter_keeps_the_handler_match_and_requires_an_expired_lease() -> None:
-    f = q.claim_filter({"phase": "Deleting"}, NOW, 30, 3600)
+def test_claim_filter_keeps_the_handler_match_and_requires_a_lease_past_its_own_expiry() -> None:
+    f = q.claim_filter({"phase": "Deleting"}, NOW, 3600, "app.delete")
     assert f == {
         "phase": "Deleting",
+        "failedBy": {"$ne": "app.delete"},
         "$or": [
-            {"lockedAt": {"$not": {"$gte": datetime(2026, 1, 1, 11, 59, 30, 123000)}}},
-            {"lockedAt": {"$gt": datetime(2026, 1, 1, 13, 0, 0, 123000)}},
+            {"lockedUntil": {"$not": {"$gt": datetime(2026, 1, 1, 12, 0, 0, 123000)}}},
+            {"lockedUntil": {"$gt": datetime(2026, 1, 1, 13, 0, 0, 123000)}},
         ],
     }
 
 
-def test_claim_update_sets_time_token_and_holder() -> None:
-    assert q.claim_update(NOW, "tok", "pod-1") == {
+def test_a_handler_filter_with_its_own_or_keeps_both_conditions() -> None:
+    f = q.claim_filter({"$or": [{"phase": "A"}, {"phase": "B"}]}, NOW, 60, "h")
+    assert f["$and"][0] == {"$or": [{"phase": "A"}, {"phase": "B"}], "failedBy": {"$ne": "h"}}
+    assert "$or" in f["$and"][1]
+    with pytest.raises(ConfigError, match="failedBy"):
+        q.check_match({"phase": "A", "failedBy": "x"})
+
+
+def test_claim_update_sets_time_expiry_token_and_holder() -> None:
+    until = NOW + timedelta(seconds=30)
+    assert q.claim_update(NOW, until, "tok", "pod-1") == {
         "$set": {
             "lockedAt": datetime(2026, 1, 1, 12, 0, 0, 123000),
+            "lockedUntil": datetime(2026, 1, 1, 12, 0, 30, 123000),
             "lockToken": "tok",
             "lockedBy": "pod-1",
         }
     }
-    assert q.CLAIM_SORT == [("lockedAt", 1), ("updatedAt", 1)]
-    assert [k for k, _ in q.CLAIM_INDEX] == ["phase", "lockedAt", "updatedAt"]
+    assert q.CLAIM_SORT == [("lockedUntil", 1), ("updatedAt", 1)]
+    assert [k for k, _ in q.CLAIM_INDEX] == ["phase", "lockedUntil", "updatedAt"]
 
 
 def test_every_release_clears_the_token_so_the_old_holder_is_fenced_out() -> None:
@@ -41,30 +52,51 @@ def test_every_release_clears_the_token_so_the_old_holder_is_fenced_out() -> Non
         q.relock_update(NOW, {}),
         q.advance_update("Done", NOW, {}),
         q.retry_update(1, {"type": "E"}, NOW),
-        q.fail_update("Failed", 3, {"type": "E"}, NOW),
+        q.fail_update("Failed", 3, {"type": "E"}, NOW, "app.h"),
         q.release_update(),
     ):
         assert update["$unset"]["lockToken"] == ""
     assert q.fenced("id", "tok") == {"_id": "id", "lockToken": "tok"}
+    assert q.fenced("id", "tok", "Running") == {"_id": "id", "lockToken": "tok", "phase": "Running"}
+    assert q.fenced("id", "tok", None) == {"_id": "id", "lockToken": "tok", "phase": None}
+
+
+def test_success_moves_the_last_error_aside_and_failure_marks_the_handler() -> None:
+    for update in (q.unlock_update({}), q.relock_update(NOW, {}), q.advance_update("B", NOW, {})):
+        assert update["$rename"] == {"lastError": "previousError"}
+    assert "$rename" not in q.retry_update(1, {"type": "E"}, NOW)
+    assert q.fail_update("Failed", 3, {"type": "E"}, NOW, "app.h")["$set"]["failedBy"] == "app.h"
+    assert q.advance_update("B", NOW, {})["$unset"]["failedBy"] == ""
+    assert q.operator_retry_update("B", NOW)["$unset"] == {"lockToken": "", "failedBy": ""}
 
 
 def test_unlock_goes_back_to_the_epoch_and_relock_keeps_updated_at() -> None:
-    assert q.unlock_update({"n": 1})["$set"] == {"n": 1, "lockedAt": EPOCH, "attempts": 0}
+    assert q.unlock_update({"n": 1})["$set"] == {"n": 1, "lockedUntil": EPOCH, "attempts": 0}
     relock = q.relock_update(NOW, {})
     assert "updatedAt" not in relock["$set"]
+    assert relock["$set"]["lockedUntil"] == datetime(2026, 1, 1, 12, 0, 0, 123000)
     assert relock["$inc"] == {"relocks": 1}
     advance = q.advance_update("Created", NOW, {"url": "x"})["$set"]
     assert advance["phase"] == "Created"
     assert advance["updatedAt"] == datetime(2026, 1, 1, 12, 0, 0, 123000)
-    assert advance["lockedAt"] == EPOCH
+    assert advance["lockedUntil"] == EPOCH
 
 
 def test_new_document_starts_unlocked_and_drops_forged_lease_fields() -> None:
     doc = q.new_document(
-        {"name": "a", "phase": "Creating", "lockedAt": NOW, "lockToken": "x", "attempts": 9}, NOW
+        {
+            "name": "a",
+            "phase": "Creating",
+            "lockedUntil": NOW,
+            "lockToken": "x",
+            "attempts": 9,
+            "failedBy": "h",
+        },
+        NOW,
     )
-    assert doc["lockedAt"] == EPOCH
+    assert doc["lockedUntil"] == EPOCH
     assert "lockToken" not in doc
+    assert "failedBy" not in doc
     assert doc["attempts"] == 0
     assert doc["createdAt"] == doc["updatedAt"] == q.bson_time(NOW)
 

@@ -64,7 +64,7 @@ def test_a_driver_error_carrying_a_password_reaches_no_log_and_no_document(
     db: Database[Any], clock: FakeClock, caplog: pytest.LogCaptureFixture
 ) -> None:
     faults = Faults(clock=clock)
-    orch = Orchestrator(faults.wrap(db), replica_id="pod-1", clock=clock, clock_refresh=1e9)
+    orch = Orchestrator(faults.wrap(db), replica_id="pod-1", clock=clock, clock_refresh=1e6)
 
     @orch.phase("jobs", "Running")
     def step(lease: Lease[Any]) -> Any:
@@ -100,7 +100,7 @@ def test_tls_and_auth_options_reach_mongo_client_untouched() -> None:
     assert options.pool_options._ssl_context is not None
     assert options._options["authsource"] == "admin"
     assert options._options["authmechanism"] == "SCRAM-SHA-256"
-    assert collection.write_concern.document == {"w": "majority"}
+    assert collection.write_concern.document == {"w": "majority", "wtimeout": 10000}
     client.close()
 
 
@@ -112,6 +112,9 @@ COMMANDS = {
     "insert_one": "insert: insert",
     "find_one": "find: find",
     "create_index": "createIndexes: createIndex",
+    "list_indexes": "listIndexes: listIndexes (to reuse an application's equivalent index)",
+    "drop_index": "dropIndexes: dropIndex (an earlier version's index of the same name)",
+    "list_collections": "listCollections: the default collation, when an index has one",
     "delete_one": "delete: remove",
 }
 
@@ -120,7 +123,7 @@ def test_a_full_lifecycle_sends_only_the_documented_commands(
     db: Database[Any], clock: FakeClock
 ) -> None:
     faults = Faults(clock=clock)  # no faults: it records every operation
-    orch = Orchestrator(faults.wrap(db), replica_id="pod-1", clock=clock, clock_refresh=1e9)
+    orch = Orchestrator(faults.wrap(db), replica_id="pod-1", clock=clock, clock_refresh=1e6)
 
     @orch.phase("jobs", "A")
     def a(lease: Lease[Any]) -> Any:

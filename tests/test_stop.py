@@ -65,7 +65,7 @@ def test_stop_hands_back_claimed_but_unstarted_work_and_waits_for_running_steps(
     assert ran == ["first"]
     assert report.released == [f"jobs/{second['_id']}"]
     assert report.still_running == []
-    assert second["lockedAt"] == EPOCH and "lockToken" not in second
+    assert second["lockedUntil"] == EPOCH and "lockToken" not in second
     assert db.jobs.find_one({"name": "first"})["phase"] == "Done"  # type: ignore[index]
 
 

@@ -63,7 +63,7 @@ def test_submit_of_a_model_stores_camel_case_unlocked_and_returns_the_stored_doc
     stored = db.gateways.find_one({"name": "a"})
     assert stored is not None
     assert stored["customDomain"] == "a.example", "the second submit must not overwrite"
-    assert stored["lockedAt"] == EPOCH
+    assert stored["lockedUntil"] == EPOCH
     assert stored["attempts"] == 0
     assert stored["createdAt"] == stored["updatedAt"]
 
@@ -101,7 +101,7 @@ def test_ensure_indexes_creates_the_claim_index_and_unique_keys(
     orch.ensure_indexes()
     for name in ("gateways", "domains"):
         keys = {tuple(k for k, _ in info["key"]) for info in db[name].index_information().values()}
-        assert ("phase", "lockedAt", "updatedAt") in keys
+        assert ("phase", "lockedUntil", "updatedAt") in keys
     gateways = db.gateways.index_information()
     assert any(info.get("unique") and info["key"] == [("name", 1)] for info in gateways.values())
     domains = db.domains.index_information()
@@ -112,11 +112,11 @@ def test_ensure_indexes_creates_the_claim_index_and_unique_keys(
 def test_status_counts_documents_without_a_lease_field(
     make: MakeReplica, db: Database[Any], clock: Any
 ) -> None:
-    """The claim treats a missing lockedAt as free, so the status must count it too."""
+    """The claim treats a missing lockedUntil as free, so the status must count it too."""
     orch = make()
     orch.submit("jobs", {"phase": "Queued"})
     db.jobs.insert_one({"phase": "Queued"})
     store = Store(db)
-    rows = {r["_id"]: r for r in store.phase_summary("jobs", clock.now(), 30)}
+    rows = {r["_id"]: r for r in store.phase_summary("jobs", clock.now())}
     assert rows["Queued"]["count"] == 2
     assert rows["Queued"]["leased"] == 0

@@ -11,8 +11,6 @@ import math
 import threading
 from datetime import UTC, datetime, timedelta
 
-from orchestrator.clock import Clock
-
 __all__ = ["FakeClock"]
 
 _DEFAULT_START = datetime(2026, 1, 1, tzinfo=UTC)
@@ -30,7 +28,7 @@ class FakeClock:
 
     ``start`` defaults to 2026-01-01T00:00:00Z; a naive ``start`` is taken as UTC.
     ``monotonic()`` counts the seconds advanced since creation (it starts at 0.0).
-    ``step`` moves the wall time alone, as an NTP correction does. Thread-safe; never sleeps.
+    Thread-safe; never sleeps.
     """
 
     def __init__(self, start: datetime | None = None) -> None:
@@ -47,8 +45,8 @@ class FakeClock:
 
     def now(self) -> datetime:
         with self._lock:
-            # Derived from the elapsed seconds, so now() and monotonic() only drift apart
-            # by what step() says.
+            # Derived from the elapsed seconds, so now() and monotonic() never drift apart
+            # unless a test steps the wall clock on purpose.
             return self._start + timedelta(seconds=self._elapsed + self._stepped)
 
     def monotonic(self) -> float:
@@ -63,14 +61,14 @@ class FakeClock:
         with self._lock:
             self._elapsed += seconds
 
-    def step(self, seconds: float) -> None:
-        """Step the wall time by ``seconds`` (either way) without moving ``monotonic()``:
-        an NTP correction. Every view of this clock steps with it."""
+    def step_wall(self, seconds: float) -> None:
+        """Step the wall clock by ``seconds`` (either way) without moving ``monotonic()``:
+        what an NTP correction does to a machine."""
         seconds = _finite("seconds", seconds)
         with self._lock:
             self._stepped += seconds
 
-    def skewed(self, offset_seconds: float) -> Clock:
+    def skewed(self, offset_seconds: float) -> _SkewedClock:
         """A view of this clock whose ``now()`` is ``offset_seconds`` ahead (or behind if < 0).
 
         Its ``monotonic()`` is this clock's; advancing this clock moves the view too.
@@ -98,9 +96,8 @@ class _SkewedClock:
         """Advance the shared base clock (and so every view of it)."""
         self.base.advance(seconds)
 
-    def step(self, seconds: float) -> None:
-        """Step this view's wall time alone (one machine's NTP correction); its
-        ``monotonic()`` and the base clock do not move."""
+    def step_wall(self, seconds: float) -> None:
+        """Step this view's wall clock only (an NTP correction on one machine)."""
         self.offset += timedelta(seconds=_finite("seconds", seconds))
 
     def __repr__(self) -> str:

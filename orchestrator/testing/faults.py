@@ -135,6 +135,7 @@ class Faults:
         self._lock = threading.Lock()
         self._outages: list[_Outage] = []
         self._scripted: list[_Scripted] = []
+        self._delayed: list[tuple[str, float]] = []
         self._dead = False
         self._quiet = 0
         self.injected: Counter[str] = Counter()
@@ -166,6 +167,15 @@ class Faults:
         raised = error if error is not None else AutoReconnect("injected: connection reset")
         with self._lock:
             self._scripted.append(_Scripted(operation, raised, applied, crash=False))
+
+    def delay_next(self, operation: str, seconds: float) -> None:
+        """The next ``operation`` is applied, then its reply takes ``seconds`` (through
+        ``delay``) to arrive: a slow network on the way back."""
+        _check_operation(operation)
+        if seconds < 0:
+            raise ValueError("seconds must be >= 0")
+        with self._lock:
+            self._delayed.append((operation, seconds))
 
     def crash_next(self, operation: str, *, applied: bool) -> None:
         """The replica dies during the next ``operation``: before the server got it, or
@@ -213,9 +223,21 @@ class Faults:
         if wait > 0:
             self._delay(wait)
         result = call()
+        reply_delay = self._reply_delay(operation)
+        if reply_delay:
+            self._delay(reply_delay)
         if after is not None:
             raise after
         return result
+
+    def _reply_delay(self, operation: str) -> float:
+        with self._lock:
+            for index, (name, seconds) in enumerate(self._delayed):
+                if name == operation:
+                    del self._delayed[index]
+                    self.injected["slow_reply"] += 1
+                    return seconds
+        return 0.0
 
     def _decide(self, operation: str) -> tuple[BaseException | None, BaseException | None, float]:
         now = self._clock.now()

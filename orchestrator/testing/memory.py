@@ -4,6 +4,11 @@ Bare mongomock is not linearizable: its ``find_one_and_update`` finds a document
 updates it by ``_id`` in a second step, so two threads can claim the same document. Here
 mongomock sits behind proxies that run every operation of one client under a single lock,
 and read cursors in full under it, so concurrent "replicas" see a consistent database.
+
+Where mongomock is laxer than a server in ways the library must handle, the proxies
+answer as a MongoDB 7.0 replica set does (see ``memory_database``): codec options,
+conflicting indexes (codes 85 and 86), the 16 MiB document limit (code 17419), write
+concerns that no majority acknowledges (code 64), and servers without ``hello`` (code 59).
 """
 
 from __future__ import annotations
@@ -16,7 +21,9 @@ from datetime import UTC, datetime
 from types import GeneratorType, TracebackType
 from typing import TYPE_CHECKING, Any, NoReturn, Self, cast
 
+import bson
 from bson import ObjectId
+from bson.codec_options import DEFAULT_CODEC_OPTIONS, CodecOptions
 from mongomock import MongoClient as _MongomockClient
 from mongomock.collection import Collection as _MongomockCollection
 from mongomock.collection import Cursor as _MongomockCursor
@@ -24,7 +31,14 @@ from mongomock.command_cursor import CommandCursor as _MongomockCommandCursor
 from mongomock.database import Database as _MongomockDatabase
 from mongomock.filtering import filter_applies as _untyped_filter_applies
 from mongomock.helpers import patch_datetime_awareness_in_document as _untyped_patch
-from pymongo.errors import InvalidOperation
+from pymongo.errors import (
+    DocumentTooLarge,
+    DuplicateKeyError,
+    InvalidOperation,
+    OperationFailure,
+    WriteError,
+    WTimeoutError,
+)
 from pymongo.write_concern import WriteConcern
 
 from orchestrator.clock import Clock, SystemClock
@@ -32,9 +46,45 @@ from orchestrator.clock import Clock, SystemClock
 if TYPE_CHECKING:
     from pymongo.database import Database
 
-__all__ = ["memory_database"]
+__all__ = ["MAX_BSON_SIZE", "Replication", "memory_database"]
 
 _HELLO = frozenset({"hello", "isMaster", "ismaster"})
+
+MAX_BSON_SIZE = 16 * 1024 * 1024
+"""The largest document a server stores (``BSONObjMaxUserSize``)."""
+
+_WRITES = frozenset(
+    {
+        "insert_one",
+        "insert_many",
+        "update_one",
+        "update_many",
+        "replace_one",
+        "delete_one",
+        "delete_many",
+        "find_one_and_update",
+        "find_one_and_replace",
+        "find_one_and_delete",
+        "bulk_write",
+        "create_index",
+        "create_indexes",
+        "drop_index",
+        "drop_indexes",
+    }
+)
+"""Collection methods that write, and so wait for their write concern."""
+
+_RETURNS_DOCUMENTS = frozenset(
+    {
+        "find_one",
+        "find_one_and_update",
+        "find_one_and_replace",
+        "find_one_and_delete",
+        "aggregate",
+        "distinct",
+    }
+)
+"""Collection methods whose results the client decodes with its codec options."""
 
 
 def memory_database(
@@ -42,6 +92,9 @@ def memory_database(
     *,
     clock: Clock | None = None,
     server_time: bool = True,
+    hello: bool = True,
+    wire_version: int = 21,
+    codec_options: CodecOptions[Any] | None = None,
 ) -> Database[dict[str, Any]]:
     """A new, empty, thread-safe in-memory database (its own client), typed as pymongo's.
 
@@ -49,24 +102,119 @@ def memory_database(
     (naive UTC, to the millisecond, as pymongo returns it). With ``server_time=False`` the
     reply has no ``localTime``, like servers that give none. The proxy's ``clock``
     attribute is that clock; ``_mongomock`` is the underlying mongomock object.
+
+    Like a MongoDB 7.0 replica set, and unlike bare mongomock:
+
+    - ``codec_options`` are the client's (``MongoClient(tz_aware=True)``,
+      ``datetime_conversion=DATETIME_MS``, a ``document_class``...): documents read through
+      a collection are decoded with the collection's codec options, as pymongo decodes a
+      server's reply; commands with ``DEFAULT_CODEC_OPTIONS`` unless given others.
+    - ``hello=False`` answers ``hello`` with CommandNotFound (code 59), as servers before
+      4.4.2 do, and only ``isMaster`` works; ``wire_version`` is the ``maxWireVersion``
+      that ``hello`` reports (21: MongoDB 7.0; 9: 4.4; 8: 4.2).
+    - ``create_index`` refuses an index whose name or key pattern clashes with an existing
+      one: IndexOptionsConflict (85) or IndexKeySpecsConflict (86), by the rules of the
+      ``wire_version`` (from 5.0, uniqueness, sparseness and the partial filter tell two
+      indexes on one key pattern apart; before, only the collation did).
+    - An update whose result exceeds 16 MiB changes nothing and fails with code 17419 (a
+      ``WriteError`` from ``update_one``, an ``OperationFailure`` from
+      ``find_one_and_update``); an insert that large raises pymongo's ``DocumentTooLarge``.
+    - Writes wait for their write concern: see ``Replication`` (``db.replication``).
     """
+    if codec_options is not None and not isinstance(codec_options, CodecOptions):
+        raise TypeError("codec_options must be a bson.codec_options.CodecOptions")
     server = _Server(
         mongomock=_MongomockClient(),
         lock=threading.RLock(),
         clock=clock if clock is not None else SystemClock(),
         server_time=server_time,
+        hello=hello,
+        wire_version=wire_version,
+        codec_options=codec_options if codec_options is not None else DEFAULT_CODEC_OPTIONS,
+        replication=Replication(),
     )
     return cast("Database[dict[str, Any]]", MemoryClient(server)[name])
 
 
+class Replication:
+    """Whether a majority of the replica set acknowledges writes (by default it does).
+
+    While it does not (``lose_majority()``), a write whose write concern asks for more than
+    the primary (``w="majority"``, ``w>1``, or no ``w``: the 5.0+ implicit default is
+    majority) is applied, then waits, as on a server: with a ``wtimeout`` it fails with
+    ``WTimeoutError`` (code 64, ``errInfo.wtimeout``) at once, the wait elided; without one
+    it blocks until ``restore_majority()``. ``stalled`` counts writes blocked now and
+    ``timed_out`` those failed so far; ``wait_until`` lets a test wait for either.
+    """
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition()
+        self._majority = True
+        self.stalled = 0
+        self.timed_out = 0
+
+    def lose_majority(self) -> None:
+        with self._changed:
+            self._majority = False
+            self._changed.notify_all()
+
+    def restore_majority(self) -> None:
+        with self._changed:
+            self._majority = True
+            self._changed.notify_all()
+
+    def wait_until(self, ready: Callable[[], bool]) -> None:
+        """Block until ``ready()``, re-checked whenever a write stalls, times out or resumes."""
+        with self._changed:
+            self._changed.wait_for(ready)
+
+    def acknowledge(self, concern: WriteConcern) -> None:
+        """Called after a write applied: return when its write concern is satisfied."""
+        document = concern.document
+        w = document.get("w", "majority")
+        if w in (0, 1):
+            return
+        with self._changed:
+            if self._majority:
+                return
+            wtimeout = document.get("wtimeout")
+            if not wtimeout:
+                self.stalled += 1
+                self._changed.notify_all()
+                try:
+                    self._changed.wait_for(lambda: self._majority)
+                finally:
+                    self.stalled -= 1
+                    self._changed.notify_all()
+                return
+            self.timed_out += 1
+            self._changed.notify_all()
+        message = "waiting for replication timed out"
+        error = {
+            "code": 64,
+            "codeName": "WriteConcernFailed",
+            "errmsg": message,
+            "errInfo": {
+                "wtimeout": True,
+                "writeConcern": {"w": w, "wtimeout": wtimeout, "provenance": "clientSupplied"},
+            },
+        }
+        raise WTimeoutError(message, 64, error)
+
+
 @dataclass(frozen=True, eq=False)
 class _Server:
-    """What every proxy of one client shares: the data, the lock and the clock."""
+    """What every proxy of one client shares: the data, the lock, the clock and how the
+    emulated server answers (see ``memory_database``)."""
 
     mongomock: Any
     lock: threading.RLock
     clock: Clock
     server_time: bool
+    hello: bool
+    wire_version: int
+    codec_options: CodecOptions[Any]
+    replication: Replication
 
     def adopt(self, value: Any, database: MemoryDatabase | None = None) -> Any:
         """Wrap what mongomock returned; the caller holds the lock.
@@ -99,30 +247,98 @@ def _unwrap(value: Any) -> Any:
     return value
 
 
-class _Locked:
-    """A mongomock method that runs under the client's lock and wraps what it returns."""
+def _decode(value: Any, codec: CodecOptions[Any]) -> Any:
+    """``value`` as a client with ``codec`` reads it: encoded to BSON and decoded again,
+    as pymongo decodes a server's reply (mongomock hands back naive dicts whatever the
+    options). Nothing to do with the default options."""
+    if codec == DEFAULT_CODEC_OPTIONS or value is None:
+        return value
+    if isinstance(value, _ListCursor):
+        return _ListCursor([_decode(doc, codec) for doc in value._documents])
+    if isinstance(value, list):
+        return [_decode(item, codec) for item in value]
+    if isinstance(value, Mapping):
+        return bson.decode(bson.encode(value), codec_options=codec)
+    return bson.decode(bson.encode({"v": value}), codec_options=codec)["v"]
 
-    def __init__(self, server: _Server, method: Any, database: MemoryDatabase | None) -> None:
+
+class _DocumentTooLarge(DuplicateKeyError):
+    """Raised inside mongomock when a write would store more than 16 MiB. A
+    ``DuplicateKeyError``, so mongomock rolls the write back as it does for a unique index;
+    the proxy then raises what the server (or pymongo) raises instead."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__(f"document of {size} bytes", 17419)
+        self.size = size
+
+    def as_raised_for(self, operation: str) -> Exception:
+        if operation.startswith("insert"):
+            # pymongo refuses it before sending it, with this message.
+            return DocumentTooLarge(
+                f"BSON document too large ({self.size} bytes) - the connected server "
+                f"supports BSON document sizes up to {MAX_BSON_SIZE} bytes."
+            )
+        message = f"Resulting document after update is larger than {MAX_BSON_SIZE}"
+        if operation.startswith("find_one_and"):
+            message = f"Plan executor error during findAndModify :: caused by :: {message}"
+            details = {"ok": 0.0, "errmsg": message, "code": 17419, "codeName": "Location17419"}
+            return OperationFailure(message, 17419, details)
+        return WriteError(message, 17419, {"index": 0, "code": 17419, "errmsg": message})
+
+
+class _Locked:
+    """A mongomock method that runs under the client's lock and wraps what it returns.
+
+    For a collection's method, ``collection`` is its proxy: documents returned are decoded
+    with its codec options, and a write then waits for its write concern.
+    """
+
+    def __init__(
+        self,
+        server: _Server,
+        method: Any,
+        database: MemoryDatabase | None,
+        collection: MemoryCollection | None = None,
+    ) -> None:
         self._server = server
         self._method = method
         self._database = database
+        self._collection = collection
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        with self._server.lock:
-            result = self._server.call(self._method, args, kwargs)
-            return self._server.adopt(result, self._database)
+        name = getattr(self._method, "__name__", "")
+        try:
+            with self._server.lock:
+                result = self._server.call(self._method, args, kwargs)
+                result = self._server.adopt(result, self._database)
+        except _DocumentTooLarge as exc:
+            raise exc.as_raised_for(name) from None
+        collection = self._collection
+        if collection is None:
+            return result
+        if name in _WRITES:
+            self._server.replication.acknowledge(collection.write_concern)
+        if name in _RETURNS_DOCUMENTS:
+            return _decode(result, collection.codec_options)
+        return result
 
     def __repr__(self) -> str:
         return f"<locked {self._method!r}>"
 
 
-def _locked_attribute(server: _Server, target: Any, name: str, db: MemoryDatabase | None) -> Any:
+def _locked_attribute(
+    server: _Server,
+    target: Any,
+    name: str,
+    db: MemoryDatabase | None,
+    collection: MemoryCollection | None = None,
+) -> Any:
     if name.startswith("_"):
         raise AttributeError(name)
     with server.lock:
         value = getattr(target, name)
         if callable(value) and not isinstance(value, _MongomockCollection):
-            return _Locked(server, value, db)
+            return _Locked(server, value, db, collection)
         return server.adopt(value, db)
 
 
@@ -139,10 +355,21 @@ class MemoryClient:
     def __getattr__(self, name: str) -> Any:
         return _locked_attribute(self._server, self._mongomock, name, None)
 
-    def get_database(self, name: str | None = None, **options: Any) -> MemoryDatabase:
+    @property
+    def codec_options(self) -> CodecOptions[Any]:
+        return self._server.codec_options
+
+    def get_database(
+        self,
+        name: str | None = None,
+        codec_options: CodecOptions[Any] | None = None,
+        write_concern: WriteConcern | None = None,
+        **options: Any,
+    ) -> MemoryDatabase:
+        # mongomock supports few codec options: the proxies apply them (see _decode).
         with self._server.lock:
             database = self._mongomock.get_database(name, **options)
-        return MemoryDatabase(self._server, database)
+        return MemoryDatabase(self._server, database, write_concern, codec_options)
 
     def close(self) -> None:
         """Nothing to release; the data stays reachable through existing proxies."""
@@ -167,10 +394,12 @@ class MemoryDatabase:
         server: _Server,
         database: Any,
         write_concern: WriteConcern | None = None,
+        codec_options: CodecOptions[Any] | None = None,
     ) -> None:
         self._server = server
         self._mongomock = database
         self._write_concern = write_concern
+        self._codec_options = codec_options if codec_options is not None else server.codec_options
 
     @property
     def name(self) -> str:
@@ -190,6 +419,15 @@ class MemoryDatabase:
         # mongomock's Database has no such property (its __getattr__ would give a collection).
         return self._write_concern if self._write_concern is not None else WriteConcern()
 
+    @property
+    def codec_options(self) -> CodecOptions[Any]:
+        return self._codec_options
+
+    @property
+    def replication(self) -> Replication:
+        """Whether a majority acknowledges writes; a test can take it away."""
+        return self._server.replication
+
     def __getitem__(self, name: str) -> MemoryCollection:
         return self.get_collection(name)
 
@@ -205,7 +443,7 @@ class MemoryDatabase:
     def get_collection(
         self,
         name: str,
-        codec_options: Any = None,
+        codec_options: CodecOptions[Any] | None = None,
         read_preference: Any = None,
         write_concern: WriteConcern | None = None,
         read_concern: Any = None,
@@ -213,17 +451,17 @@ class MemoryDatabase:
         with self._server.lock:
             collection = self._mongomock.get_collection(
                 name,
-                codec_options=codec_options,
                 read_preference=read_preference,
                 write_concern=self._write_concern if write_concern is None else write_concern,
                 read_concern=read_concern,
             )
-        return MemoryCollection(self._server, collection, self)
+        return MemoryCollection(self._server, collection, self, codec_options)
 
     def create_collection(self, name: str, **options: Any) -> MemoryCollection:
+        codec_options = options.pop("codec_options", None)
         with self._server.lock:
             collection = self._mongomock.create_collection(name, **options)
-        return MemoryCollection(self._server, collection, self)
+        return MemoryCollection(self._server, collection, self, codec_options)
 
     def list_collection_names(
         self, filter: Mapping[str, Any] | None = None, **kwargs: Any
@@ -231,26 +469,41 @@ class MemoryDatabase:
         with self._server.lock:
             return list(self._mongomock.list_collection_names(filter, **kwargs))
 
+    def list_collections(
+        self, filter: Mapping[str, Any] | None = None, **kwargs: Any
+    ) -> _ListCursor:
+        """What ``listCollections`` reports (mongomock has no such method); mongomock
+        keeps no collection options, so ``options`` is empty."""
+        with self._server.lock:
+            names = list(self._mongomock.list_collection_names())
+        infos = [
+            {"name": name, "type": "collection", "options": {}, "info": {"readOnly": False}}
+            for name in sorted(names)
+        ]
+        return _ListCursor([info for info in infos if filter_applies(filter or {}, info)])
+
     def drop_collection(self, name_or_collection: str | MemoryCollection) -> None:
         self._server.call(self._mongomock.drop_collection, (name_or_collection,), {})
 
     def with_options(
         self,
-        codec_options: Any = None,
+        codec_options: CodecOptions[Any] | None = None,
         read_preference: Any = None,
         write_concern: WriteConcern | None = None,
         read_concern: Any = None,
     ) -> MemoryDatabase:
-        # mongomock refuses a write concern here; the proxy keeps it for its collections.
+        # mongomock refuses a write concern here; the proxy keeps it for its collections,
+        # and the codec options, which mongomock mostly does not support.
         with self._server.lock:
             database = self._mongomock.with_options(
-                codec_options=codec_options,
                 read_preference=read_preference,
                 read_concern=read_concern,
             )
         if write_concern is None:
             write_concern = self._write_concern
-        return MemoryDatabase(self._server, database, write_concern)
+        if codec_options is None:
+            codec_options = self._codec_options
+        return MemoryDatabase(self._server, database, write_concern, codec_options)
 
     def command(
         self,
@@ -267,8 +520,10 @@ class MemoryDatabase:
     ) -> dict[str, Any]:
         """``hello`` (``isMaster``) and ``ping`` answer like a server; others go to mongomock.
 
-        The keyword options of pymongo's ``Database.command`` are accepted and ignored;
-        other keyword arguments are fields of the command, as with pymongo.
+        The reply is decoded with ``codec_options``, or pymongo's defaults (not the
+        database's: pymongo's ``Database.command`` does the same). The other keyword
+        options of pymongo's ``Database.command`` are accepted and ignored; other keyword
+        arguments are fields of the command, as with pymongo.
         """
         if isinstance(command, str):
             document: dict[str, Any] = {command: value, **kwargs}
@@ -278,17 +533,30 @@ class MemoryDatabase:
             raise InvalidOperation("empty command")
         name = next(iter(document))
         if name in _HELLO:
-            return self._hello()
-        if name == "ping":
-            return {"ok": 1.0}
-        with self._server.lock:
-            return cast(dict[str, Any], self._mongomock.command(document))
+            reply = self._hello(name)
+        elif name == "ping":
+            reply = {"ok": 1.0}
+        else:
+            with self._server.lock:
+                reply = cast(dict[str, Any], self._mongomock.command(document))
+        return cast(
+            dict[str, Any],
+            _decode(reply, codec_options if codec_options is not None else DEFAULT_CODEC_OPTIONS),
+        )
 
-    def _hello(self) -> dict[str, Any]:
+    def _hello(self, name: str) -> dict[str, Any]:
+        if name == "hello" and not self._server.hello:
+            message = "no such command: 'hello'"
+            raise OperationFailure(
+                message,
+                59,
+                {"ok": 0.0, "errmsg": message, "code": 59, "codeName": "CommandNotFound"},
+                self._server.wire_version,
+            )
         reply: dict[str, Any] = {
             "isWritablePrimary": True,
             "ismaster": True,
-            "maxWireVersion": 21,
+            "maxWireVersion": self._server.wire_version,
             "ok": 1.0,
         }
         if self._server.server_time:
@@ -327,12 +595,20 @@ class MemoryCollection:
     called under the lock, with cursors and generators read in full before it is released.
     """
 
-    def __init__(self, server: _Server, collection: Any, database: MemoryDatabase) -> None:
+    def __init__(
+        self,
+        server: _Server,
+        collection: Any,
+        database: MemoryDatabase,
+        codec_options: CodecOptions[Any] | None = None,
+    ) -> None:
         self._server = server
         self._mongomock = collection
         self._database = database
+        self._codec_options = codec_options if codec_options is not None else database.codec_options
         with server.lock:
             _accelerate(collection)
+            _limit_document_size(collection)
 
     @property
     def name(self) -> str:
@@ -354,8 +630,12 @@ class MemoryCollection:
         # mongomock's default is its own class; give pymongo's, as a real collection does.
         return WriteConcern(**concern.document)
 
+    @property
+    def codec_options(self) -> CodecOptions[Any]:
+        return self._codec_options
+
     def __getitem__(self, name: str) -> MemoryCollection:
-        return self._database[f"{self.name}.{name}"]
+        return self._database.get_collection(f"{self.name}.{name}", self._codec_options)
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_"):
@@ -365,30 +645,49 @@ class MemoryCollection:
             )
         if not hasattr(type(self._mongomock), name):
             return self[name]
-        return _locked_attribute(self._server, self._mongomock, name, self._database)
+        return _locked_attribute(self._server, self._mongomock, name, self._database, self)
 
     def find(self, *args: Any, **kwargs: Any) -> MemoryCursor:
         """A cursor read in full, under the lock, when it is first iterated."""
         with self._server.lock:
             # Building a mongomock cursor validates the arguments; it reads no document.
             cursor = self._mongomock.find(*args, **kwargs)
-        return MemoryCursor(self._server, cursor)
+        return MemoryCursor(self._server, cursor, self._codec_options)
+
+    def create_index(self, keys: Any, **options: Any) -> str:
+        """As the server does, refuse an index whose name or key pattern clashes with an
+        existing index; an identical one is a no-op."""
+        spec = _index_spec(keys, options)
+        with self._server.lock:
+            existing = list(self._mongomock.list_indexes())
+            if _index_conflict(spec, existing, self._server.wire_version):
+                name = cast(str, spec["name"])
+            else:
+                name = self._server.call(self._mongomock.create_index, (keys,), options)
+        self._server.replication.acknowledge(self.write_concern)
+        return name
+
+    def create_indexes(self, indexes: Any, **kwargs: Any) -> list[str]:
+        return [
+            self.create_index(model.document["key"], **_model_options(model)) for model in indexes
+        ]
 
     def with_options(
         self,
-        codec_options: Any = None,
+        codec_options: CodecOptions[Any] | None = None,
         read_preference: Any = None,
         write_concern: WriteConcern | None = None,
         read_concern: Any = None,
     ) -> MemoryCollection:
         with self._server.lock:
             collection = self._mongomock.with_options(
-                codec_options=codec_options,
                 read_preference=read_preference,
                 write_concern=write_concern,
                 read_concern=read_concern,
             )
-        return MemoryCollection(self._server, collection, self._database)
+        if codec_options is None:
+            codec_options = self._codec_options
+        return MemoryCollection(self._server, collection, self._database, codec_options)
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, MemoryCollection):
@@ -472,9 +771,12 @@ class MemoryCursor:
     ``InvalidOperation``. ``rewind()`` makes the next read run the query again.
     """
 
-    def __init__(self, server: _Server, cursor: Any) -> None:
+    def __init__(
+        self, server: _Server, cursor: Any, codec_options: CodecOptions[Any] = DEFAULT_CODEC_OPTIONS
+    ) -> None:
         self._server = server
         self._mongomock = cursor
+        self._codec_options = codec_options
         self._results: _ListCursor | None = None
 
     def _option(self, name: str, *args: Any) -> Self:
@@ -514,7 +816,8 @@ class MemoryCursor:
     def _read(self) -> _ListCursor:
         if self._results is None:
             with self._server.lock:
-                self._results = _ListCursor(list(self._mongomock))
+                documents = list(self._mongomock)
+            self._results = _ListCursor(_decode(documents, self._codec_options))
         return self._results
 
     def __iter__(self) -> Self:
@@ -544,11 +847,12 @@ class MemoryCursor:
 
     def clone(self) -> MemoryCursor:
         with self._server.lock:
-            return MemoryCursor(self._server, self._mongomock.clone())
+            return MemoryCursor(self._server, self._mongomock.clone(), self._codec_options)
 
     def distinct(self, key: str) -> list[Any]:
         with self._server.lock:
-            return list(self._mongomock.clone().distinct(key))
+            values = list(self._mongomock.clone().distinct(key))
+        return cast(list[Any], _decode(values, self._codec_options))
 
     @property
     def alive(self) -> bool:
@@ -573,6 +877,113 @@ class MemoryCursor:
     def __repr__(self) -> str:
         state = "unread" if self._results is None else "read"
         return f"<memory cursor ({state})>"
+
+
+# -- what a server refuses and mongomock does not -------------------------------------------
+
+_IDENTIFYING = ("key", "unique", "sparse", "partialFilterExpression", "collation")
+"""What tells two indexes apart on MongoDB 5.0+ (the index "signature")."""
+_IDENTIFYING_BEFORE_5 = ("key", "collation")
+"""Before 5.0 (wire version 13), two indexes on one key pattern could not differ in
+uniqueness, sparseness or partial filter."""
+_NOT_COMPARED = frozenset({"name", "v", "ns", "background"})
+
+
+def _index_spec(keys: Any, options: Mapping[str, Any]) -> dict[str, Any]:
+    """The index pymongo's ``create_index(keys, **options)`` asks the server for."""
+    if isinstance(keys, str):
+        pairs = [(keys, 1)]
+    elif isinstance(keys, Mapping):
+        pairs = list(keys.items())
+    else:
+        pairs = [(item, 1) if isinstance(item, str) else tuple(item) for item in keys]
+    spec = {k: v for k, v in options.items() if k not in ("session", "comment")}
+    spec["key"] = dict(pairs)
+    spec.setdefault("name", "_".join(f"{field}_{direction}" for field, direction in pairs))
+    return spec
+
+
+def _model_options(model: Any) -> dict[str, Any]:
+    return {k: v for k, v in model.document.items() if k != "key"}
+
+
+def _options(index: Mapping[str, Any]) -> dict[str, Any]:
+    """Every option of an index spec, with the defaults a server leaves out made explicit."""
+    options = {k: v for k, v in index.items() if k not in _NOT_COMPARED}
+    options["key"] = list(dict(index["key"]).items())
+    for flag in ("unique", "sparse"):
+        options[flag] = bool(options.get(flag, False))
+    return options
+
+
+def _index_conflict(
+    spec: Mapping[str, Any], existing: list[Mapping[str, Any]], wire_version: int
+) -> bool:
+    """True when an identical index exists (nothing to build); raise the server's error
+    when ``spec`` clashes with an index by name (86, or 85) or by signature (85)."""
+    identifying = _IDENTIFYING if wire_version >= 13 else _IDENTIFYING_BEFORE_5
+
+    def _signature(index: Mapping[str, Any]) -> tuple[Any, ...]:
+        options = _options(index)
+        return tuple(options.get(k) for k in identifying)
+
+    def _other_options(index: Mapping[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in _options(index).items() if k not in identifying}
+
+    def fail(code: int, message: str) -> NoReturn:
+        name = {85: "IndexOptionsConflict", 86: "IndexKeySpecsConflict"}[code]
+        raise OperationFailure(
+            message, code, {"ok": 0.0, "errmsg": message, "code": code, "codeName": name}
+        )
+
+    wanted = _signature(spec)
+    for index in existing:
+        if index.get("name") != spec["name"]:
+            continue
+        if _signature(index) != wanted:
+            fail(
+                86,
+                "An existing index has the same name as the requested index. "
+                f"Requested index: {dict(spec)}, existing index: {dict(index)}",
+            )
+        if _other_options(index) != _other_options(spec):
+            fail(
+                85,
+                "An equivalent index already exists with the same name but different "
+                f"options. Requested index: {dict(spec)}, existing index: {dict(index)}",
+            )
+        return True
+    for index in existing:
+        if _signature(index) != wanted:
+            continue
+        if _other_options(index) != _other_options(spec):
+            fail(
+                85,
+                "An equivalent index already exists with a different name and options. "
+                f"Requested index: {dict(spec)}, existing index: {dict(index)}",
+            )
+        fail(85, f"Index already exists with a different name: {index['name']}")
+    return False
+
+
+def _limit_document_size(collection: Any) -> None:
+    """Make one mongomock collection refuse to store a document over 16 MiB (once).
+
+    mongomock calls ``_ensure_uniques`` on every document it has just inserted or updated
+    in place, and rolls the write back when it raises ``DuplicateKeyError``: the check
+    rides on that, so a refused write changes nothing, as on the server.
+    """
+    if "_ensure_uniques" in vars(collection):
+        return
+    ensure_uniques = collection._ensure_uniques
+
+    def checked(document: Mapping[str, Any]) -> None:
+        size = len(bson.encode(document))
+        if size > MAX_BSON_SIZE:
+            raise _DocumentTooLarge(size)
+        ensure_uniques(document)
+
+    collection._ensure_uniques = checked
 
 
 # -- faster paths for the queries the library sends ----------------------------------------
@@ -649,8 +1060,9 @@ def _judge(test: _Test, spec: Any, doc: Mapping[str, Any]) -> bool:
 
 
 def _compile(spec: Any) -> _Test | None:
-    """A native test for filters made of string equalities, date ranges, ``$not`` of a date
-    range, ``$or`` and ``$and`` on top-level fields (a claim's shape); None otherwise."""
+    """A native test for filters made of string equalities and ``$ne``, date ranges, ``$not``
+    of a date range, ``$or`` and ``$and`` on top-level fields (a claim's shape); None
+    otherwise."""
     if not isinstance(spec, Mapping) or not spec:
         return None
     tests: list[_Test] = []
@@ -671,6 +1083,9 @@ def _compile(spec: Any) -> _Test | None:
         if not isinstance(value, Mapping) or len(value) != 1:
             return None
         ((op, operand),) = value.items()
+        if op == "$ne" and type(operand) is str:
+            tests.append(_differs(key, operand))
+            continue
         negate = op == "$not"
         if negate:
             if not isinstance(operand, Mapping) or len(operand) != 1:
@@ -689,6 +1104,16 @@ def _equals(key: str, wanted: str) -> _Test:
         if type(value) is str:
             return value == wanted
         return False if value is _MISSING else None
+
+    return test
+
+
+def _differs(key: str, unwanted: str) -> _Test:
+    def test(doc: Mapping[str, Any]) -> _Verdict:
+        value = doc.get(key, _MISSING)
+        if value is _MISSING or type(value) is str:
+            return value != unwanted
+        return None  # arrays and other types: mongomock's rules
 
     return test
 

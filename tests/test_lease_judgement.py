@@ -1,0 +1,242 @@
+"""A lease lasts what its holder's settings say, judged by the server's time carried forward
+by each replica's monotonic clock: not by the reader's settings, not by a wall clock that
+an NTP correction steps, and safely even when the server reports no time at all."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from pymongo.database import Database
+
+from orchestrator import ConfigError, Lease, Orchestrator, Settings
+from orchestrator.clock import ServerClock
+from orchestrator.testing import FakeClock, memory_database
+from tests.conftest import MakeReplica
+from tests.holding import hold_step
+
+
+def _recorder(orch: Orchestrator, collection: str = "jobs", phase: str = "Running") -> list[Any]:
+    ran: list[Any] = []
+
+    @orch.phase(collection, phase)
+    def record(lease: Lease[Any]) -> Any:
+        ran.append(lease.id)
+        return lease.advance("Done")
+
+    return ran
+
+
+def _hold(orch: Orchestrator) -> tuple[dict[str, Any], threading.Thread]:
+    box = hold_step(orch)
+    tick = threading.Thread(target=orch.run_once)
+    tick.start()
+    assert box["claimed"].wait(10)
+    return box, tick
+
+
+def _finish(box: dict[str, Any], tick: threading.Thread) -> None:
+    box["go"].set()
+    tick.join(10)
+    assert not tick.is_alive()
+
+
+# -- defect 2: mixed lock timeouts --------------------------------------------------------
+
+
+def test_a_short_timeout_reader_does_not_steal_a_long_timeout_lease(
+    make: MakeReplica, db: Database[Any], clock: FakeClock
+) -> None:
+    long = make("long", lock_timeout=300, heartbeat=False)
+    short = make("short", lock_timeout=30)
+    ran = _recorder(short)
+    doc = long.submit("jobs", {"phase": "Running"})
+    box, tick = _hold(long)
+    try:
+        clock.advance(31)
+        short.run_once()
+        clock.advance(268)  # 299 s into a 300 s lease
+        short.run_once()
+        assert ran == []
+    finally:
+        _finish(box, tick)
+    assert db.jobs.find_one({"_id": doc["_id"]})["phase"] == "Done"  # type: ignore[index]
+
+
+def test_a_long_timeout_reader_takes_a_short_lease_when_it_expires(
+    make: MakeReplica, db: Database[Any], clock: FakeClock
+) -> None:
+    short = make("short", lock_timeout=30, heartbeat=False)
+    long = make("long", lock_timeout=300)
+    ran = _recorder(long)
+    short.submit("jobs", {"phase": "Running"})
+    box, tick = _hold(short)
+    try:
+        clock.advance(31)
+        long.run_once()
+        assert len(ran) == 1  # not 300 s later: the holder said 30
+    finally:
+        _finish(box, tick)
+    assert isinstance(box["lost"], Exception)  # the stale holder's advance is fenced out
+
+
+def test_a_relock_is_honoured_exactly_by_a_replica_with_another_lock_timeout(
+    make: MakeReplica, db: Database[Any], clock: FakeClock
+) -> None:
+    writer = make("writer", lock_timeout=300)
+    reader = make("reader", lock_timeout=30)
+
+    @writer.phase("jobs", "Polling")
+    def poll(lease: Lease[Any]) -> Any:
+        return lease.relock(wait=10)
+
+    ran = _recorder(reader, phase="Polling")
+    writer.submit("jobs", {"phase": "Polling"})
+    writer.run_once()
+    clock.advance(9.9)
+    reader.run_once()
+    assert ran == []
+    clock.advance(0.2)
+    reader.run_once()
+    assert len(ran) == 1
+
+
+# -- defect 3: wall-clock steps, and a server without time -------------------------------
+
+
+def test_an_ntp_step_between_measurements_does_not_steal_a_live_lease(
+    make: MakeReplica, db: Database[Any], clock: FakeClock
+) -> None:
+    holder = make("holder", heartbeat=False)
+    view = clock.skewed(0)
+    reader = make("reader", clock=view, clock_refresh=3600)
+    ran = _recorder(reader)
+    holder.submit("jobs", {"phase": "Running"})
+    reader.clock.measure()  # the reader's estimate is anchored now
+    box, tick = _hold(holder)
+    try:
+        clock.advance(1)
+        view.step_wall(40)  # the reader's wall clock jumps 40 s ahead
+        reader.run_once()
+        assert ran == []
+        clock.advance(30)  # the lease really expires: monotonic time moved on
+        reader.run_once()
+        assert len(ran) == 1
+    finally:
+        _finish(box, tick)
+
+
+def test_the_estimate_is_re_anchored_at_the_next_measurement(clock: FakeClock) -> None:
+    db = memory_database(clock=clock)
+    view = clock.skewed(0)
+    orch = Orchestrator(db, replica_id="r", clock=view, clock_refresh=60)
+    start = orch.clock.now()
+    view.step_wall(40)
+    assert orch.clock.now() == start  # the step alone moves nothing
+    clock.advance(61)
+    assert orch.clock.now() == start + timedelta(seconds=61)  # re-measured: the server's time
+    assert orch.clock.offset == timedelta(seconds=-40)
+
+
+@pytest.fixture
+def timeless(clock: FakeClock) -> Database[Any]:
+    """A server whose hello carries no localTime."""
+    return memory_database(clock=clock, server_time=False)
+
+
+def test_a_server_without_time_is_said_loudly_once(
+    timeless: Database[Any], clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="orchestrator")
+    orch = Orchestrator(timeless, replica_id="r", clock=clock, clock_refresh=1)
+    _recorder(orch)
+    for _ in range(3):
+        orch.run_once()
+        clock.advance(2)
+    warnings = [r for r in caplog.records if getattr(r, "outcome", "") == "clock-fallback"]
+    assert len(warnings) == 1
+    assert "skew_tolerance" in warnings[0].getMessage()
+    assert orch.stats()["clock_fallback"] == 1
+    assert orch.clock.server_time is False and orch.clock.uncertainty == 60
+
+
+def test_without_server_time_a_replica_40s_ahead_does_not_steal_a_live_lease(
+    timeless: Database[Any], clock: FakeClock
+) -> None:
+    holder = Orchestrator(timeless, replica_id="holder", clock=clock, heartbeat=False)
+    ahead = Orchestrator(timeless, replica_id="ahead", clock=clock.skewed(40))
+    ran = _recorder(ahead)
+    holder.submit("jobs", {"phase": "Running"})
+    box, tick = _hold(holder)
+    try:
+        clock.advance(1)
+        ahead.run_once()
+        clock.advance(48)  # 49 s: 30 s lease + 60 s tolerance - 40 s skew = 50 s
+        ahead.run_once()
+        assert ran == []
+        clock.advance(2)
+        ahead.run_once()
+        assert len(ran) == 1
+    finally:
+        _finish(box, tick)
+        holder.stop(timeout=5)
+        ahead.stop(timeout=5)
+
+
+# -- defect 6: durations that would overflow date arithmetic -----------------------------
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        {"max_wait": 1e12},
+        {"lock_timeout": 1e11, "step_timeout": None},
+        {"lock_timeout": 86_401, "step_timeout": None},
+        {"step_timeout": 1e10},
+        {"min_relock": 1e12},
+        {"min_relock": 7200, "max_wait": 3600},
+        {"clock_refresh": 1e12},
+        {"skew_tolerance": 1e9},
+        {"max_unlocks_per_tick": 10**9},
+    ],
+    ids=str,
+)
+def test_durations_out_of_date_range_are_refused_at_construction(values: dict[str, Any]) -> None:
+    with pytest.raises(ConfigError):
+        Settings.build(**values)
+
+
+def test_the_longest_allowed_durations_run_a_tick_without_overflow(
+    make: MakeReplica, db: Database[Any], clock: FakeClock
+) -> None:
+    orch = make(lock_timeout=86_400, max_wait=30 * 86_400, step_timeout=None, min_relock=86_400)
+
+    @orch.phase("jobs", "Running")
+    def wait_long(lease: Lease[Any]) -> Any:
+        return lease.relock(wait=30 * 86_400)
+
+    orch.submit("jobs", {"phase": "Running"})
+    assert orch.run_once() == {"claimed": 1, "relocked": 1, "ticks": 1}
+    clock.advance(30 * 86_400 - 1)
+    assert orch.run_once() == {"ticks": 1}
+
+
+def test_the_estimate_never_runs_backwards_when_a_measurement_comes_out_earlier(
+    clock: FakeClock,
+) -> None:
+    """An asymmetric round trip (or a server stepping its own clock back) makes a new
+    measurement earlier than what this replica already judged by: time holds until it
+    catches up, rather than running back and re-opening decisions already made."""
+    answers = [clock.now(), clock.now() + timedelta(seconds=10 - 3)]
+    server = ServerClock(clock, lambda: answers.pop(0), refresh=10)
+    first = server.now()
+    clock.advance(9.99)
+    before = server.now()
+    clock.advance(0.01)
+    held = server.now()  # re-measured: the server said 3 s less than the estimate
+    assert before > first and held == before
+    clock.advance(3.5)  # the new anchor (10 - 3 s) plus 3.5 s is past the held value
+    assert server.now() == first + timedelta(seconds=10.5)
