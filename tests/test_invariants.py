@@ -62,6 +62,7 @@ MAX_REPLICAS = 4
 SETTLE = MAX_WAIT + max(LOCK_TIMEOUTS) + CLOCK_REFRESH + 1
 TOLERANCE = 0.0011  # BSON dates keep milliseconds
 HANG_GUARD = 60.0  # real seconds: only a deadlock reaches it; nothing here is timed
+LEASE_ONLY = frozenset({"lockedAt", "lockedUntil", "lockToken", "lockedBy"})
 START = datetime(2026, 1, 1, tzinfo=UTC)
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 WRITES = frozenset(
@@ -240,12 +241,10 @@ def bounded(wait: float) -> float:
     return min(max(wait, TICK), MAX_WAIT)
 
 
-def free_at(doc: Mapping[str, Any], lock_timeout: float) -> datetime:
-    """When a released document becomes claimable, as its writer meant it."""
-    locked_at = doc.get("lockedAt")
-    if not isinstance(locked_at, datetime):
-        return EPOCH
-    return as_utc(locked_at) + timedelta(seconds=lock_timeout)
+def free_at(doc: Mapping[str, Any]) -> datetime:
+    """When a released document becomes claimable, as written."""
+    until = doc.get("lockedUntil")
+    return as_utc(until) if isinstance(until, datetime) else EPOCH
 
 
 def counter(doc: Mapping[str, Any]) -> int:
@@ -314,6 +313,7 @@ class Attempt:
     explicit_wait: float | None = None
     progress_landed: bool = False
     stale_write: bool = False
+    streak: int | None = None  # the document's failed-attempt streak when claimed
 
 
 @dataclass
@@ -411,6 +411,7 @@ class LeaseMachine(RuleBasedStateMachine):
         self.lock = threading.RLock()
         self.mirror: dict[Any, dict[str, Any]] = {}
         self.docs: dict[Any, DocModel] = {}
+        self.last_writer: dict[Any, object] = {}  # who made each document as it is now
         self.names: list[str] = []
         self.replicas: list[Replica] = []
         self.attempts: dict[str, Attempt] = {}
@@ -508,7 +509,9 @@ class LeaseMachine(RuleBasedStateMachine):
                 result = method(*args, **kwargs)
                 return result
             finally:
-                after = {doc["_id"]: doc for doc in collection.find({})}
+                # Read with the default codec options whoever wrote: the library's store
+                # reads aware datetimes, and the mirror must compare like with like.
+                after = {doc["_id"]: doc for doc in self.raw[COLLECTION].find({})}
                 self.mirror = after
                 self.observe(query, result, before, after)
 
@@ -527,6 +530,7 @@ class LeaseMachine(RuleBasedStateMachine):
             old, new = before.get(doc_id), after.get(doc_id)
             if old is None and new is not None:
                 self.inserted(doc_id, new, actor)
+                self.last_writer[doc_id] = actor
                 claimed.add(doc_id)
             elif new is None:
                 self.violate(DocumentLost, f"document {old} was deleted")
@@ -534,6 +538,7 @@ class LeaseMachine(RuleBasedStateMachine):
                 token = new.get("lockToken")
                 if isinstance(token, str) and token != old.get("lockToken"):
                     self.claimed(doc_id, old, new, now)
+                    self.last_writer[doc_id] = self.attempts.get(token)
                     claimed.add(doc_id)
         rest = [i for i in changed if i not in claimed]
         token = token_in(query)
@@ -544,6 +549,7 @@ class LeaseMachine(RuleBasedStateMachine):
         if actor is not None:
             for doc_id in rest:
                 self.actor_write(actor, before[doc_id], after[doc_id])
+                self.last_writer[doc_id] = actor
             return
         attempt = getattr(_context, "attempt", None)  # an unfenced write from a step's thread
         if attempt is not None and (rest or result is not None):
@@ -572,6 +578,7 @@ class LeaseMachine(RuleBasedStateMachine):
             token, replica, doc_id, now, now + lock_timeout, new.get("phase"), counter(new)
         )
         self.attempts[token] = attempt
+        attempt.streak = self.docs[doc_id].streak
         self.claims_by_doc[doc_id] += 1
         FIGURES["claims"] += 1
         name = new.get("name")
@@ -611,10 +618,15 @@ class LeaseMachine(RuleBasedStateMachine):
         changed: list[Any],
         now: datetime,
     ) -> None:
-        """No write by a stale holder lands; a landed one is judged against the model."""
+        """No write by a stale holder lands; a landed one is judged against the model.
+
+        Stale: the document is no longer held by this lease and someone else changed it
+        since (a step's own bookkeeping after its own release is not stale)."""
         doc_id = attempt.doc_id
         old, new = before.get(doc_id), after.get(doc_id)
-        stale = old is None or old.get("lockToken") != attempt.token
+        stale = old is None or (
+            old.get("lockToken") != attempt.token and self.last_writer.get(doc_id) is not attempt
+        )
         matched_count = getattr(result, "matched_count", None) or 0
         landed = doc_id in changed or matched_count > 0
         FIGURES["lease writes"] += 1
@@ -632,6 +644,7 @@ class LeaseMachine(RuleBasedStateMachine):
                 )
             return
         if landed and old is not None and new is not None:
+            self.last_writer[doc_id] = attempt
             self.landed(attempt, old, new, now)
 
     def landed(
@@ -649,13 +662,18 @@ class LeaseMachine(RuleBasedStateMachine):
                 f"{attempt.action} of {name} claimed in phase {attempt.phase!r} overwrote "
                 f"phase {old.get('phase')!r} with {new.get('phase')!r}",
             )
-        model.free_at = free_at(new, attempt.replica.lock_timeout)
+        model.free_at = free_at(new)
+        fields = {k for k in old.keys() | new.keys() if old.get(k) != new.get(k)}
+        kind = "neutral" if fields <= LEASE_ONLY else attempt.kind  # a bare release
         parks = False
-        if attempt.kind == "success":
+        if kind == "success":
             model.streak = 0
             attempt.progress_landed = counter(new) == attempt.n + 1
-        elif attempt.kind == "failure":
-            model.streak = None if model.streak is None else model.streak + 1
+            if attempt.action == "advance":
+                model.failed_by = None
+        elif kind == "failure":
+            # One step is one attempt, even when it gave an outcome before it failed.
+            model.streak = None if attempt.streak is None else attempt.streak + 1
             streak = model.streak if model.streak is not None else new.get("attempts")
             parks = attempt.permanent or (isinstance(streak, int) and streak >= MAX_ATTEMPTS)
             if new.get("phase") != (FAILED if parks else old.get("phase")):
@@ -667,26 +685,28 @@ class LeaseMachine(RuleBasedStateMachine):
                 )
             if parks:
                 model.failed_by = attempt.handler
-        self.check_wait(attempt, new, (model.free_at - now).total_seconds(), parks)
+        self.check_wait(attempt, kind, new, (model.free_at - now).total_seconds(), parks)
         if new.get("phase") != FAILED:
             model.failed_by = None
 
-    def check_wait(self, attempt: Attempt, new: dict[str, Any], wait: float, parks: bool) -> None:
+    def check_wait(
+        self, attempt: Attempt, kind: str, new: dict[str, Any], wait: float, parks: bool
+    ) -> None:
         """Relock and retry waits are the policy's value, bounded; the rest free at once
         (or after the floor, when the document used up its budget)."""
         name = new.get("name")
-        kind, value = attempt.policy or ("", None)
+        policy, value = attempt.policy or ("", None)
         expected: float | None = None
-        if attempt.kind == "failure" and not parks:
-            if kind == "retry" and good_wait(value):
+        if kind == "failure" and not parks:
+            if policy == "retry" and good_wait(value):
                 expected = bounded(value)
             elif not TICK - TOLERANCE <= wait <= MAX_WAIT + TOLERANCE:
                 self.violate(PolicyNotFollowed, f"unsafe wait {wait} after a bad retry value")
                 return
-        elif attempt.kind == "success" and attempt.action == "relock":
+        elif kind == "success" and attempt.action == "relock":
             if attempt.explicit_wait is not None:
                 expected = bounded(attempt.explicit_wait)
-            elif kind == "relock" and good_wait(value):
+            elif policy == "relock" and good_wait(value):
                 expected = bounded(value)
             else:
                 self.violate(
@@ -711,7 +731,7 @@ class LeaseMachine(RuleBasedStateMachine):
         if holder is not None and new.get("lockToken") != holder.token:
             FIGURES[f"leases taken back by {actor}"] += 1
         if actor in ("operator-unlock", "operator-retry"):
-            model.free_at = free_at(new, 0)
+            model.free_at = free_at(new)
         if actor == "operator-retry":
             model.streak = 0
         if new.get("phase") != FAILED or actor == "operator-retry":
@@ -749,11 +769,15 @@ class LeaseMachine(RuleBasedStateMachine):
         except Crash:
             raise
         except Exception:
-            attempt.after = "failure" if lease.held else "neutral"
+            # Judged by the step's own lease: lost, nothing more is written; else an error.
+            attempt.after = "neutral" if lease.lost else "failure"
             raise
         else:
-            is_outcome = result is None or isinstance(result, Outcome)
-            attempt.after = ("success" if is_outcome else "failure") if lease.held else "neutral"
+            own = result is None or (isinstance(result, Outcome) and result.token == lease.token)
+            if own:
+                attempt.after = "success" if lease.held else "neutral"
+            else:  # garbage, or another lease's outcome
+                attempt.after = "neutral" if lease.lost else "failure"
             return result
         finally:
             attempt.kind = attempt.after
@@ -1144,6 +1168,8 @@ def fuzz_figures() -> Iterator[None]:
         elapsed = time.perf_counter() - started
         profile = os.environ.get("HYPOTHESIS_PROFILE", "ci")
         print(f"\nlease invariant fuzz, profile {profile!r}, {elapsed:.1f} s:")
+        for key in ("stale writes attempted", "stale writes landed"):
+            FIGURES.setdefault(key, 0)
         for key in sorted(FIGURES):
             print(f"  {key:<40} {FIGURES[key]:>8}")
 
