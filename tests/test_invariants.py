@@ -83,8 +83,8 @@ WRITES = frozenset(
 
 PROFILES = {
     "ci": settings(
-        max_examples=60,
-        stateful_step_count=40,
+        max_examples=150,
+        stateful_step_count=50,
         deadline=None,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
     ),
