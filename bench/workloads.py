@@ -14,10 +14,11 @@ from datetime import timedelta
 from functools import partial
 from typing import Any
 
-from orchestrator import Lease, Orchestrator, Outcome, queries
-from orchestrator.clock import Clock
-from orchestrator.queries import claim_update
-from orchestrator.store import Store
+from orchestrator import Lease, Orchestrator, Outcome
+from orchestrator.core import queries
+from orchestrator.core.clock import Clock
+from orchestrator.core.queries import claim_update
+from orchestrator.mongo import Store
 
 Work = Callable[[dict[str, Any]], tuple[str | None, dict[str, Any]]]
 """A step: the next phase (None: stay and continue at once) and the fields to set."""

@@ -25,9 +25,9 @@ from pymongo.database import Database
 
 from examples.gateway import build
 from orchestrator import StoreError
-from orchestrator.redact import redact
-from orchestrator.status import collect
+from orchestrator.core.redact import redact
 from orchestrator.testing import memory_database
+from orchestrator.tools.status import collect
 
 logger = logging.getLogger("examples.api_server")
 

@@ -21,7 +21,7 @@ from pymongo import ReturnDocument
 from pymongo.database import Database
 
 from orchestrator import Lease, Orchestrator, Outcome, Resource
-from orchestrator.queries import as_utc
+from orchestrator.core.queries import as_utc
 
 if TYPE_CHECKING:
     from examples.gateway import Faults

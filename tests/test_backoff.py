@@ -49,7 +49,8 @@ def test_relock_makes_the_document_claimable_after_the_policy_wait(
 
     doc = orch.submit("certs", {"phase": "Waiting"})
     db.certs.update_one(
-        {"_id": doc["_id"]}, {"$set": {"updatedAt": clock.now() - timedelta(seconds=waited)}}
+        {"_id": doc["_id"]},
+        {"$set": {"updatedAt": orch.clock.now() - timedelta(seconds=waited)}},
     )
     orch.run_once()
     effective = max(expected, tick)

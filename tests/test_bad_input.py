@@ -15,10 +15,9 @@ from pymongo import MongoClient
 from pymongo.database import Database
 
 from orchestrator import EPOCH, ConfigError, Lease, Orchestrator, Resource, StoreError
+from orchestrator.core.queries import bson_time
 from orchestrator.testing import FakeClock, memory_database
 from tests.conftest import MakeReplica
-
-T0 = datetime(2026, 1, 1)  # the FakeClock's start, naive as BSON returns it
 
 
 class Gadget(Resource):
@@ -27,8 +26,11 @@ class Gadget(Resource):
     size: int = 1
 
 
-def _raw(db: Database[Any], collection: str = "items", **fields: Any) -> Any:
-    doc = {"phase": "A", "lockedUntil": EPOCH, "createdAt": T0, "updatedAt": T0, **fields}
+def _raw(db: Database[Any], orch: Orchestrator, collection: str = "items", **fields: Any) -> Any:
+    """Insert a document as written from outside, dated by ``orch``'s estimate of the
+    server's clock (the only time that means anything on a real server)."""
+    now = bson_time(orch.clock.now())
+    doc = {"phase": "A", "lockedUntil": EPOCH, "createdAt": now, "updatedAt": now, **fields}
     for key in [k for k, v in doc.items() if v is _MISSING]:
         del doc[key]
     return db[collection].insert_one(doc).inserted_id
@@ -61,7 +63,7 @@ def test_a_document_with_a_malformed_lock_time_is_claimed_and_runs_once(
 ) -> None:
     orch = make()
     ran = _advancing(orch)
-    doc_id = _raw(db, lockedUntil=locked_at)
+    doc_id = _raw(db, orch, lockedUntil=locked_at)
     orch.run_once()
     orch.run_once()
     assert ran == [doc_id]
@@ -74,7 +76,7 @@ def test_a_lease_within_max_wait_in_the_future_is_honoured_not_capped(
     """A relock's lockedUntil lies ahead by up to max_wait: never stolen."""
     orch = make(max_wait=3600)
     ran = _advancing(orch)
-    _raw(db, lockedUntil=T0 + timedelta(seconds=3600))
+    _raw(db, orch, lockedUntil=orch.clock.now() + timedelta(seconds=3600))
     orch.run_once()
     clock.advance(3599)
     orch.run_once()
@@ -96,7 +98,7 @@ def test_relock_works_without_updated_at_or_created_at(
         polls.append(outcome.wait)
         return outcome
 
-    _raw(db, updatedAt=_MISSING, createdAt=_MISSING)
+    _raw(db, orch, updatedAt=_MISSING, createdAt=_MISSING)
     orch.run_once()
     assert polls == [1.0]  # no time in phase known: the floor of one tick
     clock.advance(1.01)
@@ -110,8 +112,8 @@ def test_a_document_in_no_known_phase_is_left_untouched(
 ) -> None:
     orch = make()
     ran = _advancing(orch)
-    odd = _raw(db, phase=phase)
-    good = _raw(db)
+    odd = _raw(db, orch, phase=phase)
+    good = _raw(db, orch)
     before = db.items.find_one({"_id": odd})
     orch.run_once()
     assert ran == [good]
@@ -127,7 +129,7 @@ def test_corrupt_counters_count_as_zero_for_a_collection_handler(
     def fail(lease: Lease[Any]) -> Any:
         raise RuntimeError("no")
 
-    doc_id = _raw(db, attempts="many", relocks=-4)
+    doc_id = _raw(db, orch, attempts="many", relocks=-4)
     orch.run_once()
     doc = db.items.find_one({"_id": doc_id})
     assert doc is not None and doc["attempts"] == 1 and doc["phase"] == "A"
@@ -152,8 +154,8 @@ def test_a_document_that_does_not_fit_the_model_fails_with_its_validation_error(
         ran.append(lease.resource.name)
         return lease.advance("Done")
 
-    bad = _raw(db, "gadgets", **{"name": "bad", **fields})
-    _raw(db, "gadgets", name="good")
+    bad = _raw(db, orch, "gadgets", **{"name": "bad", **fields})
+    _raw(db, orch, "gadgets", name="good")
     orch.run_once()
     assert ran == ["good"]  # the loop went on
     doc = db.gadgets.find_one({"_id": bad})
@@ -200,8 +202,8 @@ def test_a_write_the_server_would_refuse_is_a_recorded_error(
         return lease.unlock(**fields)
 
     ran = _advancing(orch, "others")
-    doc_id = _raw(db)
-    _raw(db, "others")
+    doc_id = _raw(db, orch)
+    _raw(db, orch, "others")
     orch.run_once()
     doc = db.items.find_one({"_id": doc_id})
     assert doc is not None and doc["attempts"] == 1
@@ -220,7 +222,7 @@ def test_unicode_field_names_and_values_are_stored_verbatim(
     def step(lease: Lease[Any]) -> Any:
         return lease.advance("Done", **{"名前": "ünïcødé 🚀", "déjà": {"vu": "ça"}})
 
-    doc_id = _raw(db)
+    doc_id = _raw(db, orch)
     orch.run_once()
     doc = db.items.find_one({"_id": doc_id})
     assert doc is not None and doc["名前"] == "ünïcødé 🚀" and doc["déjà"] == {"vu": "ça"}
@@ -241,7 +243,7 @@ def test_invalid_lease_calls_are_recorded_errors(
 ) -> None:
     orch = make()
     orch.phase("items", "A")(action)
-    doc_id = _raw(db)
+    doc_id = _raw(db, orch)
     orch.run_once()
     doc = db.items.find_one({"_id": doc_id})
     assert doc is not None and doc["phase"] == "A" and expected in doc["lastError"]["message"]
@@ -278,7 +280,7 @@ def test_any_exception_is_recorded_storable_and_redacted(
     def step(lease: Lease[Any]) -> Any:
         raise raised
 
-    doc_id = _raw(db)
+    doc_id = _raw(db, orch)
     assert orch.run_once().get("retrying") == 1
     error = db.items.find_one({"_id": doc_id})["lastError"]  # type: ignore[index]
     assert error["type"] == kind and error["message"].startswith(expected)
@@ -291,7 +293,7 @@ def test_a_handler_returning_a_non_outcome_is_a_recorded_type_error(
 ) -> None:
     orch = make()
     orch.phase("items", "A")(lambda lease: result)
-    doc_id = _raw(db)
+    doc_id = _raw(db, orch)
     orch.run_once()
     error = db.items.find_one({"_id": doc_id})["lastError"]  # type: ignore[index]
     assert error["type"] == "TypeError" and "a handler returns" in error["message"]
@@ -306,7 +308,7 @@ def test_a_handler_that_writes_its_outcome_but_returns_none_is_done(
     def forgot_return(lease: Lease[Any]) -> None:
         lease.advance("Done")
 
-    doc_id = _raw(db)
+    doc_id = _raw(db, orch)
     assert orch.run_once().get("done") == 1
     assert db.items.find_one({"_id": doc_id})["phase"] == "Done"  # type: ignore[index]
 

@@ -11,7 +11,7 @@ from pymongo.database import Database
 
 from examples.certificates import RuntimeDomain
 from examples.gateway import LEDGER, Faults, Workflow, build
-from orchestrator.queries import as_utc
+from orchestrator.core.queries import as_utc
 from orchestrator.testing import FakeClock
 
 
@@ -28,6 +28,7 @@ def workflow(db: Database[Any], clock: FakeClock) -> Iterator[Workflow]:
         cert_delay=60.0,
         faults=faults,
     )
+    w.orch.measure_clock()  # before any clock.advance: see tests/conftest.py
     yield w
     w.orch.stop(timeout=5)
 
@@ -55,8 +56,9 @@ def test_the_step_relocks_with_growing_waits_until_the_certificate_is_ready(
     workflow: Workflow, db: Database[Any], clock: FakeClock, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger="examples.certificates")
+    server = workflow.orch.clock  # lease times are the server's: compare with its estimate
     submit_domain(workflow)
-    start = clock.now()
+    start = server.now()
     waits: list[tuple[float, float]] = []  # (seconds in phase, wait chosen)
     for _ in range(200):
         workflow.orch.run_once()
@@ -64,13 +66,13 @@ def test_the_step_relocks_with_growing_waits_until_the_certificate_is_ready(
         if doc["phase"] == "Created":
             break
         assert db.ingresses.count_documents({}) == 0  # no ingress before the certificate
-        due = next_claimable(db)
-        waits.append(((clock.now() - start).total_seconds(), (due - clock.now()).total_seconds()))
-        clock.advance((due - clock.now()).total_seconds() + 0.001)  # claimable after `due`
+        due, now = next_claimable(db), server.now()
+        waits.append(((now - start).total_seconds(), (due - now).total_seconds()))
+        clock.advance((due - now).total_seconds() + 0.001)  # claimable after `due`
     else:
         raise AssertionError("the domain never reached Created")
 
-    assert (clock.now() - start).total_seconds() >= 60.0
+    assert (server.now() - start).total_seconds() >= 60.0
     # The wait is a tenth of the time spent in the phase, never under one tick (0.1 s).
     for elapsed, wait in waits:
         assert wait == pytest.approx(max(elapsed / 10, 0.1), abs=0.002)

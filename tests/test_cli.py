@@ -17,9 +17,10 @@ from typing import Any
 import pytest
 from pymongo.database import Database
 
-from orchestrator import Lease, Orchestrator, cli
-from orchestrator.queries import bson_time
+from orchestrator import Lease, Orchestrator
+from orchestrator.core.queries import bson_time
 from orchestrator.testing import FakeClock
+from orchestrator.tools import cli
 
 ROOT = Path(__file__).resolve().parent.parent
 URI = "mongodb://ops:hunter2@db.internal:27017/platform"
@@ -67,8 +68,8 @@ def seed(db: Database[Any], clock: FakeClock) -> Orchestrator:
             "_id": "stuck",
             "name": "stuck",
             "phase": "Deleting",
-            "lockedAt": bson_time(clock.now() - timedelta(seconds=100)),
-            "lockedUntil": bson_time(clock.now() - timedelta(seconds=70)),
+            "lockedAt": bson_time(orch.clock.now() - timedelta(seconds=100)),
+            "lockedUntil": bson_time(orch.clock.now() - timedelta(seconds=70)),
             "lockToken": "dead",
             "lockedBy": "pod-9",
         }
@@ -233,6 +234,14 @@ def test_demo_refuses_bad_sizes(capsys: pytest.CaptureFixture[str]) -> None:
     assert_one_line_error(code, err, "--gateways")
     code, _, err = run(["demo", "--delete-fraction", "1.5"], capsys)
     assert_one_line_error(code, err, "--delete-fraction")
+
+
+def test_demo_processes_need_a_server(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("MONGODB_URI", raising=False)
+    code, _, err = run(["demo", "--processes", "2"], capsys)
+    assert_one_line_error(code, err, "--processes needs MONGODB_URI")
 
 
 WORKER = """

@@ -8,6 +8,7 @@ import pytest
 from pymongo.database import Database
 
 from orchestrator import EPOCH, ExponentialBackoff, Lease, Resource
+from orchestrator.core.queries import bson_time
 from orchestrator.testing import FakeClock
 from tests.conftest import MakeReplica
 
@@ -41,7 +42,7 @@ def test_errors_are_counted_recorded_backed_off_then_failed(
     assert stored["lastError"]["type"] == "Boom"
     assert stored["lastError"]["message"] == "upstream said no"
     assert stored["lastError"]["phase"] == "Running"
-    assert stored["lastError"]["at"] == clock.now().replace(tzinfo=None)
+    assert stored["lastError"]["at"] == bson_time(orch.clock.now())
     assert "lockToken" not in stored
 
     # First retry after 2 s, not before.

@@ -16,7 +16,7 @@ import pytest
 from bson import ObjectId
 from pymongo import ReturnDocument
 
-from orchestrator import queries
+from orchestrator.core import queries
 from orchestrator.testing import memory_database
 
 BASE = datetime(2026, 1, 1)

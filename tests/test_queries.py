@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta, timezone
 import pytest
 
 from orchestrator import EPOCH, ConfigError
-from orchestrator import queries as q
+from orchestrator.core import queries as q
 
 NOW = datetime(2026, 1, 1, 12, 0, 0, 123456, tzinfo=UTC)
 

@@ -12,7 +12,7 @@ from pymongo.database import Database
 from pymongo.errors import AutoReconnect
 
 from orchestrator import Lease, Orchestrator
-from orchestrator.redact import RedactingFilter, redact
+from orchestrator.core.redact import RedactingFilter, redact
 from orchestrator.testing import FakeClock
 from orchestrator.testing.faults import Faults
 

@@ -9,7 +9,7 @@ import pytest
 from pymongo.database import Database
 
 from orchestrator import EPOCH, ConfigError, Lease, Resource
-from orchestrator.store import Store
+from orchestrator.mongo import Store
 from tests.conftest import MakeReplica
 
 
@@ -117,6 +117,6 @@ def test_status_counts_documents_without_a_lease_field(
     orch.submit("jobs", {"phase": "Queued"})
     db.jobs.insert_one({"phase": "Queued"})
     store = Store(db)
-    rows = {r["_id"]: r for r in store.phase_summary("jobs", clock.now())}
+    rows = {r["_id"]: r for r in store.phase_summary("jobs", orch.clock.now())}
     assert rows["Queued"]["count"] == 2
     assert rows["Queued"]["leased"] == 0

@@ -14,7 +14,7 @@ from pymongo import ReturnDocument, WriteConcern
 from pymongo.collection import Collection
 from pymongo.errors import DuplicateKeyError, InvalidOperation
 
-from orchestrator.clock import SystemClock
+from orchestrator.core.clock import SystemClock
 from orchestrator.testing import FakeClock, memory_database
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)

@@ -1,23 +1,26 @@
 """Faults between a replica and MongoDB, injected on purpose and reproducibly.
 
-``Faults.wrap(db)`` returns a database (in-memory or a real pymongo one) whose operations
-may raise the driver's transient errors, run slowly, fail for an outage window, or apply
-and then lose their reply, as a dropped connection does. Every random choice comes from
-one seeded generator, so a single-threaded run injects the same faults every time; slow
-operations call an injectable ``delay`` (a test passes ``FakeClock.advance``: no sleeping).
+``Faults.wrap(db)`` returns a database (in-memory or a real pymongo one, sync or async)
+whose operations may raise the driver's transient errors, run slowly, fail for an outage
+window, or apply and then lose their reply, as a dropped connection does. Every random
+choice comes from one seeded generator, so a single-threaded run injects the same faults
+every time; slow operations call an injectable ``delay`` (a test passes
+``FakeClock.advance``: no sleeping; with an async database ``delay`` runs on the event
+loop's thread, so it must not block).
 """
 
 from __future__ import annotations
 
+import inspect
 import random
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast, overload
 
 from pymongo.errors import (
     AutoReconnect,
@@ -27,9 +30,10 @@ from pymongo.errors import (
     ServerSelectionTimeoutError,
 )
 
-from orchestrator.clock import Clock, SystemClock
+from orchestrator.core.clock import Clock, SystemClock
 
 if TYPE_CHECKING:
+    from pymongo.asynchronous.database import AsyncDatabase
     from pymongo.database import Database
 
 __all__ = ["WRITES", "Faults", "ReplicaCrashed"]
@@ -145,8 +149,15 @@ class Faults:
 
     # -- wrapping -------------------------------------------------------------------------
 
-    def wrap(self, db: Database[Any]) -> Database[Any]:
-        """``db`` with these faults on every operation (typed as pymongo's Database)."""
+    @overload
+    def wrap(self, db: Database[Any]) -> Database[Any]: ...
+
+    @overload
+    def wrap(self, db: AsyncDatabase[Any]) -> AsyncDatabase[Any]: ...
+
+    def wrap(self, db: Database[Any] | AsyncDatabase[Any]) -> Database[Any] | AsyncDatabase[Any]:
+        """``db`` with these faults on every operation, typed as what it wraps: a sync
+        database's operations fail when called, an async one's when awaited."""
         return cast("Database[Any]", FaultyDatabase(db, self))
 
     # -- scripted faults ------------------------------------------------------------------
@@ -217,18 +228,35 @@ class Faults:
 
     def run(self, operation: str, call: Callable[[], T]) -> T:
         """Run ``call`` (the real ``operation``) with whatever fault is due."""
+        after = self._before(operation)
+        result = call()
+        self._after(operation, after)
+        return result
+
+    async def run_async(self, operation: str, call: Callable[[], Awaitable[T]]) -> T:
+        """Await ``call()`` (the real ``operation``) with whatever fault is due."""
+        after = self._before(operation)
+        result = await call()
+        self._after(operation, after)
+        return result
+
+    def _before(self, operation: str) -> BaseException | None:
+        """Fail or slow ``operation`` before it reaches the server; return the fault due
+        after it applied, if any."""
         before, after, wait = self._decide(operation)
         if before is not None:
             raise before
         if wait > 0:
             self._delay(wait)
-        result = call()
+        return after
+
+    def _after(self, operation: str, after: BaseException | None) -> None:
+        """Delay or lose the reply of ``operation``, which has applied."""
         reply_delay = self._reply_delay(operation)
         if reply_delay:
             self._delay(reply_delay)
         if after is not None:
             raise after
-        return result
 
     def _reply_delay(self, operation: str) -> float:
         with self._lock:
@@ -360,6 +388,14 @@ class FaultyCollection:
 
 
 def _operation(faults: Faults, name: str, method: Callable[..., Any]) -> Callable[..., Any]:
+    if inspect.iscoroutinefunction(method):
+
+        async def operation(*args: Any, **kwargs: Any) -> Any:
+            return await faults.run_async(name, lambda: method(*args, **kwargs))
+
+        operation.__name__ = name
+        return operation
+
     def call(*args: Any, **kwargs: Any) -> Any:
         return faults.run(name, lambda: method(*args, **kwargs))
 

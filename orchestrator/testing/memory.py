@@ -41,7 +41,7 @@ from pymongo.errors import (
 )
 from pymongo.write_concern import WriteConcern
 
-from orchestrator.clock import Clock, SystemClock
+from orchestrator.core.clock import Clock, SystemClock
 
 if TYPE_CHECKING:
     from pymongo.database import Database

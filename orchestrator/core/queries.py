@@ -15,9 +15,9 @@ import bson
 from bson import ObjectId
 from bson.errors import BSONError
 
-from orchestrator.errors import ConfigError
-from orchestrator.redact import redact
-from orchestrator.resource import EPOCH, LEASE_FIELDS
+from orchestrator.core.errors import ConfigError
+from orchestrator.core.redact import redact
+from orchestrator.core.resource import EPOCH, LEASE_FIELDS
 
 CLAIM_SORT: list[tuple[str, int]] = [("lockedUntil", 1), ("updatedAt", 1)]
 """Longest free first (its wait is longest overdue), then the longest untouched."""

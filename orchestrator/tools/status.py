@@ -9,9 +9,10 @@ from typing import Any
 
 from pymongo.database import Database
 
-from orchestrator.errors import ConfigError
-from orchestrator.queries import as_utc
-from orchestrator.store import Document, Store
+from orchestrator.core.errors import ConfigError
+from orchestrator.core.queries import as_utc
+from orchestrator.mongo import Store
+from orchestrator.mongo.common import Document
 
 
 @dataclass(frozen=True)

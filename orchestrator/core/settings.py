@@ -19,8 +19,8 @@ from pydantic import (
     model_validator,
 )
 
-from orchestrator.backoff import BackoffPolicy, ExponentialBackoff, ProgressiveBackoff
-from orchestrator.errors import ConfigError
+from orchestrator.core.backoff import BackoffPolicy, ExponentialBackoff, ProgressiveBackoff
+from orchestrator.core.errors import ConfigError
 
 DAY = 86_400.0
 MAX_LOCK_TIMEOUT = DAY

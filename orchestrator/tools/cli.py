@@ -25,15 +25,16 @@ from pymongo.database import Database
 from rich.console import Console
 from rich.table import Table
 
-from orchestrator import queries
-from orchestrator.core import Orchestrator
-from orchestrator.demo import DemoOptions
-from orchestrator.demo import run as run_demo
-from orchestrator.errors import OrchestratorError
-from orchestrator.graph import mermaid
-from orchestrator.redact import redact
-from orchestrator.status import collect
-from orchestrator.store import Document, Store, connect
+from orchestrator.core import queries
+from orchestrator.core.errors import OrchestratorError
+from orchestrator.core.redact import redact
+from orchestrator.mongo import Store, connect
+from orchestrator.mongo.common import Document
+from orchestrator.runners.threaded import Orchestrator
+from orchestrator.tools.demo import DemoOptions
+from orchestrator.tools.demo import run as run_demo
+from orchestrator.tools.graph import mermaid
+from orchestrator.tools.status import collect
 
 EXIT_FAILED = 1  # the command ran and found something wrong (demo invariants)
 EXIT_ERROR = 2  # the command could not run: bad input, unreachable database
@@ -73,6 +74,14 @@ def _parser() -> argparse.ArgumentParser:
     defaults = DemoOptions()
     demo.add_argument("--gateways", type=int, default=defaults.gateways)
     demo.add_argument("--replicas", type=int, default=defaults.replicas)
+    demo.add_argument(
+        "--processes",
+        type=int,
+        default=defaults.processes,
+        metavar="N",
+        help="run the replicas as N OS processes instead of --replicas threads "
+        "(needs MONGODB_URI or --uri)",
+    )
     demo.add_argument("--delete-fraction", type=float, default=defaults.delete_fraction)
     demo.add_argument(
         "--cert-delay",
@@ -165,6 +174,7 @@ def _demo(args: argparse.Namespace) -> int:
         database=args.db,
         timeout=args.timeout,
         log_file=args.log_file,
+        processes=args.processes,
     )
     return run_demo(options, Console())
 

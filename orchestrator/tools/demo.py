@@ -5,6 +5,9 @@ certificate really waits out its delay, by relocking with progressive backoff), 
 share of them, then audits the result: every resource in its expected final phase, no
 side effect run twice (a ledger with a unique key counts repeats), no lease left held.
 Time is real; ``tick`` and ``lock_timeout`` are small so the run takes seconds.
+
+The replicas are threads of this process, or, with ``processes`` (and a real server),
+separate OS processes (``orchestrator.tools.demo_processes``), as the pods of a deployment are.
 """
 
 from __future__ import annotations
@@ -14,11 +17,11 @@ import random
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pymongo.database import Database
 from rich.console import Console, Group
@@ -27,10 +30,14 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
-from orchestrator.errors import ConfigError
-from orchestrator.status import Status, collect
-from orchestrator.store import Document, connect
+from orchestrator.core.errors import ConfigError
+from orchestrator.mongo import connect
+from orchestrator.mongo.common import Document
 from orchestrator.testing import memory_database
+from orchestrator.tools.status import Status, collect
+
+if TYPE_CHECKING:
+    from examples.gateway import Platform, Workflow
 
 PHASES = ("Creating", "Created", "Deleting", "Deleted", "Failed")
 WATCHED = ("gateways", "runtimeDomains")
@@ -50,12 +57,20 @@ class DemoOptions:
     lock_timeout: float = 5.0
     timeout: float = 120.0
     log_file: Path | None = None
+    processes: int = 0
+    """Replicas as this many OS processes (needs ``uri``); 0: ``replicas`` threads here."""
 
     def check(self) -> None:
         if self.gateways < 1:
             raise ConfigError("--gateways must be at least 1")
         if not 1 <= self.replicas <= 32:
             raise ConfigError("--replicas must be between 1 and 32")
+        if not 0 <= self.processes <= 32:
+            raise ConfigError("--processes must be between 1 and 32 (0: the replicas are threads)")
+        if self.processes and not self.uri:
+            raise ConfigError(
+                "--processes needs MONGODB_URI (or --uri): processes share no in-memory store"
+            )
         if not 0.0 <= self.delete_fraction <= 1.0:
             raise ConfigError("--delete-fraction must be between 0 and 1")
         if self.cert_delay < 0:
@@ -114,11 +129,79 @@ def _quiet_logs(log_file: Path | None, waits: _Waits) -> Iterator[None]:
             handler.close()
 
 
+class Fleet(Protocol):
+    """The demo's replicas, wherever they run: threads here or processes of their own."""
+
+    platform: Platform  # the users' side: create, delete, audit
+
+    def describe(self) -> str: ...
+
+    def start(self) -> None: ...
+
+    def submitters(self) -> list[Platform]:
+        """Where users' requests go in turn (as a load balancer spreads them)."""
+        ...
+
+    def steps(self) -> int: ...
+
+    def trouble(self) -> str | None:
+        """Why the run cannot finish (a replica process died), or None."""
+        ...
+
+    def stop(self) -> list[str]:
+        """Stop every replica; what each left wrong (steps still running, a bad exit)."""
+        ...
+
+    def stats(self) -> list[tuple[str, Mapping[str, int]]]: ...
+
+    def relock_waits(self) -> list[float]: ...
+
+
+class _Threads:
+    """Replicas as threads of this process, each its own ``Orchestrator``."""
+
+    def __init__(self, replicas: list[Workflow], waits: _Waits) -> None:
+        self.replicas = replicas
+        self.platform = replicas[0].platform
+        self._waits = waits
+
+    def describe(self) -> str:
+        return f"{len(self.replicas)} replicas"
+
+    def start(self) -> None:
+        for workflow in self.replicas:
+            workflow.orch.start()
+
+    def submitters(self) -> list[Platform]:
+        return [r.platform for r in self.replicas]
+
+    def steps(self) -> int:
+        return sum(r.orch.stats().get("claimed", 0) for r in self.replicas)
+
+    def trouble(self) -> str | None:
+        return None
+
+    def stop(self) -> list[str]:
+        reports = [(r.orch.replica_id, r.orch.stop(timeout=10)) for r in self.replicas]
+        return [
+            f"{name}: {len(report.still_running)} steps still running at stop"
+            for name, report in reports
+            if report.still_running
+        ]
+
+    def stats(self) -> list[tuple[str, Mapping[str, int]]]:
+        return [(r.orch.replica_id, r.orch.stats()) for r in self.replicas]
+
+    def relock_waits(self) -> list[float]:
+        with self._waits.lock:
+            return sorted(self._waits.values)
+
+
 def run(options: DemoOptions, console: Console) -> int:
     """Run the demo; 0 when every invariant holds, 1 otherwise."""
     options.check()
     # The workflow lives in examples/ (the repository's, or an installed copy).
-    from examples.gateway import Faults, Workflow, build  # noqa: PLC0415
+    from examples.gateway import Faults, build  # noqa: PLC0415
 
     if options.uri:
         db = connect(options.uri, options.database, timeout=10)
@@ -126,19 +209,25 @@ def run(options: DemoOptions, console: Console) -> int:
     else:
         db = memory_database(options.database)
         store_name = "the embedded in-memory store"
-    faults = Faults(options.fail_rate, options.seed)
-    replicas: list[Workflow] = [
-        build(
-            db,
-            replica_id=f"replica-{n + 1}",
-            cert_delay=options.cert_delay,
-            faults=faults,
-            tick=options.tick,
-            lock_timeout=options.lock_timeout,
+    waits = _Waits()
+    settings: dict[str, Any] = {
+        "cert_delay": options.cert_delay,
+        "faults": Faults(options.fail_rate, options.seed),
+        "tick": options.tick,
+        "lock_timeout": options.lock_timeout,
+    }
+    fleet: Fleet
+    if options.processes:
+        from orchestrator.tools.demo_processes import Processes  # noqa: PLC0415
+
+        # The users' side submits and deletes; its orchestrator is never started.
+        fleet = Processes(build(db, replica_id="demo-users", **settings).platform, options)
+    else:
+        fleet = _Threads(
+            [build(db, replica_id=f"replica-{n + 1}", **settings) for n in range(options.replicas)],
+            waits,
         )
-        for n in range(options.replicas)
-    ]
-    replicas[0].platform.reset()
+    fleet.platform.reset()
     names = [f"gw-{n:03d}" for n in range(options.gateways)]
     deleted = sorted(
         random.Random(options.seed).sample(names, round(len(names) * options.delete_fraction))
@@ -146,20 +235,19 @@ def run(options: DemoOptions, console: Console) -> int:
     kept = sorted(set(names) - set(deleted))
     console.print(
         f"[bold]orchestrator demo[/]: {len(names)} gateways with custom domains, "
-        f"{len(replicas)} replicas on {store_name}; certificates take {options.cert_delay:g}s, "
+        f"{fleet.describe()} on {store_name}; certificates take {options.cert_delay:g}s, "
         f"{options.fail_rate:.0%} of service calls fail; then {len(deleted)} are deleted.",
         soft_wrap=True,
     )
-    waits = _Waits()
     started = time.monotonic()
-    display = _Display(console, db, replicas, started, len(names), len(deleted))
+    display = _Display(console, db, fleet, started, len(names), len(deleted))
     timed_out: str | None = None
     with _quiet_logs(options.log_file, waits):
-        for workflow in replicas:
-            workflow.orch.start()
+        fleet.start()
         try:
+            submitters = fleet.submitters()
             for n, name in enumerate(names):
-                replicas[n % len(replicas)].platform.create_gateway(
+                submitters[n % len(submitters)].create_gateway(
                     name, custom_domain=f"{name}.example.com"
                 )
 
@@ -167,35 +255,22 @@ def run(options: DemoOptions, console: Console) -> int:
                 gateways = status.counts().get("gateways", {})
                 return gateways.get("Created", 0) + gateways.get("Failed", 0) >= len(names)
 
-            if not display.until(provisioned, "provisioning", options.timeout):
-                timed_out = "provisioning"
-            else:
+            timed_out = display.until(provisioned, "provisioning", options.timeout)
+            if timed_out is None:
                 for n, name in enumerate(deleted):
-                    replicas[n % len(replicas)].platform.set_state(name, "Deleted")
+                    submitters[n % len(submitters)].set_state(name, "Deleted")
 
                 def finished(status: Status) -> bool:
                     gateways = status.counts().get("gateways", {})
                     live = sum(gateways.values())
-                    return live == len(kept) and replicas[0].platform.archived() == len(deleted)
+                    return live == len(kept) and fleet.platform.archived() == len(deleted)
 
-                if not display.until(finished, "deleting", options.timeout):
-                    timed_out = "deletion"
+                timed_out = display.until(finished, "deletion", options.timeout)
         finally:
-            reports = [w.orch.stop(timeout=10) for w in replicas]
+            left_wrong = fleet.stop()
     elapsed = time.monotonic() - started
     status = collect(db, collections=None, errors=3)
-    return _report(
-        console,
-        options,
-        replicas,
-        status,
-        elapsed,
-        kept,
-        deleted,
-        waits,
-        timed_out,
-        sum(len(r.still_running) for r in reports),
-    )
+    return _report(console, options, fleet, status, elapsed, kept, deleted, timed_out, left_wrong)
 
 
 class _Display:
@@ -206,19 +281,20 @@ class _Display:
         self,
         console: Console,
         db: Database[Document],
-        replicas: list[Any],
+        fleet: Fleet,
         started: float,
         total: int,
         to_delete: int,
     ) -> None:
         self.console = console
         self.db = db
-        self.replicas = replicas
+        self.fleet = fleet
         self.started = started
         self.total = total
         self.to_delete = to_delete
 
-    def until(self, done: Callable[[Status], bool], stage: str, timeout: float) -> bool:
+    def until(self, done: Callable[[Status], bool], stage: str, timeout: float) -> str | None:
+        """Show progress until ``done``; None then, else why the stage did not finish."""
         deadline = time.monotonic() + timeout
         pause = threading.Event()
         if self.console.is_terminal:
@@ -227,9 +303,10 @@ class _Display:
                     status = self._status()
                     live.update(self._render(status, stage))
                     if done(status):
-                        return True
-                    if time.monotonic() > deadline:
-                        return False
+                        return None
+                    failure = self._failure(stage, timeout, deadline)
+                    if failure:
+                        return failure
                     pause.wait(0.2)
         last_line = 0.0
         while True:
@@ -240,16 +317,25 @@ class _Display:
                 self.console.print(self._line(status, stage), highlight=False, soft_wrap=True)
                 last_line = now
             if finished:
-                return True
-            if now > deadline:
-                return False
+                return None
+            failure = self._failure(stage, timeout, deadline)
+            if failure:
+                return failure
             pause.wait(0.2)
+
+    def _failure(self, stage: str, timeout: float, deadline: float) -> str | None:
+        trouble = self.fleet.trouble()
+        if trouble:
+            return f"{stage} did not finish: {trouble}"
+        if time.monotonic() > deadline:
+            return f"{stage} did not finish within {timeout:g}s"
+        return None
 
     def _status(self) -> Status:
         return collect(self.db, collections=WATCHED, errors=0)
 
     def _steps(self) -> int:
-        return sum(r.orch.stats().get("claimed", 0) for r in self.replicas)
+        return self.fleet.steps()
 
     def _render(self, status: Status, stage: str) -> Group:
         counts = status.counts()
@@ -263,7 +349,7 @@ class _Display:
             leased = sum(p.leased for p in status.phases if p.collection == name)
             table.add_row(name, *(str(row.get(p, "")) for p in PHASES), str(leased))
         gateways = counts.get("gateways", {})
-        archived = self.replicas[0].platform.archived()
+        archived = self.fleet.platform.archived()
         # A gateway being deleted (or gone) was provisioned first.
         done = archived + sum(gateways.get(p, 0) for p in ("Created", "Deleting", "Deleted"))
         bars = Table.grid(padding=(0, 1))
@@ -288,7 +374,7 @@ class _Display:
             for name in WATCHED
         ]
         elapsed = time.monotonic() - self.started
-        archived = self.replicas[0].platform.archived()
+        archived = self.fleet.platform.archived()
         return (
             f"[{elapsed:5.1f}s] {stage}: " + " | ".join(parts) + f" | archived {archived}"
             f" | steps {self._steps()}"
@@ -298,20 +384,19 @@ class _Display:
 def _report(
     console: Console,
     options: DemoOptions,
-    replicas: list[Any],
+    fleet: Fleet,
     status: Status,
     elapsed: float,
     kept: list[str],
     deleted: list[str],
-    waits: _Waits,
     timed_out: str | None,
-    still_running: int,
+    left_wrong: list[str],
 ) -> int:
-    stats = [r.orch.stats() for r in replicas]
+    stats = fleet.stats()
     total: Counter[str] = Counter()
-    for s in stats:
+    for _, s in stats:
         total.update(s)
-    platform = replicas[0].platform
+    platform = fleet.platform
     repeats = platform.repeats()
     problems = platform.audit(kept, deleted)
     held = sum(p.leased + p.overdue for p in status.phases)
@@ -319,9 +404,7 @@ def _report(
     checks = [
         (
             timed_out is None,
-            f"finished within {options.timeout:g}s per stage"
-            if timed_out is None
-            else f"{timed_out} did not finish within {options.timeout:g}s",
+            f"finished within {options.timeout:g}s per stage" if timed_out is None else timed_out,
         ),
         (repeats == 0, f"steps run twice: {repeats}"),
         (
@@ -338,15 +421,15 @@ def _report(
             else f"failed: {[(p.collection, p.count) for p in failed]}",
         ),
         (
-            held == 0 and still_running == 0,
-            f"no lease left held ({held} held, {still_running} steps still running at stop)",
+            held == 0 and not left_wrong,
+            f"no lease left held ({held} held); "
+            + ("every replica stopped cleanly" if not left_wrong else "; ".join(left_wrong)),
         ),
     ]
     steps = total.get("claimed", 0)
-    with waits.lock:
-        relock_waits = sorted(waits.values)
+    relock_waits = fleet.relock_waits()
     table = Table(
-        title=f"Report: {len(kept) + len(deleted)} gateways, {len(replicas)} replicas",
+        title=f"Report: {len(kept) + len(deleted)} gateways, {fleet.describe()}",
         show_header=False,
     )
     table.add_column("", style="bold")
@@ -355,10 +438,7 @@ def _report(
     table.add_row("steps", f"{steps} ({steps / max(elapsed, 1e-9):.0f} per second)")
     table.add_row(
         "steps per replica",
-        ", ".join(
-            f"{r.orch.replica_id} {s.get('claimed', 0)}"
-            for r, s in zip(replicas, stats, strict=True)
-        ),
+        ", ".join(f"{name} {s.get('claimed', 0)}" for name, s in stats),
     )
     table.add_row("relocks", str(total.get("relocked", 0)))
     if relock_waits:

@@ -12,7 +12,7 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from orchestrator.registry import Handler
+from orchestrator.core.registry import Handler
 
 
 def mermaid(handlers: Iterable[Handler]) -> str:

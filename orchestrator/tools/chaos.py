@@ -1,4 +1,4 @@
-"""``python -m orchestrator.chaos``: many replicas, many faults, then the invariants.
+"""``python -m orchestrator.tools.chaos``: many replicas, many faults, then the invariants.
 
 A seeded, reproducible run on the in-memory store. Replicas take turns ticking while a
 FakeClock, advanced by the harness, stands for time; every replica reaches MongoDB through
@@ -30,12 +30,13 @@ from pymongo.database import Database
 from rich.console import Console
 from rich.table import Table
 
-from orchestrator.backoff import ExponentialBackoff
-from orchestrator.core import Orchestrator
-from orchestrator.errors import StoreError
-from orchestrator.lease import Lease, Outcome
-from orchestrator.queries import as_utc, bson_time
-from orchestrator.resource import EPOCH, Resource
+from orchestrator.core.backoff import ExponentialBackoff
+from orchestrator.core.errors import StoreError
+from orchestrator.core.lease import Outcome
+from orchestrator.core.queries import as_utc, bson_time
+from orchestrator.core.resource import EPOCH, Resource
+from orchestrator.mongo import Lease
+from orchestrator.runners.threaded import Orchestrator
 from orchestrator.testing.clock import FakeClock
 from orchestrator.testing.faults import Faults, ReplicaCrashed
 from orchestrator.testing.memory import memory_database
@@ -762,7 +763,7 @@ def _table(figures: Figures, config: ChaosConfig) -> Table:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m orchestrator.chaos", description=__doc__.split("\n\n")[0]
+        prog="python -m orchestrator.tools.chaos", description=__doc__.split("\n\n")[0]
     )
     defaults = ChaosConfig()
     parser.add_argument("--replicas", type=int, default=defaults.replicas)

@@ -1,0 +1,3 @@
+"""The decisions, with no I/O: settings, errors, the document model, every filter and
+update (``queries``), backoff policies, the server-clock estimate, and the scheduler that
+both runners follow. Nothing here touches pymongo, a thread or an event loop."""

@@ -1,0 +1,362 @@
+"""The store: the lease reads and writes the orchestrator sends, through PyMongo.
+
+One design in two forms, as PyMongo's own: ``AsyncStore``
+(``orchestrator/mongo/_async/store.py``, on PyMongo's async API) is written by hand, and
+``Store`` (``orchestrator/mongo/_sync/store.py``) is generated from it by
+``scripts/synchro.py`` with ``unasync``, so the two cannot drift apart. What needs no I/O
+(error mapping, codec options, index decisions) lives once in ``orchestrator.mongo.common``;
+every filter and update comes from ``orchestrator.core.queries``.
+
+Driver errors leave here as ``StoreError`` (with a ``transient`` flag) and fenced writes
+that match nothing as ``LeaseLost``, so the layers above never see a driver exception.
+
+Whatever codec options the application's client has (``tz_aware``, ``DATETIME_MS``...),
+the store reads with its own: dates come back as aware UTC datetimes (a date outside the
+range of ``datetime`` as ``bson.DatetimeMS``), documents as the client's document class.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+from bson.codec_options import CodecOptions
+from pymongo import AsyncMongoClient, ReturnDocument
+from pymongo.asynchronous.collection import AsyncCollection
+from pymongo.asynchronous.database import AsyncDatabase
+from pymongo.errors import (
+    DuplicateKeyError,
+    OperationFailure,
+    PyMongoError,
+    ServerSelectionTimeoutError,
+)
+
+from orchestrator.core import queries
+from orchestrator.core.errors import ConfigError, LeaseLost, StoreError
+from orchestrator.core.queries import as_utc
+from orchestrator.core.redact import redact
+from orchestrator.mongo import common
+from orchestrator.mongo.common import COMMAND_NOT_FOUND, Document, driver_errors
+
+__all__ = ["AsyncStore", "connect_async"]
+
+logger = logging.getLogger("orchestrator")
+
+
+class AsyncStore:
+    """Lease reads and writes against one database, with the configured write concern.
+
+    The contract every store keeps, whatever the server (a replica set, a single node, the
+    in-memory database): a claim is one atomic find-and-modify, so two replicas never hold
+    one lease; a write under a lease is fenced, so a stale holder's write lands nowhere and
+    says so; a submit is idempotent by its unique keys, so a retried or concurrent submit
+    makes one document; and no driver error escapes unclassified, so the caller can tell a
+    retry (``transient``) from a fault.
+
+    Writes wait at most ``write_timeout`` seconds for their write concern (``wtimeout``):
+    past it they raise a transient ``StoreError`` instead of blocking while no majority
+    is reachable.
+    """
+
+    def __init__(
+        self,
+        db: AsyncDatabase[Document],
+        write_concern: str | int = "majority",
+        write_timeout: float = 10.0,
+    ) -> None:
+        common.check_database_name(getattr(db, "name", None))
+        self._db = db
+        self._write_concern = common.write_concern(write_concern, write_timeout)
+        self._codec: CodecOptions[Document] = common.codec_options(db.codec_options)
+        self._collections: dict[str, AsyncCollection[Document]] = {}
+        self._unique_done: set[tuple[str, tuple[str, ...]]] = set()
+        self._lock = asyncio.Lock()
+        self._legacy_hello = False
+
+    @property
+    def database(self) -> AsyncDatabase[Document]:
+        return self._db
+
+    def collection(self, name: str) -> AsyncCollection[Document]:
+        """The collection ``name`` with the store's codec options and write concern (the
+        application's own options for it do not apply to the orchestrator's operations)."""
+        coll = self._collections.get(name)
+        if coll is None:
+            coll = self._db.get_collection(
+                name, codec_options=self._codec, write_concern=self._write_concern
+            )
+            self._collections[name] = coll
+        return coll
+
+    # -- time ---------------------------------------------------------------------------
+
+    async def server_time(self) -> datetime | None:
+        """The server's clock from ``hello`` (no privileges needed), or None if it gives none.
+
+        Lease times are judged by the server's clock, not each replica's, so replicas
+        whose clocks disagree still agree on which lease is live. Raises ``StoreError``
+        for a server older than ``MIN_SERVER_VERSION``, so ``start()``, which measures
+        the clock first, refuses it.
+        """
+        with driver_errors("hello"):
+            reply = await self._hello()
+        common.check_server(reply)
+        local = reply.get("localTime")
+        return as_utc(local) if isinstance(local, datetime) else None
+
+    async def _hello(self) -> Mapping[str, Any]:
+        """``hello``, or ``isMaster`` on servers that predate it (and from then on)."""
+        if not self._legacy_hello:
+            try:
+                return await self._db.command("hello", codec_options=self._codec)
+            except OperationFailure as exc:
+                if exc.code != COMMAND_NOT_FOUND:
+                    raise
+                self._legacy_hello = True
+        return await self._db.command("isMaster", codec_options=self._codec)
+
+    # -- leases -------------------------------------------------------------------------
+
+    async def claim(
+        self,
+        name: str,
+        match: Mapping[str, Any],
+        judged_at: datetime,
+        horizon: float,
+        handler: str | None,
+        update: Mapping[str, Any],
+    ) -> Document | None:
+        """One atomic find-and-modify: the longest-free document ``match`` selects whose
+        lease is free at ``judged_at``, taken with ``update``; None when there is none.
+
+        Atomic, so that of replicas claiming at once exactly one gets each document; in
+        ``CLAIM_SORT`` order, so that a document waiting longest is served first and none
+        starves behind fresher ones.
+        """
+        with driver_errors(f"claim on {name}"):
+            return await self.collection(name).find_one_and_update(
+                queries.claim_filter(match, judged_at, horizon, handler),
+                dict(update),
+                sort=queries.CLAIM_SORT,
+                return_document=ReturnDocument.AFTER,
+            )
+
+    async def has_claimable(
+        self,
+        name: str,
+        matches: Sequence[tuple[Mapping[str, Any], str]],
+        now: datetime,
+        horizon: float,
+    ) -> bool:
+        """One read: could any of these handlers' claims find a document now?
+
+        An idle replica asks this once per collection instead of trying one claim per
+        handler, and it writes nothing, so idling costs the server one indexed read.
+        """
+        with driver_errors(f"probe {name}"):
+            found = await self.collection(name).find_one(
+                queries.probe_filter(matches, now, horizon), queries.PROBE_PROJECTION
+            )
+        return found is not None
+
+    async def write(self, name: str, query: Mapping[str, Any], update: Mapping[str, Any]) -> bool:
+        """A fenced write (``query`` from ``queries.fenced``); False when it matched nothing,
+        that is, the lease is no longer the writer's.
+
+        A result, not an exception: the caller decides whether a lost lease is an error
+        (a step's outcome: ``LeaseLost``) or expected (a heartbeat racing a release).
+        """
+        with driver_errors(f"write to {name}/{query.get('_id')}"):
+            result = await self.collection(name).update_one(dict(query), update)
+        return result.matched_count > 0
+
+    async def delete(self, name: str, doc_id: Any, token: str) -> None:
+        """Delete under a lease; ``LeaseLost`` when the lease is no longer this token's."""
+        with driver_errors(f"remove {name}/{doc_id}"):
+            result = await self.collection(name).delete_one(queries.fenced(doc_id, token))
+        if result.deleted_count == 0:
+            raise LeaseLost(name, doc_id, token, "remove")
+
+    # -- documents ----------------------------------------------------------------------
+
+    async def insert(self, name: str, doc: Document, unique: Sequence[str]) -> Document:
+        """Create ``doc`` unless a document with the same unique keys exists; return the one
+        stored. Concurrent calls with one key make one document (the unique index decides).
+
+        An upsert on the unique keys rather than insert-then-catch, so that a submit
+        retried after a lost reply returns the document it made instead of failing.
+        """
+        coll = self.collection(name)
+        if not unique:
+            with driver_errors(f"insert into {name}"):
+                await coll.insert_one(doc)
+            return doc
+        key = queries.unique_filter(doc, unique)
+        if tuple(unique) != ("_id",):
+            await self.ensure_unique(name, unique)
+        on_insert = {k: v for k, v in doc.items() if k not in key}
+        for _ in range(3):
+            with driver_errors(f"submit to {name}"):
+                try:
+                    stored = await coll.find_one_and_update(
+                        key,
+                        {"$setOnInsert": on_insert},
+                        upsert=True,
+                        return_document=ReturnDocument.AFTER,
+                    )
+                except DuplicateKeyError:
+                    # Two upserts raced; the unique index let one insert. Read the winner.
+                    stored = await coll.find_one(key)
+            if stored is not None:
+                return stored
+        raise StoreError(f"submit to {name}: the document {key} vanished while being created")
+
+    async def ensure_claim_index(self, name: str) -> str:
+        """The index serving the claim: an equivalent one already there under any name, or
+        a new one. Returns the name of the index used."""
+        return await self.ensure_index(
+            name, queries.CLAIM_INDEX, index_name=queries.CLAIM_INDEX_NAME, unique=False
+        )
+
+    async def ensure_unique(self, name: str, keys: Sequence[str]) -> None:
+        """A unique index on ``keys``, made once per store: the server, not a read before
+        the write, is what keeps concurrent submits from making two documents."""
+        marker = (name, tuple(keys))
+        if marker in self._unique_done:
+            return
+        async with self._lock:
+            if marker in self._unique_done:
+                return
+            await self.ensure_index(
+                name,
+                [(k, 1) for k in keys],
+                index_name="orchestrator_unique_" + "_".join(keys),
+                unique=True,
+            )
+            self._unique_done.add(marker)
+
+    async def ensure_index(
+        self, name: str, keys: Sequence[tuple[str, int]], *, index_name: str, unique: bool
+    ) -> str:
+        """Make sure an index that does the job of ``keys`` exists; return its name.
+
+        An application's equivalent index is reused whatever its name, and one that
+        cannot do the job is refused with a ``ConfigError`` naming it (see
+        ``common.plan_index``): the server allows no second index on one key pattern.
+        Replicas starting at once may race to create it; the loser looks again.
+        """
+        coll = self.collection(name)
+        wanted = common.index_keys(keys)
+        for attempt in range(2):
+            with driver_errors(f"list indexes of {name}"):
+                cursor = await coll.list_indexes()
+                existing = [dict(info) for info in await cursor.to_list()]
+                collation = (
+                    await self._default_collation(name) if common.has_collation(existing) else None
+                )
+            plan = common.plan_index(
+                name, existing, wanted, index_name=index_name, unique=unique, collation=collation
+            )
+            if plan.reuse is not None:
+                return plan.reuse
+            with driver_errors(f"create index {index_name} on {name}"):
+                if plan.replace is not None:
+                    logger.warning(
+                        f"replacing index {plan.replace!r} on {name}: it is an earlier version's",
+                        extra={"collection": name, "outcome": "index-replaced"},
+                    )
+                    await coll.drop_index(plan.replace)
+                try:
+                    await coll.create_index(wanted, **common.index_options(index_name, unique))
+                except DuplicateKeyError as exc:
+                    raise ConfigError(common.duplicates_error(name, wanted, exc)) from exc
+                except OperationFailure as exc:
+                    if exc.code in common.INDEX_CONFLICT_CODES and attempt == 0:
+                        continue  # another process created an index meanwhile: look again
+                    raise
+            return index_name
+        raise StoreError(f"create index {index_name} on {name}: indexes keep changing")
+
+    async def _default_collation(self, name: str) -> Any:
+        """The collection's default collation, which indexes created without one inherit."""
+        cursor = await self._db.list_collections(filter={"name": name})
+        for info in await cursor.to_list():
+            return (info.get("options") or {}).get("collation")
+        return None
+
+    async def find_one(self, name: str, query: Mapping[str, Any]) -> Document | None:
+        """A plain read outside any lease (operators, ``submit``'s answer): what it returns
+        may be changed by a holder at once, so nothing is decided on it under a lease."""
+        with driver_errors(f"read from {name}"):
+            return await self.collection(name).find_one(dict(query))
+
+    # -- operators ----------------------------------------------------------------------
+
+    async def collection_names(self) -> list[str]:
+        """The database's collections, sorted, without the server's own (``system.*``)."""
+        with driver_errors("list collections"):
+            names = await self._db.list_collection_names()
+        return sorted(n for n in names if not n.startswith("system."))
+
+    async def phase_summary(self, name: str, now: datetime) -> list[Document]:
+        """One aggregation counting documents per phase and lease state at ``now`` (the
+        server's time), so a status report costs one round trip whatever the collection."""
+        with driver_errors(f"summarise {name}"):
+            cursor = await self.collection(name).aggregate(queries.status_pipeline(now))
+            return await cursor.to_list()
+
+    async def latest_errors(self, name: str, limit: int) -> list[Document]:
+        """At most ``limit`` documents carrying an error, most recent first, each with only
+        the fields a report shows (a document may be large; its error is small)."""
+        with driver_errors(f"read errors of {name}"):
+            cursor = self.collection(name).find(queries.errors_filter(), queries.ERRORS_PROJECTION)
+            return await cursor.sort(queries.ERRORS_SORT).limit(limit).to_list()
+
+    async def operator_update(
+        self, name: str, query: Mapping[str, Any], update: Mapping[str, Any]
+    ) -> Document | None:
+        """An operator's change to one document; the document after it, or None if absent.
+
+        Not fenced: an operator acts from outside any lease (a retry, a forced unlock) and
+        wins over the holder, whose next fenced write then fails.
+        """
+        with driver_errors(f"update {name}"):
+            return await self.collection(name).find_one_and_update(
+                dict(query), dict(update), return_document=ReturnDocument.AFTER
+            )
+
+    async def drop(self, name: str) -> None:
+        """Drop a collection with its documents and indexes. The unique indexes this store
+        made there are forgotten too, so the next submit makes them again rather than
+        trusting an index that is gone."""
+        with driver_errors(f"drop {name}"):
+            await self._db.drop_collection(name)
+        self._unique_done = {done for done in self._unique_done if done[0] != name}
+
+
+async def connect_async(
+    uri: str, database: str | None = None, *, timeout: float = 5.0
+) -> AsyncDatabase[Document]:
+    """The database of ``uri`` (or ``database``), checked reachable within ``timeout`` s:
+    a command-line tool should fail in seconds with the reason, not hang for thirty."""
+    where = redact(uri)
+    try:
+        client: AsyncMongoClient[Document] = AsyncMongoClient(uri, **common.client_options(timeout))
+    except (PyMongoError, ValueError) as exc:  # a malformed port is a bare ValueError
+        raise StoreError(f"invalid MongoDB URI {where}: {redact(str(exc))}") from exc
+    try:
+        db = client[database] if database else client.get_default_database("orchestrator")
+        await db.command("ping")
+    except ServerSelectionTimeoutError as exc:
+        await client.close()
+        raise StoreError(
+            f"cannot reach MongoDB at {where} within {timeout:g}s", transient=True
+        ) from exc
+    except PyMongoError as exc:
+        await client.close()
+        raise StoreError(f"MongoDB at {where}: {redact(str(exc))}") from exc
+    common.check_database_name(db.name)
+    return db
