@@ -368,6 +368,22 @@ def test_skewed_views_move_with_the_base() -> None:
         clock.skewed(float("nan"))
 
 
+def test_step_wall_moves_wall_time_alone_either_way() -> None:
+    clock = FakeClock()
+    view = clock.skewed(0)
+    clock.step_wall(-30)  # the whole clock: every view steps with it
+    assert clock.now() == view.now() == START - timedelta(seconds=30)
+    view.step_wall(45)  # one machine's clock: the base does not move
+    assert view.now() == START + timedelta(seconds=15)
+    assert clock.now() == START - timedelta(seconds=30)
+    assert clock.monotonic() == view.monotonic() == 0.0
+    clock.advance(10)
+    assert view.now() == START + timedelta(seconds=25)
+    assert view.monotonic() == 10.0
+    with pytest.raises(ValueError):
+        view.step_wall(float("inf"))
+
+
 def test_fake_clock_is_thread_safe() -> None:
     clock = FakeClock()
 
