@@ -205,7 +205,7 @@ def test_graph_draws_the_gateway_workflow(capsys: pytest.CaptureFixture[str]) ->
         ("examples.gateway", "expected module:attribute"),
         ("no_such_module:orch", "cannot import 'no_such_module'"),
         ("examples.gateway:nothing", "has no attribute 'nothing'"),
-        ("examples.gateway:CREATE_ORDER", "is a tuple, not an Orchestrator"),
+        ("orchestrator.tools.workflows.gateway:CREATE_ORDER", "is a tuple, not an Orchestrator"),
     ],
 )
 def test_graph_and_run_refuse_a_wrong_target(

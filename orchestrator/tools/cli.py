@@ -17,22 +17,20 @@ import sys
 import threading
 from collections.abc import Sequence
 from datetime import UTC, datetime
+from importlib.metadata import version
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
 from pymongo.database import Database
-from rich.console import Console
-from rich.table import Table
 
 from orchestrator.core import queries
 from orchestrator.core.errors import OrchestratorError
+from orchestrator.core.extras import DISTRIBUTION, EXTRA_OF_MODULE, install_hint
 from orchestrator.core.redact import redact
 from orchestrator.mongo import Store, connect
 from orchestrator.mongo.common import Document
 from orchestrator.runners.threaded import Orchestrator
-from orchestrator.tools.demo import DemoOptions
-from orchestrator.tools.demo import run as run_demo
 from orchestrator.tools.graph import mermaid
 from orchestrator.tools.status import collect
 
@@ -45,6 +43,26 @@ class CommandError(Exception):
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The command; an extra that is not installed is named in one line, exit status 2."""
+    args = sys.argv[1:] if argv is None else list(argv)
+    try:
+        return _main(args)
+    except ModuleNotFoundError as exc:
+        missing = (exc.name or "").partition(".")[0]
+        extra = EXTRA_OF_MODULE.get(missing)
+        if extra is None:
+            raise
+        if "demo" in args:
+            extra = "demo"  # the command line and the in-memory store at once
+        print(
+            f"orchestrator: error: this command needs the '{extra}' extra "
+            f"(no module named {missing!r}): {install_hint(extra)}",
+            file=sys.stderr,
+        )
+        return EXIT_ERROR
+
+
+def _main(argv: Sequence[str]) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     try:
@@ -60,10 +78,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
+    # The demo and the tables need the extras: imported when a command runs (see main).
+    from orchestrator.tools.demo import DemoOptions  # noqa: PLC0415
+
     parser = argparse.ArgumentParser(
         prog="orchestrator",
         description="Multi-step work on MongoDB documents, run safely by every replica.",
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version(DISTRIBUTION)}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     demo = commands.add_parser(
@@ -163,6 +185,11 @@ def _database_options(parser: argparse.ArgumentParser, default_db: str | None = 
 
 
 def _demo(args: argparse.Namespace) -> int:
+    from rich.console import Console  # noqa: PLC0415
+
+    from orchestrator.tools.demo import DemoOptions  # noqa: PLC0415
+    from orchestrator.tools.demo import run as run_demo  # noqa: PLC0415
+
     options = DemoOptions(
         gateways=args.gateways,
         replicas=args.replicas,
@@ -220,6 +247,9 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
+    from rich.console import Console  # noqa: PLC0415
+    from rich.table import Table  # noqa: PLC0415
+
     db = open_database(args)
     status = collect(db, collections=args.collection, errors=args.errors)
     if args.json:

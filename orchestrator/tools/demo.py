@@ -33,11 +33,10 @@ from rich.text import Text
 from orchestrator.core.errors import ConfigError
 from orchestrator.mongo import connect
 from orchestrator.mongo.common import Document
-from orchestrator.testing import memory_database
 from orchestrator.tools.status import Status, collect
 
 if TYPE_CHECKING:
-    from examples.gateway import Platform, Workflow
+    from orchestrator.tools.workflows.gateway import Platform, Workflow
 
 PHASES = ("Creating", "Created", "Deleting", "Deleted", "Failed")
 WATCHED = ("gateways", "runtimeDomains")
@@ -102,7 +101,7 @@ class _WaitCollector(logging.Handler):
 @contextmanager
 def _quiet_logs(log_file: Path | None, waits: _Waits) -> Iterator[None]:
     """Keep log lines off the live display: to ``log_file`` if given, else nowhere."""
-    names = ("orchestrator", "examples", "apscheduler")
+    names = ("orchestrator", "apscheduler")
     saved = [(logging.getLogger(n), logging.getLogger(n).propagate) for n in names]
     saved_levels = [lg.level for lg, _ in saved]
     handlers: list[logging.Handler] = [_WaitCollector(waits)]
@@ -200,8 +199,10 @@ class _Threads:
 def run(options: DemoOptions, console: Console) -> int:
     """Run the demo; 0 when every invariant holds, 1 otherwise."""
     options.check()
-    # The workflow lives in examples/ (the repository's, or an installed copy).
-    from examples.gateway import Faults, build  # noqa: PLC0415
+    # The workflow ships in the package (orchestrator.tools.workflows); it needs the in-memory
+    # store's mongomock, which only the demo extra installs, hence imported here.
+    from orchestrator.testing import memory_database  # noqa: PLC0415
+    from orchestrator.tools.workflows.gateway import Faults, build  # noqa: PLC0415
 
     if options.uri:
         db = connect(options.uri, options.database, timeout=10)
