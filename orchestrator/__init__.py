@@ -8,13 +8,18 @@ progressive backoff) or ``advance`` (next phase).
 from orchestrator.core.backoff import BackoffPolicy, ExponentialBackoff, ProgressiveBackoff
 from orchestrator.core.clock import Clock, SystemClock
 from orchestrator.core.errors import ConfigError, LeaseLost, OrchestratorError, StoreError
+from orchestrator.core.lease import Outcome
 from orchestrator.core.resource import EPOCH, ErrorRecord, Resource
 from orchestrator.core.settings import Settings
-from orchestrator.mongo.lease import Lease, Outcome
-from orchestrator.runners.threaded import Orchestrator, StepTimeout, StopReport
+from orchestrator.mongo import AsyncLease, Lease
+from orchestrator.runners.aio import AsyncOrchestrator, ThreadLease
+from orchestrator.runners.base import StepTimeout, StopReport
+from orchestrator.runners.threaded import Orchestrator
 
 __all__ = [
     "EPOCH",
+    "AsyncLease",
+    "AsyncOrchestrator",
     "BackoffPolicy",
     "Clock",
     "ConfigError",
@@ -32,4 +37,5 @@ __all__ = [
     "StopReport",
     "StoreError",
     "SystemClock",
+    "ThreadLease",
 ]

@@ -1,4 +1,4 @@
-"""Generate the sync store from the async one, as PyMongo generates its sync driver.
+"""Generate the sync store, lease and clock probe from the async ones, as PyMongo does.
 
 ``orchestrator/mongo/_async/`` is written by hand; each file there has a generated twin in
 ``orchestrator/mongo/_sync/`` with ``async``/``await`` removed and the async names replaced
@@ -28,6 +28,8 @@ SYNC_DIR = ROOT / "orchestrator" / "mongo" / "_sync"
 REPLACEMENTS = {
     # The orchestrator's own names.
     "AsyncStore": "Store",
+    "AsyncLease": "Lease",
+    "_async": "_sync",  # orchestrator.mongo._async.* -> orchestrator.mongo._sync.*
     "connect_async": "connect",
     # PyMongo's async API and its sync twin.
     "AsyncMongoClient": "MongoClient",

@@ -106,7 +106,7 @@ def make(db: Database[Any], clock: FakeClock) -> Iterator[MakeReplica]:
         options.setdefault("clock_refresh", 1e6)
         local = options.pop("clock", clock)
         orch = Orchestrator(db, replica_id=replica_id, clock=local, **options)
-        orch.clock.measure()
+        orch.measure_clock()
         made.append(orch)
         return orch
 

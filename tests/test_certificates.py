@@ -28,7 +28,7 @@ def workflow(db: Database[Any], clock: FakeClock) -> Iterator[Workflow]:
         cert_delay=60.0,
         faults=faults,
     )
-    w.orch.clock.measure()  # before any clock.advance: see tests/conftest.py
+    w.orch.measure_clock()  # before any clock.advance: see tests/conftest.py
     yield w
     w.orch.stop(timeout=5)
 

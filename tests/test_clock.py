@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
 from pymongo.database import Database
 
-from orchestrator import Orchestrator, StoreError
+from orchestrator import Orchestrator, OrchestratorError, StoreError
 from orchestrator.core.clock import ServerClock
 from orchestrator.core.queries import as_utc
 from orchestrator.testing import FakeClock, memory_database
@@ -26,7 +27,7 @@ def test_the_estimate_is_the_servers_own_clock_and_moves_with_the_local_one(
     clock. Every other test compares times through this estimate."""
     orch = Orchestrator(db, clock=clock, clock_refresh=1e6)
     before = _hello_time(db)
-    orch.clock.measure()
+    orch.measure_clock()
     after = _hello_time(db)
     estimate = orch.clock.now()
     ms = timedelta(milliseconds=1)  # hello's localTime is a BSON date: milliseconds
@@ -42,6 +43,7 @@ def test_a_skewed_replica_sees_the_servers_time() -> None:
     ahead = Orchestrator(db, clock=server.skewed(+20))
     behind = Orchestrator(db, clock=server.skewed(-45))
     for orch in (ahead, behind):
+        orch.measure_clock()
         assert orch.clock.now() == server.now()
     server.advance(7)
     assert ahead.clock.now() == server.now()
@@ -52,7 +54,29 @@ def test_without_local_time_in_hello_the_local_clock_is_used() -> None:
     server = FakeClock()
     local = server.skewed(+5)
     orch = Orchestrator(memory_database(clock=server, server_time=False), clock=local)
+    orch.measure_clock()
     assert orch.clock.now() == local.now()
+
+
+def _probing(
+    local: FakeClock, probe: Callable[[], datetime | None]
+) -> Callable[[ServerClock], None]:
+    """What the runners do when a measurement is due: probe, and record the answer."""
+
+    def measure_if_due(clock: ServerClock) -> None:
+        if not clock.due:
+            return
+        started = local.monotonic()
+        try:
+            server = probe()
+        except StoreError:
+            clock.failed(started)
+            if not clock.measured:
+                raise
+            return
+        clock.record(server, started, local.monotonic(), local.now())
+
+    return measure_if_due
 
 
 def test_the_offset_is_refreshed_and_a_failed_probe_keeps_the_last_estimate() -> None:
@@ -71,14 +95,21 @@ def test_the_offset_is_refreshed_and_a_failed_probe_keeps_the_last_estimate() ->
             raise answer
         return answer
 
-    clock = ServerClock(local, probe, refresh=30)
+    clock = ServerClock(local, refresh=30)
+    measure = _probing(local, probe)
+    assert clock.due
+    measure(clock)
     assert clock.now() - local.now() == timedelta(seconds=3)
-    clock.now()
+    measure(clock)
     assert len(probes) == 1, "cached until the refresh is due"
     local.advance(35)
+    assert clock.due
+    measure(clock)
     assert clock.now() - local.now() == timedelta(seconds=3), "failed probe: last estimate"
     assert len(probes) == 2
+    assert not clock.due, "a failed probe is retried at the next refresh, not at once"
     local.advance(35)
+    measure(clock)
     assert clock.now() - local.now() == timedelta(seconds=9)
     assert len(probes) == 3
 
@@ -87,8 +118,23 @@ def test_with_no_estimate_yet_a_failed_probe_raises() -> None:
     def down() -> datetime | None:
         raise StoreError("unreachable")
 
-    clock = ServerClock(FakeClock(), down, refresh=30)
+    local = FakeClock()
+    clock = ServerClock(local, refresh=30)
+    measure = _probing(local, down)
     with pytest.raises(StoreError):
-        clock.now()
+        measure(clock)
+    assert clock.due, "it keeps trying rather than falling back to the local clock"
     with pytest.raises(StoreError):
-        clock.now()  # and it keeps trying rather than falling back to the local clock
+        measure(clock)
+    with pytest.raises(OrchestratorError, match="not been measured"):
+        clock.now()  # never an answer from an unmeasured clock
+
+
+def test_reading_the_time_does_no_io() -> None:
+    local = FakeClock()
+    clock = ServerClock(local, refresh=30)
+    clock.record(local.now() + timedelta(seconds=10), 0.0, 2.0, local.now())
+    first = clock.now()
+    local.advance(100)
+    assert clock.due, "a measurement is due..."
+    assert clock.now() == first + timedelta(seconds=100), "...and now() answers without one"

@@ -4,12 +4,7 @@ step that never returns does not keep the process from exiting."""
 
 from __future__ import annotations
 
-import os
-import selectors
 import signal
-import subprocess
-import sys
-import textwrap
 import threading
 from pathlib import Path
 from typing import Any
@@ -20,6 +15,7 @@ from pymongo.database import Database
 from orchestrator import Lease, Orchestrator
 from orchestrator.testing import FakeClock
 from tests.conftest import MakeReplica
+from tests.worker_process import read_until, worker_process
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -139,30 +135,10 @@ def never_returns(lease):
 def test_sigterm_with_a_step_that_never_returns_exits_within_the_stop_timeout(
     tmp_path: Path,
 ) -> None:
-    (tmp_path / "stuckworker.py").write_text(textwrap.dedent(STUCK_WORKER))
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "orchestrator", "run", "stuckworker:orch", "--stop-timeout", "1"],
-        cwd=tmp_path,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert proc.stdout is not None
-        selector = selectors.DefaultSelector()
-        selector.register(proc.stdout, selectors.EVENT_READ)
-        lines: list[str] = []
-        while not any("step started" in line for line in lines):
-            assert selector.select(timeout=30), f"the step never started: {lines}"
-            lines.append(proc.stdout.readline())
+    with worker_process(tmp_path, "stuckworker", STUCK_WORKER, "--stop-timeout", "1") as proc:
+        read_until(proc, "step started")
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=30)  # a bound on a hang, not a measured time
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
     assert proc.returncode == 1, err
     assert "1 step(s) still running" in out
     assert "left to expire" in err

@@ -18,7 +18,7 @@ def _replica(db: Database[Any], faults: Faults, clock: FakeClock, name: str) -> 
     orch = Orchestrator(
         faults.wrap(db), replica_id=name, clock=clock, lock_timeout=30, clock_refresh=1e6
     )
-    orch.clock.measure()  # before any clock.advance: see tests/conftest.py
+    orch.measure_clock()  # before any clock.advance: see tests/conftest.py
     return orch
 
 

@@ -37,7 +37,7 @@ def replica(db: Database[Any], clock: FakeClock) -> Iterator[MakeWorkflow]:
             clock_refresh=1e6,
             **options,
         )
-        workflow.orch.clock.measure()  # before any clock.advance: see tests/conftest.py
+        workflow.orch.measure_clock()  # before any clock.advance: see tests/conftest.py
         made.append(workflow)
         return workflow
 

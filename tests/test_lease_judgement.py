@@ -117,7 +117,7 @@ def test_an_ntp_step_between_measurements_does_not_steal_a_live_lease(
     reader = make("reader", clock=view, clock_refresh=3600)
     ran = _recorder(reader)
     holder.submit("jobs", {"phase": "Running"})
-    reader.clock.measure()  # the reader's estimate is anchored now
+    reader.measure_clock()  # the reader's estimate is anchored now
     box, tick = _hold(holder)
     try:
         clock.advance(1)
@@ -135,10 +135,13 @@ def test_the_estimate_is_re_anchored_at_the_next_measurement(clock: FakeClock) -
     db = memory_database(clock=clock)
     view = clock.skewed(0)
     orch = Orchestrator(db, replica_id="r", clock=view, clock_refresh=60)
+    orch.measure_clock()
     start = orch.clock.now()
     view.step_wall(40)
+    orch.measure_clock()  # not due: nothing measured
     assert orch.clock.now() == start  # the step alone moves nothing
     clock.advance(61)
+    orch.measure_clock()
     assert orch.clock.now() == start + timedelta(seconds=61)  # re-measured: the server's time
     assert orch.clock.offset == timedelta(seconds=-40)
 
@@ -234,13 +237,16 @@ def test_the_estimate_never_runs_backwards_when_a_measurement_comes_out_earlier(
     """An asymmetric round trip (or a server stepping its own clock back) makes a new
     measurement earlier than what this replica already judged by: time holds until it
     catches up, rather than running back and re-opening decisions already made."""
-    answers = [clock.now(), clock.now() + timedelta(seconds=10 - 3)]
-    server = ServerClock(clock, lambda: answers.pop(0), refresh=10)
+    server = ServerClock(clock, refresh=10)
+    server.record(clock.now(), clock.monotonic(), clock.monotonic(), clock.now())
     first = server.now()
     clock.advance(9.99)
     before = server.now()
     clock.advance(0.01)
-    held = server.now()  # re-measured: the server said 3 s less than the estimate
+    assert server.due
+    answer = clock.now() + timedelta(seconds=-3)  # the server says 3 s less than the estimate
+    server.record(answer, clock.monotonic(), clock.monotonic(), clock.now())
+    held = server.now()
     assert before > first and held == before
     clock.advance(3.5)  # the new anchor (10 - 3 s) plus 3.5 s is past the held value
     assert server.now() == first + timedelta(seconds=10.5)

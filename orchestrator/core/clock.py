@@ -12,6 +12,8 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
+from orchestrator.core.errors import OrchestratorError
+
 
 class Clock(Protocol):
     """A source of wall time (aware UTC) and of monotonic seconds."""
@@ -35,25 +37,28 @@ class ServerClock:
     """The server's time, as measured with ``hello`` and carried forward by the local
     monotonic clock.
 
+    It does no I/O: the runners measure (``hello``) when ``due`` says so and hand the
+    result to ``record``, or to ``failed`` when the measurement failed; ``now()`` answers
+    from the estimate alone, so reading the time never blocks on the server or hides a
+    round trip inside an event loop.
+
     Between two measurements time advances with ``monotonic()``, never with the local wall
     clock, so an NTP step on this machine cannot make a live lease look expired.
-    ``probe`` returns the server's ``localTime``, or ``None`` when the server gives none:
-    then the local wall clock is the anchor, the estimate is only as good as the replicas'
-    synchronisation, and ``uncertainty`` is ``tolerance`` (leases are judged that much
-    later, so replicas whose clocks differ by less than ``tolerance`` never steal one).
-    The anchor is refreshed every ``refresh`` seconds; a failed probe keeps the last one.
+    A measurement of ``None`` means the server gives no ``localTime``: then the local wall
+    clock is the anchor, the estimate is only as good as the replicas' synchronisation,
+    and ``uncertainty`` is ``tolerance`` (leases are judged that much later, so replicas
+    whose clocks differ by less than ``tolerance`` never steal one). A measurement is due
+    every ``refresh`` seconds; a failed one keeps the last estimate.
     """
 
     def __init__(
         self,
         local: Clock,
-        probe: Callable[[], datetime | None],
         refresh: float = 60.0,
         tolerance: float = 60.0,
         on_fallback: Callable[[], None] | None = None,
     ) -> None:
-        self._local = local
-        self._probe = probe
+        self.local = local
         self._refresh = refresh
         self._tolerance = tolerance
         self._on_fallback = on_fallback
@@ -80,13 +85,27 @@ class ServerClock:
         """Seconds by which this estimate may be off relative to other replicas' estimates."""
         return 0.0 if self._server_time else self._tolerance
 
+    @property
+    def measured(self) -> bool:
+        """True once a measurement succeeded: before that there is no estimate."""
+        return self._anchor is not None
+
+    @property
+    def due(self) -> bool:
+        """A measurement is due: none yet, or the last one is ``refresh`` seconds old."""
+        measured_at = self._measured_at
+        return measured_at is None or self.local.monotonic() - measured_at >= self._refresh
+
     def now(self) -> datetime:
-        mono = self._local.monotonic()
-        if self._measured_at is None or mono - self._measured_at >= self._refresh:
-            self.measure()
+        """The server's time now, by the estimate; ``OrchestratorError`` before the first
+        measurement, since leases cannot be judged safely by an unmeasured clock."""
         with self._lock:
-            assert self._anchor is not None  # measure() raised otherwise
-            estimate = self._anchor + timedelta(seconds=self._local.monotonic() - self._anchor_mono)
+            if self._anchor is None:
+                raise OrchestratorError(
+                    "the server's clock has not been measured yet (start() or "
+                    "measure_clock() measures it)"
+                )
+            estimate = self._anchor + timedelta(seconds=self.local.monotonic() - self._anchor_mono)
             # A re-measure may land up to half a round trip earlier (the reply's delay is
             # not symmetric); time judged by this replica never runs backwards.
             if self._latest is not None and estimate < self._latest:
@@ -94,23 +113,12 @@ class ServerClock:
             self._latest = estimate
             return estimate
 
-    def measure(self) -> None:
-        """Probe the server now; the midpoint of the round trip stands for its reply time.
-
-        A failed probe keeps the last estimate; with none yet, it raises, since leases
-        cannot be judged safely by an unmeasured clock.
-        """
-        started = self._local.monotonic()
-        try:
-            server = self._probe()
-        except Exception:
-            with self._lock:
-                if self._anchor is None:
-                    raise
-                self._measured_at = started  # retried at the next refresh
-            return
-        finished = self._local.monotonic()
-        wall = self._local.now()
+    def record(
+        self, server: datetime | None, started: float, finished: float, wall: datetime
+    ) -> None:
+        """A measurement: the server's reply (``None``: it gives no time), the monotonic
+        times the probe started and finished, and the local wall time at its end. The
+        midpoint of the round trip stands for the reply's time."""
         midpoint = (started + finished) / 2
         fallback = server is None
         with self._lock:
@@ -126,3 +134,10 @@ class ServerClock:
             self._server_time = not fallback
         if newly_fallback and self._on_fallback is not None:
             self._on_fallback()
+
+    def failed(self, started: float) -> None:
+        """A measurement begun at ``started`` failed: the last estimate stands and the
+        next one is due a refresh later (with no estimate yet, at once)."""
+        with self._lock:
+            if self._anchor is not None:
+                self._measured_at = started

@@ -6,7 +6,7 @@ import inspect
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -16,10 +16,9 @@ from orchestrator.core.errors import ConfigError
 from orchestrator.core.resource import Resource
 from orchestrator.core.settings import HandlerOptions, Settings
 
-if TYPE_CHECKING:
-    from orchestrator.mongo.lease import Lease, Outcome
-
-HandlerFunc = Callable[["Lease[Any]"], "Outcome | None"]
+HandlerFunc = Callable[[Any], Any]
+"""A step: takes its lease (``Lease`` or ``AsyncLease``), returns the lease's outcome or
+None (an ``async def`` step returns it when awaited)."""
 Target = str | type[Resource]
 
 
@@ -86,8 +85,8 @@ class Registry:
     ) -> Handler:
         if not callable(func):
             raise ConfigError(f"a handler must be callable, not {func!r}")
-        if inspect.iscoroutinefunction(func) or inspect.isasyncgenfunction(func):
-            raise ConfigError(f"{_describe(func)} is async; handlers are plain functions")
+        if inspect.isasyncgenfunction(func):
+            raise ConfigError(f"{_describe(func)} is an async generator; a handler returns")
         collection, model = resolve(target)
         queries.check_match(match)
         key = (collection, _canonical(match))

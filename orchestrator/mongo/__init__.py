@@ -1,11 +1,16 @@
 """The only package that talks to pymongo.
 
-- ``_async/store.py``: ``AsyncStore`` and ``connect_async``, written by hand;
-- ``_sync/store.py``: ``Store`` and ``connect``, generated from it (``scripts/synchro.py``);
+- ``_async/``: ``AsyncStore`` and ``connect_async``, ``AsyncLease``, and ``measure`` (the
+  server clock's probe), written by hand;
+- ``_sync/``: ``Store``, ``connect``, ``Lease`` and ``measure``, generated from them
+  (``scripts/synchro.py``);
 - ``common.py``: what both share that does no I/O (error mapping, options, index plans).
+  What a lease decides is in ``orchestrator.core.lease``.
 """
 
+from orchestrator.mongo._async.lease import AsyncLease
 from orchestrator.mongo._async.store import AsyncStore, connect_async
+from orchestrator.mongo._sync.lease import Lease
 from orchestrator.mongo._sync.store import Store, connect
 
-__all__ = ["AsyncStore", "Store", "connect", "connect_async"]
+__all__ = ["AsyncLease", "AsyncStore", "Lease", "Store", "connect", "connect_async"]

@@ -32,9 +32,10 @@ from rich.table import Table
 
 from orchestrator.core.backoff import ExponentialBackoff
 from orchestrator.core.errors import StoreError
+from orchestrator.core.lease import Outcome
 from orchestrator.core.queries import as_utc, bson_time
 from orchestrator.core.resource import EPOCH, Resource
-from orchestrator.mongo.lease import Lease, Outcome
+from orchestrator.mongo import Lease
 from orchestrator.runners.threaded import Orchestrator
 from orchestrator.testing.clock import FakeClock
 from orchestrator.testing.faults import Faults, ReplicaCrashed

@@ -1,0 +1,336 @@
+"""What a lease decides, written once for the async lease and the sync one generated from it.
+
+``AsyncLease`` (``orchestrator/mongo/_async/lease.py``) and ``Lease`` (generated from it)
+only carry writes to the store. Everything else is here and does no I/O: the outcomes a
+step returns, the lease's state machine (held, released, lost) and which fence each write
+carries in each state, the update each outcome writes, and the checked policy waits.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from enum import Enum
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
+
+from pydantic import BaseModel
+
+from orchestrator.core import queries
+from orchestrator.core.errors import ConfigError, LeaseLost, OrchestratorError
+from orchestrator.core.queries import as_utc
+from orchestrator.core.resource import EPOCH
+
+if TYPE_CHECKING:
+    from orchestrator.core.clock import ServerClock
+    from orchestrator.core.registry import Handler
+    from orchestrator.core.settings import Settings
+
+R = TypeVar("R")
+
+Action = Literal["unlocked", "relocked", "advanced", "retrying", "failed", "released", "removed"]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a step did with its lease; handlers return the value their lease gave them.
+
+    ``token`` names the lease that wrote it: returning another lease's outcome is an error.
+    """
+
+    action: Action
+    phase: str | None
+    wait: float | None = None
+    token: str | None = field(default=None, compare=False, repr=False)
+
+
+SAME: Any = object()
+"""A release that leaves the phase as it was."""
+
+
+class State(Enum):
+    HELD = "held"
+    RELEASED = "released"
+    LOST = "lost"
+
+
+class PolicyError(OrchestratorError):
+    """A relock or retry policy raised or returned something that is not a wait."""
+
+
+@dataclass(frozen=True)
+class Write:
+    """One releasing write: its update, and what the lease becomes once it lands."""
+
+    update: dict[str, Any]
+    action: str
+    until: datetime
+    phase_change: bool = False
+    next_phase: Any = SAME
+
+
+@dataclass(frozen=True)
+class ErrorWrite:
+    """A failed attempt's write, in the forms to try in turn: the full record, the message
+    cut short, then none (the server refuses a document past 16 MiB, yet the attempt counts)."""
+
+    forms: tuple[Write, ...]
+    outcome: Outcome
+
+
+class LeaseCore(Generic[R]):
+    """A lease's state and decisions. ``doc`` is the claimed document as stored;
+    ``resource`` is it validated by the handler's model (the same dict for handlers
+    registered on a collection name)."""
+
+    def __init__(
+        self,
+        *,
+        clock: ServerClock,
+        settings: Settings,
+        handler: Handler,
+        doc: dict[str, Any],
+        token: str,
+        claimed_at: datetime,
+        expires_at: datetime,
+        throttled: bool = False,
+    ) -> None:
+        self._clock = clock
+        self._settings = settings
+        self.handler = handler
+        self.doc = doc
+        self.resource: R = doc  # type: ignore[assignment]  # replaced once validated
+        self.token = token
+        self.claimed_at = claimed_at
+        self.locked_at = claimed_at
+        self.expires_at = expires_at
+        self.throttled = throttled  # this document used its per-tick budget of claims
+        self._state = State.HELD
+        self._released_until: datetime | None = None
+        self._released_phase: Any = None
+
+    @property
+    def id(self) -> Any:
+        return self.doc.get("_id")
+
+    @property
+    def collection(self) -> str:
+        return self.handler.collection
+
+    @property
+    def phase(self) -> str | None:
+        phase = self.doc.get("phase")
+        return phase if isinstance(phase, str) else None
+
+    @property
+    def held(self) -> bool:
+        """True until this lease is released or found lost."""
+        return self._state is State.HELD
+
+    @property
+    def lost(self) -> bool:
+        """True once a write found the document held by another lease (or its phase
+        changed from outside): nothing more may be written for this step."""
+        return self._state is State.LOST
+
+    def expired(self, now: datetime) -> bool:
+        """True once this lease's expiry has passed: another replica may hold it now.
+
+        No margin for clock uncertainty: other replicas judge leases that much late, which
+        covers their skew against this replica."""
+        return now >= self.expires_at
+
+    # -- the writes each outcome makes ---------------------------------------------------
+
+    def _unlock_write(self, fields: dict[str, Any]) -> tuple[Write, float | None]:
+        data = self._fields(fields)
+        until, wait = self._free_until()
+        return Write(queries.unlock_update(data, until), "unlock", until), wait
+
+    def _relock_write(self, wait: float | None, fields: dict[str, Any]) -> tuple[Write, float]:
+        now = self._clock.now()
+        data = self._fields(fields)
+        if wait is None:
+            count = _int(self.doc.get("relocks")) + 1
+            wait = self._policy_wait("relock_policy", self.handler.relock_policy, now, count)
+        elif not _is_wait(wait):
+            raise ConfigError(
+                f"relock(wait=...) needs a finite number of seconds >= 0, not {wait!r}"
+            )
+        wait = self._bounded(float(wait))
+        until = now + timedelta(seconds=wait)
+        return Write(queries.relock_update(until, data), "relock", until), wait
+
+    def _advance_write(self, phase: str, fields: dict[str, Any]) -> tuple[Write, float | None]:
+        if not isinstance(phase, str) or not phase or phase.startswith("$"):
+            raise ConfigError(f"advance() needs a phase name, not {phase!r}")
+        if self.handler.to and phase not in self.handler.to:
+            raise ConfigError(
+                f"{self.handler.name} may advance to {list(self.handler.to)}, not {phase!r}"
+            )
+        data = self._fields(fields)
+        until, wait = self._free_until()
+        update = queries.advance_update(phase, self._clock.now(), data, until)
+        return Write(update, "advance", until, phase_change=True, next_phase=phase), wait
+
+    def _release_write(self) -> tuple[Write, float | None]:
+        until, wait = self._free_until()
+        return Write(queries.release_update(until), "release", until), wait
+
+    def _extend_write(self) -> tuple[datetime, datetime, dict[str, Any]]:
+        now = self._clock.now()
+        until = now + timedelta(seconds=self._settings.lock_timeout)
+        return now, until, queries.extend_update(now, until)
+
+    def _error_write(self, kind: str, message: str, permanent: bool) -> ErrorWrite:
+        """Count a failed attempt: retry after the handler's backoff, or, past its
+        ``max_attempts`` (or when ``permanent``), move to its failed phase."""
+        now = self._clock.now()
+        attempts = _int(self.doc.get("attempts")) + 1
+        note = ""
+        wait = 0.0
+        final = permanent or attempts >= self.handler.max_attempts
+        if not final:
+            try:
+                wait = self._bounded(
+                    self._policy_wait("retry_policy", self.handler.retry_policy, now, attempts)
+                )
+            except PolicyError as exc:  # a broken policy must not leave the attempt uncounted
+                wait = self._bounded(self._settings.lock_timeout)
+                note = f" [{exc}; waiting {wait:g}s instead]"
+        error = queries.error_record(kind, message + note, now, self.phase)
+        build: Callable[[dict[str, Any]], dict[str, Any]]
+        if final:
+            failed = self.handler.failed_phase
+            until, _ = self._free_until()
+            name = self.handler.name
+
+            def build(record: dict[str, Any]) -> dict[str, Any]:
+                return queries.fail_update(failed, attempts, record, now, name, until)
+
+            shape: dict[str, Any] = {"action": "fail", "phase_change": True, "next_phase": failed}
+            outcome = Outcome("failed", failed, None, self.token)
+        else:
+            until = now + timedelta(seconds=wait)
+
+            def build(record: dict[str, Any]) -> dict[str, Any]:
+                return queries.retry_update(attempts, record, until)
+
+            shape = {"action": "retry"}
+            outcome = Outcome("retrying", self.phase, wait, self.token)
+        text = str(error.get("message", ""))
+        cut = {**error, "message": text[:200] + " [cut: the document is near 16 MiB]"}
+        bare = build({**error, "message": "[not stored: the document is at the 16 MiB limit]"})
+        bare.setdefault("$unset", {})["previousError"] = ""
+        forms = (build(error), build(cut), bare)
+        return ErrorWrite(tuple(Write(u, until=until, **shape) for u in forms), outcome)
+
+    # -- the state machine ---------------------------------------------------------------
+
+    def _check_allowed(self, action: str, after: bool = False) -> None:
+        """Raise ``LeaseLost`` unless this lease may write now: held, or (``after``: error
+        bookkeeping only) released by this very step."""
+        if self._state is State.HELD or (after and self._state is State.RELEASED):
+            return
+        reason = (
+            "this step already gave an outcome; a step returns exactly one"
+            if self._state is State.RELEASED
+            else "another replica holds it now"
+        )
+        raise LeaseLost(self.collection, self.id, self.token, action, reason)
+
+    def _fence(self, phase_change: bool) -> dict[str, Any]:
+        """The filter a write carries: the token (and the claimed phase, for a phase
+        change), or, after this step's own release, the document as that release left it."""
+        if self._state is State.RELEASED:
+            assert self._released_until is not None
+            return queries.released_fence(self.id, self._released_until, self._released_phase)
+        if phase_change:
+            return queries.fenced(self.id, self.token, self.doc.get("phase"))
+        return queries.fenced(self.id, self.token)
+
+    def _lost(self, action: str) -> LeaseLost:
+        """The write matched nothing: the lease is lost from now on."""
+        self._state = State.LOST
+        return LeaseLost(self.collection, self.id, self.token, action)
+
+    def _released(self, write: Write | None) -> None:
+        """A releasing write landed (``None``: the document was removed)."""
+        self._state = State.RELEASED
+        if write is not None:
+            self._released_until = write.until
+            self._released_phase = (
+                self.doc.get("phase") if write.next_phase is SAME else write.next_phase
+            )
+
+    def _extended(self, now: datetime, until: datetime) -> None:
+        self.locked_at = now
+        self.expires_at = until
+
+    # -- pure helpers --------------------------------------------------------------------
+
+    def _free_until(self) -> tuple[datetime, float | None]:
+        """Released at once, unless this document used its claims for the tick: then it
+        waits the relock floor, so no outcome can make a handler spin."""
+        if not self.throttled:
+            return EPOCH, None
+        wait = self._settings.relock_floor
+        return self._clock.now() + timedelta(seconds=wait), wait
+
+    def _policy_wait(self, name: str, policy: Any, now: datetime, count: int) -> float:
+        """The policy's wait, checked: a policy that raises or answers NaN, None, a negative
+        or an infinite number is a ``PolicyError``, never a silent bad lease time."""
+        try:
+            wait = policy.wait(
+                waited=self._time_in_phase(now),
+                count=count,
+                lock_timeout=self._settings.lock_timeout,
+            )
+        except Exception as exc:
+            raise PolicyError(f"{name} raised {type(exc).__name__}: {exc}") from exc
+        if not _is_wait(wait):
+            raise PolicyError(f"{name} returned {wait!r}, not a finite number of seconds >= 0")
+        return float(wait)
+
+    def _fields(self, fields: dict[str, Any]) -> dict[str, Any]:
+        model = self.handler.model
+        named = {
+            (model.field_name(k) if model is not None else k): _plain(v) for k, v in fields.items()
+        }
+        queries.check_fields(named)
+        return named
+
+    def _time_in_phase(self, now: datetime) -> float:
+        since = self.doc.get("updatedAt") or self.doc.get("createdAt")
+        if not isinstance(since, datetime):
+            return 0.0
+        return max((now - as_utc(since)).total_seconds(), 0.0)
+
+    def _bounded(self, wait: float) -> float:
+        return min(max(wait, self._settings.relock_floor), self._settings.max_wait)
+
+    def __repr__(self) -> str:
+        return (
+            f"<{type(self).__name__} {self.collection}/{self.id} phase={self.phase} "
+            f"{self._state.value}>"
+        )
+
+
+def _is_wait(value: Any) -> bool:
+    return (
+        isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and value >= 0
+    )
+
+
+def _int(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, BaseModel):
+        return value.model_dump(by_alias=True, exclude_none=True)
+    return value

@@ -1,0 +1,299 @@
+"""The asyncio runner: ``AsyncOrchestrator``, on the application's own event loop.
+
+It uses only the async driver (``AsyncStore`` over an ``AsyncDatabase``): no second, sync
+client. ``max_concurrency`` worker tasks ask the scheduler for actions and carry them out
+by awaiting the shared plans of ``orchestrator.runners.base``. A step runs in a task of
+its own, so step_timeout can cancel it and free its slot: ``async def`` handlers are
+awaited there; plain ``def`` handlers (blocking SDKs) run in a thread pool of
+``max_concurrency`` threads and get a ``ThreadLease``, whose methods run the
+``AsyncLease``'s coroutines on the loop and wait for them.
+
+Ticks and heartbeats come from APScheduler's ``AsyncIOScheduler``, the async twin of the
+threaded runner's ``BackgroundScheduler``: the same coalescing, one-instance jobs, with
+coroutine jobs run on the application's loop, and one scheduler library for both runners.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+from collections.abc import Coroutine, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
+from typing import Any, Generic, TypeVar
+
+from apscheduler.schedulers.asyncio import AsyncIOScheduler
+from pymongo.asynchronous.database import AsyncDatabase
+
+from orchestrator.core.errors import OrchestratorError
+from orchestrator.core.lease import Outcome
+from orchestrator.core.registry import Handler, Target
+from orchestrator.core.resource import Resource
+from orchestrator.mongo import AsyncLease, AsyncStore
+from orchestrator.mongo._async.clock import measure
+from orchestrator.mongo.common import Document
+from orchestrator.runners.base import TIMER_DEFAULTS, Runner, Step, StopReport, adrive, logger
+
+__all__ = ["AsyncOrchestrator", "ThreadLease"]
+
+R = TypeVar("R")
+T = TypeVar("T")
+
+
+class AsyncOrchestrator(Runner[AsyncDatabase[Document]]):
+    """Register handlers with ``phase``/``when`` (``async def`` or plain ``def``), then
+    ``await start()`` in every replica, e.g. in a FastAPI lifespan.
+
+    ``db`` is a PyMongo ``AsyncDatabase`` (or ``orchestrator.testing.async_memory_database()``).
+    Settings and ``clock`` are ``Orchestrator``'s.
+    """
+
+    _store_type = AsyncStore
+    _lease_type = AsyncLease
+    _measure = staticmethod(measure)
+    _pool: ThreadPoolExecutor | None = None  # for plain def handlers, made on need
+
+    def _setup(self) -> None:
+        self._changed = asyncio.Event()  # set, and replaced, whenever something happened
+        self._tasks: set[asyncio.Task[Any]] = set()  # the workers, kept from the collector
+
+    def _notify(self, *, more_work: bool, everyone: bool = False) -> None:
+        # Waking every waiting task costs no context switch: they all look again.
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    async def _changes(self, timeout: float | None = None) -> None:
+        """Wait until something happens (``_notify``), at most ``timeout`` seconds."""
+        changed = self._changed
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(changed.wait(), timeout)
+
+    # -- documents ------------------------------------------------------------------------
+
+    async def submit(
+        self,
+        target: Target,
+        doc: Mapping[str, Any] | Resource,
+        *,
+        unique: str | Iterable[str] | None = None,
+    ) -> Document:
+        """``Orchestrator.submit``, awaited: idempotent by the unique keys."""
+        return await adrive(self._submit(target, doc, unique))
+
+    async def ensure_indexes(self) -> None:
+        """The claim index on every registered collection, and the unique keys of submit."""
+        await adrive(self._ensure_indexes())
+
+    async def measure_clock(self) -> None:
+        """Measure the server's clock if a measurement is due (workers do before each
+        action, and the heartbeat); with no estimate yet a failure raises ``StoreError``."""
+        await adrive(self._measure_if_due())
+
+    # -- the loop -------------------------------------------------------------------------
+
+    async def run_once(self) -> dict[str, int]:
+        """One tick: claim and run steps until no handler finds work and every step started
+        has finished. Returns the outcome counts of this tick."""
+        before = self._begin_once()
+        loop = asyncio.get_running_loop()
+        interval = min(self.settings.tick, self.settings.lock_timeout / 6)
+        beat = loop.time() + interval
+        while not self._once_over():
+            await self._changes(max(beat - loop.time(), 0.0))
+            if loop.time() >= beat:  # long steps' leases are kept alive meanwhile
+                await self._safe_heartbeat()
+                beat = loop.time() + interval
+        return self._end_once(before)
+
+    def _spawn_worker(self) -> None:
+        task = asyncio.get_running_loop().create_task(
+            self._work(), name=f"orchestrator-{self.replica_id}"
+        )
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _work(self) -> None:
+        """A worker: take actions until there are none and the replica is not serving."""
+        while True:
+            with self._cv:
+                action = self._sched.next()
+                leave = action is None and self._worker_exit()
+            if leave:
+                return
+            if action is None:
+                await self._changes()
+                continue
+            try:
+                await adrive(self._act(action))
+            except asyncio.CancelledError:
+                with self._cv:
+                    self._workers -= 1
+                raise
+            except BaseException as exc:  # not a StoreError: a bug
+                self._worker_failed(exc)
+                return
+
+    async def _run_step(self, step: Step, stopping: bool) -> str | None:
+        """The step in a task of its own, which step_timeout may cancel; None then (the
+        time-out counted it)."""
+        step.task = asyncio.get_running_loop().create_task(self._guarded(step, stopping))
+        await asyncio.wait({step.task})
+        return None if step.task.cancelled() else str(step.task.result())
+
+    async def _guarded(self, step: Step, stopping: bool) -> str:
+        try:
+            return await adrive(self._step(step, stopping))
+        except asyncio.CancelledError:
+            raise
+        except BaseException:
+            return self._interrupted(step)
+
+    def _call_handler(self, step: Step) -> Any:
+        func = step.lease.handler.func
+        if inspect.iscoroutinefunction(func):
+            return func(step.lease)
+        loop = asyncio.get_running_loop()
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(
+                self.settings.max_concurrency, thread_name_prefix=f"orchestrator-{self.replica_id}"
+            )
+        return loop.run_in_executor(self._pool, func, ThreadLease(step.lease, loop))
+
+    def _abandon(self, step: Step) -> None:
+        # An async step is cancelled; a thread step is left to return on its own (its
+        # late writes raise LeaseLost). Either way its worker is free at once.
+        if step.task is not None:
+            step.task.cancel()
+
+    # -- long steps -----------------------------------------------------------------------
+
+    async def heartbeat(self) -> int:
+        """Extend the leases of steps running past half the lock timeout, and take back
+        those past ``step_timeout``. The loop calls this on its own; returns leases extended."""
+        return await adrive(self._heartbeat())
+
+    async def _safe_heartbeat(self) -> None:
+        try:
+            await self.heartbeat()
+        except Exception:
+            logger.exception("heartbeat failed", extra={**self._log_base, "outcome": "error"})
+
+    # -- running in the background --------------------------------------------------------
+
+    async def start(self) -> None:
+        """Create indexes, then keep claiming on this event loop: at once whenever a worker
+        is free and work is due, and every ``tick`` seconds for due relocks and expired
+        leases."""
+        self._refuse_restart()
+        await self.ensure_indexes()
+        await measure(self.clock, self._store)  # raises if the server's clock cannot be read
+        loop = asyncio.get_running_loop()
+        self._serve(AsyncIOScheduler(event_loop=loop, timezone=UTC, job_defaults=TIMER_DEFAULTS))
+
+    async def _background_tick(self) -> None:
+        with self._cv:
+            self._tick()
+
+    async def stop(self, timeout: float = 10.0) -> StopReport:
+        """Stop claiming, wait up to ``timeout`` seconds for running steps, hand back leases
+        claimed but not started, and report what was still running (left to expire)."""
+        self._stop_serving()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while self._sched.busy and loop.time() < deadline:
+            await self._changes(deadline - loop.time())
+        if self._pool is not None:
+            self._pool.shutdown(wait=False)  # a thread step still running keeps its thread
+            self._pool = None
+        return self._stop_report()
+
+
+class ThreadLease(Generic[R]):
+    """What a plain ``def`` handler gets in the ``AsyncOrchestrator``: the ``Lease`` API,
+    each outcome run as the ``AsyncLease``'s coroutine on the event loop while the
+    handler's thread waits for it. Its outcomes are the ``AsyncLease``'s own."""
+
+    def __init__(self, lease: AsyncLease[R], loop: asyncio.AbstractEventLoop) -> None:
+        self._lease = lease
+        self._loop = loop
+
+    def _run(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is self._loop:
+            coroutine.close()
+            raise OrchestratorError(
+                "a ThreadLease waits for the event loop: on the loop, await the AsyncLease"
+            )
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
+
+    @property
+    def doc(self) -> dict[str, Any]:
+        return self._lease.doc
+
+    @property
+    def resource(self) -> R:
+        return self._lease.resource
+
+    @property
+    def handler(self) -> Handler:
+        return self._lease.handler
+
+    @property
+    def token(self) -> str:
+        return self._lease.token
+
+    @property
+    def id(self) -> Any:
+        return self._lease.id
+
+    @property
+    def collection(self) -> str:
+        return self._lease.collection
+
+    @property
+    def phase(self) -> str | None:
+        return self._lease.phase
+
+    @property
+    def held(self) -> bool:
+        return self._lease.held
+
+    @property
+    def lost(self) -> bool:
+        return self._lease.lost
+
+    @property
+    def claimed_at(self) -> datetime:
+        return self._lease.claimed_at
+
+    @property
+    def expires_at(self) -> datetime:
+        return self._lease.expires_at
+
+    def expired(self, now: datetime) -> bool:
+        return self._lease.expired(now)
+
+    def unlock(self, **fields: Any) -> Outcome:
+        return self._run(self._lease.unlock(**fields))
+
+    def relock(self, wait: float | None = None, **fields: Any) -> Outcome:
+        return self._run(self._lease.relock(wait, **fields))
+
+    def advance(self, phase: str, **fields: Any) -> Outcome:
+        return self._run(self._lease.advance(phase, **fields))
+
+    def fail(self, reason: str) -> Outcome:
+        return self._run(self._lease.fail(reason))
+
+    def remove(self) -> Outcome:
+        return self._run(self._lease.remove())
+
+    def extend(self) -> None:
+        self._run(self._lease.extend())
+
+    def __repr__(self) -> str:
+        return f"<ThreadLease of {self._lease!r}>"

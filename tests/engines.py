@@ -1,0 +1,141 @@
+"""Replicas of either engine behind one async face, so a behaviour is tested once for both.
+
+``Replica`` gives the threaded ``Orchestrator`` and the ``AsyncOrchestrator`` the same
+awaitable methods (the threaded ones run in a worker thread, so a step held in one replica
+never blocks the event loop the others run on). A step is written once as an
+``async def`` taking a lease whose outcomes are awaited: the async engine awaits it as its
+handler; the threaded engine runs it with ``asyncio.run`` in its worker thread, over an
+``AwaitableLease`` around the sync ``Lease``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Awaitable, Callable
+from functools import partial
+from typing import Any
+
+import anyio.to_thread
+
+from orchestrator import AsyncOrchestrator, Lease, Orchestrator, Outcome, StopReport
+
+Body = Callable[[Any], Awaitable[Any]]
+
+
+class AwaitableLease:
+    """A sync ``Lease`` with the ``AsyncLease``'s awaitable outcomes."""
+
+    def __init__(self, lease: Lease[Any]) -> None:
+        self._lease = lease
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._lease, name)
+
+    async def unlock(self, **fields: Any) -> Outcome:
+        return self._lease.unlock(**fields)
+
+    async def relock(self, wait: float | None = None, **fields: Any) -> Outcome:
+        return self._lease.relock(wait, **fields)
+
+    async def advance(self, phase: str, **fields: Any) -> Outcome:
+        return self._lease.advance(phase, **fields)
+
+    async def fail(self, reason: str) -> Outcome:
+        return self._lease.fail(reason)
+
+    async def extend(self) -> None:
+        self._lease.extend()
+
+
+class Replica:
+    """One replica of either engine, with awaitable methods."""
+
+    def __init__(self, orch: Orchestrator | AsyncOrchestrator) -> None:
+        self.orch = orch
+        self.threaded = isinstance(orch, Orchestrator)
+
+    async def _call(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        method = getattr(self.orch, name)
+        if self.threaded:
+            return await anyio.to_thread.run_sync(partial(method, *args, **kwargs))
+        return await method(*args, **kwargs)
+
+    async def submit(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        return await self._call("submit", *args, **kwargs)  # type: ignore[no-any-return]
+
+    async def run_once(self) -> dict[str, int]:
+        return await self._call("run_once")  # type: ignore[no-any-return]
+
+    async def heartbeat(self) -> int:
+        return await self._call("heartbeat")  # type: ignore[no-any-return]
+
+    async def start(self) -> None:
+        await self._call("start")
+
+    async def stop(self, timeout: float = 5) -> StopReport:
+        return await self._call("stop", timeout)  # type: ignore[no-any-return]
+
+    def request_stop(self) -> None:
+        self.orch.request_stop()
+
+    def stats(self) -> dict[str, int]:
+        return self.orch.stats()
+
+    def phase(self, collection: str, phase: str, **opts: Any) -> Callable[[Body], Body]:
+        """Register ``body`` as this replica's step for ``collection`` in ``phase``."""
+
+        def register(body: Body) -> Body:
+            if self.threaded:
+
+                def step(lease: Lease[Any]) -> Any:
+                    return asyncio.run(_awaited(body, AwaitableLease(lease)))
+
+                step.__qualname__ = body.__qualname__
+                self.orch.phase(collection, phase, **opts)(step)
+            else:
+                self.orch.phase(collection, phase, **opts)(body)
+            return body
+
+        return register
+
+
+async def _awaited(body: Body, lease: AwaitableLease) -> Any:
+    return await body(lease)
+
+
+async def wait(event: threading.Event, timeout: float = 10) -> bool:
+    """Wait for a thread-safe event without blocking the event loop (abandoned if the
+    waiting task is cancelled, as step_timeout does to an async step)."""
+    return await anyio.to_thread.run_sync(event.wait, timeout, abandon_on_cancel=True)
+
+
+def hold(replica: Replica, action: str = "advance", phase: str = "Running") -> dict[str, Any]:
+    """A step that signals ``claimed``, waits for ``go``, then tries ``action`` (advance to
+    "Done"); a ``LeaseLost`` is kept as ``lost``, a cancellation as ``cancelled``."""
+    box: dict[str, Any] = {
+        "claimed": threading.Event(),
+        "go": threading.Event(),
+        "returned": threading.Event(),
+    }
+
+    @replica.phase("jobs", phase)
+    async def held(lease: Any) -> Any:
+        box["lease"] = lease
+        box["claimed"].set()
+        try:
+            await wait(box["go"])
+        except asyncio.CancelledError:
+            box["cancelled"] = True
+            raise
+        try:
+            if action == "advance":
+                return await lease.advance("Done")
+            return await getattr(lease, action)()
+        except Exception as exc:
+            box["lost"] = exc
+            raise
+        finally:
+            box["returned"].set()
+
+    return box

@@ -1,0 +1,427 @@
+"""The core behaviours on both engines: threaded, async, and sync and async replicas mixed
+on one database (``async_view``). Time comes from the FakeClock; steps are held with
+events, never with sleeps."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import anyio
+import pytest
+from pymongo.database import Database
+
+from orchestrator import (
+    EPOCH,
+    AsyncLease,
+    AsyncOrchestrator,
+    ConfigError,
+    Lease,
+    LeaseLost,
+    Orchestrator,
+    OrchestratorError,
+)
+from orchestrator.core.queries import as_utc
+from orchestrator.testing import FakeClock, async_view, memory_database
+from tests.engines import Replica, hold, wait
+
+pytestmark = pytest.mark.anyio
+
+MakeReplica = Callable[..., Replica]
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture
+def db(clock: FakeClock) -> Database[Any]:
+    return memory_database(clock=clock)
+
+
+@pytest.fixture(params=["threaded", "async", "mixed"])
+async def make(
+    request: pytest.FixtureRequest, db: Database[Any], clock: FakeClock
+) -> AsyncIterator[MakeReplica]:
+    """Replicas of the engine under test on ``db`` (mixed: threaded first, then async, in
+    turn); each is stopped at the end of the test."""
+    made: list[Replica] = []
+    adb = async_view(db)
+
+    def factory(replica_id: str = "pod-1", **options: Any) -> Replica:
+        options.setdefault("lock_timeout", 30)
+        options.setdefault("tick", 1.0)
+        options.setdefault("clock_refresh", 1e6)
+        threaded = request.param == "threaded" or (request.param == "mixed" and len(made) % 2 == 0)
+        orch: Orchestrator | AsyncOrchestrator
+        if threaded:
+            orch = Orchestrator(db, replica_id=replica_id, clock=clock, **options)
+        else:
+            orch = AsyncOrchestrator(adb, replica_id=replica_id, clock=clock, **options)
+        replica = Replica(orch)
+        made.append(replica)
+        return replica
+
+    yield factory
+    for replica in made:
+        await replica.stop(timeout=5)
+
+
+async def test_contending_replicas_run_each_step_exactly_once(
+    make: MakeReplica, db: Database[Any]
+) -> None:
+    replicas = [make(f"pod-{n}", max_concurrency=3) for n in range(4)]
+    db.ledger.create_index("step", unique=True)  # a second run of a step cannot be recorded
+    for replica in replicas:
+
+        @replica.phase("jobs", "First")
+        async def first(lease: Any) -> Any:
+            db.ledger.insert_one({"step": f"{lease.id}/first", "by": lease.doc["lockedBy"]})
+            return await lease.advance("Second")
+
+        @replica.phase("jobs", "Second")
+        async def second(lease: Any) -> Any:
+            db.ledger.insert_one({"step": f"{lease.id}/second", "by": lease.doc["lockedBy"]})
+            return await lease.advance("Done")
+
+    for n in range(30):
+        await replicas[n % 4].submit("jobs", {"phase": "First", "n": n})
+    async with anyio.create_task_group() as group:
+        for replica in replicas:
+            group.start_soon(replica.run_once)
+    for replica in replicas:  # whatever one replica's tick left to the others
+        await replica.run_once()
+
+    assert db.jobs.count_documents({"phase": "Done"}) == 30
+    assert db.jobs.count_documents({"lastError": {"$exists": True}}) == 0
+    assert db.ledger.count_documents({}) == 60
+    assert sum(r.stats().get("advanced", 0) for r in replicas) == 60
+
+
+async def test_a_crashed_holder_s_step_is_taken_over_after_the_lock_timeout_and_fenced(
+    make: MakeReplica, db: Database[Any], clock: FakeClock
+) -> None:
+    crashed = make("pod-crashed", heartbeat=False)  # a dead replica renews nothing
+    taker = make("pod-taker")
+    box = hold(crashed)
+
+    @taker.phase("jobs", "Running")
+    async def take_over(lease: Any) -> Any:
+        return await lease.advance("TakenOver")
+
+    await crashed.submit("jobs", {"phase": "Running"})
+    async with anyio.create_task_group() as group:
+        group.start_soon(crashed.run_once)
+        assert await wait(box["claimed"])
+        assert await taker.run_once() == {"ticks": 1}, "a live lease is not taken"
+        clock.advance(31)
+        assert (await taker.run_once()).get("advanced") == 1
+        # The stale holder wakes up: its write is fenced out by the taker's token.
+        box["go"].set()
+    assert isinstance(box.get("lost"), LeaseLost)
+    stored = db.jobs.find_one({})
+    assert stored is not None
+    assert stored["phase"] == "TakenOver" and stored["lockedBy"] == "pod-taker"
+    assert crashed.stats().get("lost") == 1
+
+
+async def test_a_stale_holder_cannot_release_the_lease_another_holder_took(
+    make: MakeReplica, db: Database[Any]
+) -> None:
+    holder = make("pod-holder")
+    box = hold(holder, action="unlock")
+    await holder.submit("jobs", {"phase": "Running"})
+    async with anyio.create_task_group() as group:
+        group.start_soon(holder.run_once)
+        assert await wait(box["claimed"])
+        db.jobs.update_one({}, {"$set": {"lockToken": "theirs", "lockedBy": "pod-other"}})
+        box["go"].set()
+    assert isinstance(box.get("lost"), LeaseLost)
+    stored = db.jobs.find_one({})
+    assert stored is not None
+    assert stored["lockToken"] == "theirs" and stored["lockedBy"] == "pod-other"
+    assert stored["lockedUntil"] != EPOCH
+
+
+async def test_a_relock_waits_and_its_wait_grows(
+    make: MakeReplica, db: Database[Any], clock: FakeClock
+) -> None:
+    orch = make()
+    seen: list[int] = []
+
+    @orch.phase("jobs", "Waiting")
+    async def poll(lease: Any) -> Any:
+        seen.append(lease.doc.get("relocks", 0))
+        return await lease.relock()
+
+    await orch.submit("jobs", {"phase": "Waiting"})
+    waits = []
+    for _ in range(4):
+        clock.advance(20)
+        assert (await orch.run_once()).get("relocked") == 1
+        stored = db.jobs.find_one({})
+        assert stored is not None
+        waits.append((as_utc(stored["lockedUntil"]) - clock.now()).total_seconds())
+        assert (await orch.run_once()).get("claimed") is None, "not before its wait"
+    assert seen == [0, 1, 2, 3]
+    assert waits == sorted(waits) and waits[-1] > waits[0]
+
+
+async def test_errors_are_retried_then_the_document_moves_to_the_failed_phase(
+    make: MakeReplica, db: Database[Any], clock: FakeClock
+) -> None:
+    orch = make(max_attempts=2)
+
+    @orch.phase("jobs", "Running")
+    async def broken(lease: Any) -> Any:
+        raise RuntimeError("the SDK said no")
+
+    await orch.submit("jobs", {"phase": "Running"})
+    assert (await orch.run_once()).get("retrying") == 1
+    stored = db.jobs.find_one({})
+    assert stored is not None
+    assert stored["phase"] == "Running" and stored["attempts"] == 1
+    assert stored["lastError"]["type"] == "RuntimeError"
+    clock.advance(orch.orch.settings.max_wait + 1)
+    assert (await orch.run_once()).get("failed") == 1
+    stored = db.jobs.find_one({})
+    assert stored is not None
+    assert stored["phase"] == "Failed" and stored["attempts"] == 2
+    assert stored["failedBy"].endswith("broken")
+    assert stored["lastError"]["message"] == "the SDK said no"
+
+
+async def test_the_heartbeat_extends_a_long_step_s_lease(
+    make: MakeReplica, db: Database[Any], clock: FakeClock
+) -> None:
+    worker = make("pod-worker", tick=30)  # run_once's own heartbeat stays out of the way
+    other = make("pod-other")
+    box = hold(worker)
+    stolen: list[int] = []
+
+    @other.phase("jobs", "Running")
+    async def steal(lease: Any) -> Any:
+        stolen.append(1)
+        return await lease.advance("Stolen")
+
+    await worker.submit("jobs", {"phase": "Running"})
+    async with anyio.create_task_group() as group:
+        group.start_soon(worker.run_once)
+        assert await wait(box["claimed"])
+        clock.advance(10)
+        assert await worker.heartbeat() == 0, "not yet half the lock timeout"
+        for _ in range(4):  # 70 s in all, far past the 30 s lock timeout
+            clock.advance(15)
+            assert await worker.heartbeat() == 1
+            await other.run_once()
+        box["go"].set()
+    assert stolen == []
+    assert "lost" not in box
+    assert db.jobs.find_one({})["phase"] == "Done"  # type: ignore[index]
+    assert worker.stats()["extended"] == 4
+
+
+async def test_a_step_past_step_timeout_is_counted_failed_and_its_slot_freed(
+    make: MakeReplica, db: Database[Any], clock: FakeClock
+) -> None:
+    worker = make("pod-worker", step_timeout=60, max_attempts=1, tick=30, max_concurrency=1)
+    box = hold(worker)
+    done: list[str] = []
+
+    @worker.phase("jobs", "Next")
+    async def next_step(lease: Any) -> Any:
+        done.append(lease.doc["name"])
+        return await lease.advance("Done")
+
+    await worker.submit("jobs", {"name": "stuck", "phase": "Running"})
+    async with anyio.create_task_group() as group:
+        group.start_soon(worker.run_once)
+        assert await wait(box["claimed"])
+        for _ in range(3):
+            clock.advance(20)
+            await worker.heartbeat()
+    # run_once returned: the tick no longer waits for the step it gave up on.
+    stuck = db.jobs.find_one({"name": "stuck"})
+    assert stuck is not None
+    assert stuck["phase"] == "Failed" and stuck["lastError"]["type"] == "StepTimeout"
+    assert worker.stats()["timed_out"] == 1
+    assert box["lease"].held is False
+
+    # Its only slot is free again: the next document runs while the stuck step is out.
+    await worker.submit("jobs", {"name": "next", "phase": "Next"})
+    assert (await worker.run_once()).get("advanced") == 1
+    assert done == ["next"]
+
+    box["go"].set()
+    if worker.threaded:  # the thread step returns at last: its late write is fenced out
+        assert await wait(box["returned"])
+        assert isinstance(box.get("lost"), LeaseLost)
+    else:  # the async step was cancelled
+        assert box.get("cancelled") is True
+    assert db.jobs.find_one({"name": "stuck"})["phase"] == "Failed"  # type: ignore[index]
+
+
+async def test_stop_hands_back_claimed_but_unstarted_leases(
+    make: MakeReplica, db: Database[Any]
+) -> None:
+    orch = make(max_concurrency=2)
+    box = hold(orch)
+    for name in ("first", "second"):
+        await orch.submit("jobs", {"name": name, "phase": "Running"})
+
+    # The stop is asked while the second claim's round trip is under way.
+    store = orch.orch._store
+    real_claim = store.claim
+    claims: list[int] = []
+    second_claimed = threading.Event()
+
+    def stop_on_second(result: Any) -> Any:
+        claims.append(1)
+        if len(claims) == 2:
+            orch.request_stop()
+            second_claimed.set()
+        return result
+
+    if orch.threaded:
+        store.claim = lambda *a, **k: stop_on_second(real_claim(*a, **k))
+    else:
+
+        async def claim(*a: Any, **k: Any) -> Any:
+            return stop_on_second(await real_claim(*a, **k))
+
+        store.claim = claim
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(orch.run_once)
+        assert await wait(box["claimed"])
+        assert await wait(second_claimed)
+        box["go"].set()
+        report = await orch.stop(timeout=5)
+
+    second = db.jobs.find_one({"name": "second"})
+    assert second is not None
+    assert report.released == [f"jobs/{second['_id']}"]
+    assert report.still_running == []
+    assert second["lockedUntil"] == EPOCH and "lockToken" not in second
+    assert db.jobs.find_one({"name": "first"})["phase"] == "Done"  # type: ignore[index]
+
+
+async def test_start_and_stop_serve_in_the_background_and_refuse_a_second_start(
+    make: MakeReplica, db: Database[Any]
+) -> None:
+    orch = make()
+    finished = threading.Event()
+
+    @orch.phase("jobs", "Running")
+    async def step(lease: Any) -> Any:
+        outcome = await lease.advance("Done")
+        finished.set()
+        return outcome
+
+    for _ in range(3):
+        await orch.start()
+        with pytest.raises(Exception, match="already started"):
+            await orch.start()
+        await orch.stop(timeout=5)
+    await orch.start()
+    await orch.submit("jobs", {"phase": "Running"})  # a local submit wakes a worker at once
+    assert await wait(finished)
+    await orch.stop(timeout=5)
+    assert db.jobs.find_one({})["phase"] == "Done"  # type: ignore[index]
+    assert orch.orch._workers <= orch.orch.settings.max_concurrency
+
+
+# -- the async engine only -----------------------------------------------------------------
+
+
+@pytest.fixture
+def aorch(db: Database[Any], clock: FakeClock) -> AsyncOrchestrator:
+    return AsyncOrchestrator(async_view(db), replica_id="pod-a", clock=clock, clock_refresh=1e6)
+
+
+async def test_a_plain_def_handler_runs_in_a_thread_with_a_blocking_lease(
+    aorch: AsyncOrchestrator, db: Database[Any]
+) -> None:
+    threads: list[str] = []
+
+    @aorch.phase("jobs", "Running")
+    def blocking(lease: Lease[Any]) -> Any:
+        threads.append(threading.current_thread().name)
+        db.side.insert_one({"for": lease.id})  # a blocking SDK call
+        return lease.advance("Done", by="thread")
+
+    loop_thread = threading.current_thread().name
+    await aorch.submit("jobs", {"phase": "Running"})
+    assert (await aorch.run_once()).get("advanced") == 1
+    assert threads and threads[0] != loop_thread
+    stored = db.jobs.find_one({})
+    assert stored is not None and stored["phase"] == "Done" and stored["by"] == "thread"
+    await aorch.stop()
+
+
+async def test_an_async_handler_awaits_the_application_s_own_coroutines(
+    aorch: AsyncOrchestrator, db: Database[Any]
+) -> None:
+    answered = anyio.Event()
+
+    async def remove_triggers(name: str) -> int:  # the app's own async service
+        await answered.wait()
+        return len(name)
+
+    @aorch.phase("jobs", "Deleting")
+    async def delete(lease: AsyncLease[Any]) -> Any:
+        removed = await remove_triggers(lease.doc["name"])
+        return await lease.advance("Deleted", removed=removed)
+
+    await aorch.submit("jobs", {"name": "gw", "phase": "Deleting"})
+    async with anyio.create_task_group() as group:
+        group.start_soon(aorch.run_once)
+        answered.set()
+    stored = db.jobs.find_one({})
+    assert stored is not None and stored["phase"] == "Deleted" and stored["removed"] == 2
+    await aorch.stop()
+
+
+async def test_run_once_from_inside_a_step_is_refused(aorch: AsyncOrchestrator) -> None:
+    refused: list[Exception] = []
+
+    @aorch.phase("jobs", "Running")
+    async def reentrant(lease: AsyncLease[Any]) -> Any:
+        try:
+            await aorch.run_once()
+        except OrchestratorError as exc:
+            refused.append(exc)
+        return await lease.advance("Done")
+
+    await aorch.submit("jobs", {"phase": "Running"})
+    assert (await aorch.run_once()).get("advanced") == 1
+    assert "inside a step" in str(refused[0])
+    await aorch.stop()
+
+
+async def test_stopping_and_starting_again_leaves_one_set_of_workers(
+    aorch: AsyncOrchestrator,
+) -> None:
+    @aorch.phase("jobs", "Running")
+    async def step(lease: AsyncLease[Any]) -> Any:
+        return await lease.advance("Done")
+
+    for _ in range(5):
+        await aorch.start()
+        await aorch.stop(timeout=5)
+    await aorch.start()
+    workers = [t for t in asyncio.all_tasks() if t.get_name() == "orchestrator-pod-a"]
+    assert len(workers) == aorch.settings.max_concurrency
+    await aorch.stop(timeout=5)
+
+
+async def test_the_threaded_engine_refuses_an_async_handler(db: Database[Any]) -> None:
+    orch = Orchestrator(db)
+    with pytest.raises(ConfigError, match="AsyncOrchestrator"):
+
+        @orch.phase("jobs", "Running")
+        async def step(lease: Any) -> Any:
+            return None

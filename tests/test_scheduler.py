@@ -1,0 +1,181 @@
+"""The scheduling core on its own: no database, no thread, no event loop. Each test feeds
+it what happened and checks what it decides."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from orchestrator.core.registry import Handler
+from orchestrator.core.scheduler import Claim, Probe, Scheduler, heartbeat
+from orchestrator.core.settings import Settings
+
+SETTINGS = Settings()
+
+
+def _handler(collection: str, phase: str) -> Handler:
+    def func(lease: Any) -> None:
+        return None
+
+    return Handler(
+        func=func,
+        collection=collection,
+        match={"phase": phase},
+        phase=phase,
+        model=None,
+        max_attempts=5,
+        failed_phase="Failed",
+        relock_policy=SETTINGS.relock_policy,
+        retry_policy=SETTINGS.retry_policy,
+        name=f"{collection}.{phase}",
+    )
+
+
+def _scheduler(*handlers: Handler, slots: int = 4, budget: int = 100) -> Scheduler:
+    sched = Scheduler(list(handlers), max_concurrency=slots, budget=budget)
+    sched.tick()
+    return sched
+
+
+def test_a_lone_handler_is_claimed_for_directly_and_idles_when_it_finds_nothing() -> None:
+    a = _handler("jobs", "A")
+    sched = _scheduler(a)
+    action = sched.next()
+    assert isinstance(action, Claim) and action.handler is a
+    assert sched.next() is None  # not known to have work: one claim at a time
+    assert sched.claimed(action, None) is False
+    assert sched.next() is None and sched.quiet
+
+
+def test_a_handler_with_work_gets_every_free_slot() -> None:
+    a = _handler("jobs", "A")
+    sched = _scheduler(a, slots=3)
+    first = sched.next()
+    assert isinstance(first, Claim)
+    sched.claimed(first, "doc-1")  # found work: the handler is hot
+    claims = [sched.next(), sched.next()]
+    assert all(isinstance(c, Claim) for c in claims)
+    assert sched.next() is None  # three slots in use
+    sched.finished("advanced")
+    assert isinstance(sched.next(), Claim)  # a finished step frees its slot at once
+
+
+def test_collections_with_several_handlers_are_probed_once_per_tick() -> None:
+    a, b, c = _handler("jobs", "A"), _handler("jobs", "B"), _handler("other", "C")
+    sched = _scheduler(a, b, c)
+    probe = sched.next()
+    assert probe == Probe("jobs", (a, b))
+    other = sched.next()
+    assert isinstance(other, Claim) and other.handler is c  # the probed ones wait
+    assert sched.next() is None
+    sched.probed(probe, False)
+    sched.claimed(other, None)
+    assert sched.quiet
+    sched.tick()
+    assert sched.next() == Probe("jobs", (a, b))
+
+
+def test_a_failed_probe_lets_the_claims_find_out() -> None:
+    a, b = _handler("jobs", "A"), _handler("jobs", "B")
+    sched = _scheduler(a, b)
+    probe = sched.next()
+    assert isinstance(probe, Probe)
+    sched.probed(probe, None)
+    handlers = set()
+    for _ in range(2):
+        action = sched.next()
+        assert isinstance(action, Claim)
+        handlers.add(action.handler.name)
+    assert handlers == {"jobs.A", "jobs.B"}
+
+
+def test_freed_work_and_local_submits_wake_idle_handlers() -> None:
+    a = _handler("jobs", "A")
+    sched = _scheduler(a)
+    claim = sched.next()
+    assert isinstance(claim, Claim)
+    sched.claimed(claim, None)
+    assert sched.next() is None
+    sched.wake()
+    assert isinstance(sched.next(), Claim)
+
+
+def test_a_claim_that_raced_with_freed_work_does_not_idle_its_handler() -> None:
+    a = _handler("jobs", "A")
+    sched = _scheduler(a, slots=2)
+    hot = sched.next()
+    assert isinstance(hot, Claim)
+    sched.claimed(hot, "doc-1")
+    racing = sched.next()  # issued before the step below frees work
+    assert isinstance(racing, Claim)
+    sched.finished("unlocked")
+    sched.claimed(racing, None)  # found nothing, but it asked before the change
+    assert isinstance(sched.next(), Claim)
+
+
+def test_the_budget_throttles_a_document_claimed_too_often_in_one_tick() -> None:
+    a = _handler("jobs", "A")
+    sched = _scheduler(a, budget=3)
+    throttled = []
+    for _ in range(5):
+        claim = sched.next()
+        assert isinstance(claim, Claim)
+        throttled.append(sched.claimed(claim, "doc-1"))
+        sched.finished("unlocked")
+    assert throttled == [False, False, False, True, True]
+    sched.tick()
+    claim = sched.next()
+    assert isinstance(claim, Claim)
+    assert sched.claimed(claim, "doc-1") is False  # a new tick, a new budget
+
+
+def test_each_tick_starts_with_another_handler() -> None:
+    handlers = [_handler(f"c{n}", "A") for n in range(3)]
+    sched = Scheduler(handlers, max_concurrency=1, budget=100)
+    firsts = []
+    for _ in range(3):
+        sched.tick()
+        claim = sched.next()
+        assert isinstance(claim, Claim)
+        firsts.append(claim.handler.collection)
+        sched.claimed(claim, None)
+        while (rest := sched.next()) is not None:
+            assert isinstance(rest, Claim)
+            sched.claimed(rest, None)
+    assert sorted(firsts) == ["c0", "c1", "c2"]
+
+
+def test_a_stop_claims_nothing_more_and_is_quiet_once_steps_end() -> None:
+    a = _handler("jobs", "A")
+    sched = _scheduler(a)
+    claim = sched.next()
+    assert isinstance(claim, Claim)
+    sched.claimed(claim, "doc-1")
+    sched.stop()
+    assert sched.next() is None
+    assert not sched.quiet  # a step still runs
+    sched.finished("released")
+    assert sched.quiet
+    sched.resume()
+    sched.tick()
+    assert isinstance(sched.next(), Claim)
+
+
+def test_heartbeat_extends_past_half_the_lease_and_times_out_past_step_timeout() -> None:
+    t0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+    def decide(elapsed: float, since_renewal: float, *, extend: bool = True) -> Any:
+        return heartbeat(
+            t0 + timedelta(seconds=elapsed),
+            claimed_at=t0,
+            locked_at=t0 + timedelta(seconds=elapsed - since_renewal),
+            lock_timeout=30,
+            step_timeout=300,
+            extend=extend,
+        )
+
+    assert decide(10, 10) is None
+    assert decide(15, 15) == "extend"
+    assert decide(15, 15, extend=False) is None
+    assert decide(200, 5) is None
+    assert decide(300, 5) == "time_out"
