@@ -52,6 +52,7 @@ def test_the_in_memory_store_names_the_testing_extra() -> None:
     ("hidden", "argv", "extra"),
     [
         (("rich",), ["status", "--uri", "mongodb://127.0.0.1:1/x"], "cli"),
+        (("click",), ["--help"], "cli"),
         (("rich",), ["demo", "--gateways", "2"], "demo"),
         (("mongomock",), ["demo", "--gateways", "2"], "demo"),
     ],

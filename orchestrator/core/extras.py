@@ -6,7 +6,7 @@ command line's output come with extras, and a missing one is named, never a trac
 
 DISTRIBUTION = "mongo-orchestrator"
 
-EXTRA_OF_MODULE = {"mongomock": "testing", "rich": "cli"}
+EXTRA_OF_MODULE = {"mongomock": "testing", "rich": "cli", "click": "cli"}
 """The extra that installs each optional module."""
 
 
