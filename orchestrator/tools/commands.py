@@ -101,7 +101,7 @@ def database_options(default_db: str | None) -> Callable[[F], F]:
         command = click.option(
             "--db",
             default=default_db,
-            show_default=default_db or "the URI's database, else 'orchestrator'",
+            show_default=True if default_db else "the URI's database, else 'orchestrator'",
             help="Database name.",
         )(command)
         return click.option(
