@@ -20,17 +20,19 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
 import pytest
-from pymongo import MongoClient
+from pymongo import AsyncMongoClient, MongoClient
 from pymongo.database import Database
 from pymongo.errors import PyMongoError
 
 from orchestrator import Orchestrator
 from orchestrator.core.clock import SystemClock
-from orchestrator.testing import FakeClock, memory_database
+from orchestrator.testing import FakeClock, async_view, memory_database
+from orchestrator.testing.memory import MemoryDatabase
+from tests.engines import Replica, new_replica
 
 MONGODB_URI = os.environ.get("MONGODB_URI")
 
@@ -113,3 +115,40 @@ def make(db: Database[Any], clock: FakeClock) -> Iterator[MakeReplica]:
     yield factory
     for orch in made:
         orch.stop(timeout=5)
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+MakeEither = Callable[..., Awaitable[Replica]]
+
+
+@pytest.fixture(params=["threaded", "async"])
+async def replicas(
+    request: pytest.FixtureRequest, db: Database[Any], clock: FakeClock
+) -> AsyncIterator[MakeEither]:
+    """``make`` for both engines (``tests.engines``): ``await replicas(...)`` is a
+    ``Replica`` on ``db`` (the async engine on its async view, or an async client of the
+    same server), measured now. A test may ask for ``mixed`` too (indirect
+    parametrization): threaded and async replicas in turn."""
+    made: list[Replica] = []
+    client: AsyncMongoClient[Any] | None = None
+    if isinstance(db, MemoryDatabase):
+        adb: Any = async_view(db)
+    else:
+        client = AsyncMongoClient(MONGODB_URI, serverSelectionTimeoutMS=5000)
+        adb = client[db.name]
+
+    async def factory(replica_id: str = "pod-1", **options: Any) -> Replica:
+        replica = new_replica(request.param, len(made), db, adb, clock, replica_id, **options)
+        made.append(replica)
+        await replica.measure_clock()
+        return replica
+
+    yield factory
+    for replica in made:
+        await replica.stop(timeout=5)
+    if client is not None:
+        await client.close()

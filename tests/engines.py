@@ -18,9 +18,13 @@ from typing import Any
 
 import anyio.to_thread
 
-from orchestrator import AsyncOrchestrator, Lease, Orchestrator, Outcome, StopReport
+from orchestrator import AsyncOrchestrator, Lease, Orchestrator, Outcome, Settings, StopReport
+from orchestrator.core.clock import Clock, ServerClock
+from orchestrator.core.registry import Target
 
 Body = Callable[[Any], Awaitable[Any]]
+MODES = ("threaded", "async", "mixed")
+"""The engines a test runs on; ``mixed``: threaded and async replicas in turn on one database."""
 
 
 class AwaitableLease:
@@ -67,6 +71,9 @@ class Replica:
     async def run_once(self) -> dict[str, int]:
         return await self._call("run_once")  # type: ignore[no-any-return]
 
+    async def measure_clock(self) -> None:
+        await self._call("measure_clock")
+
     async def heartbeat(self) -> int:
         return await self._call("heartbeat")  # type: ignore[no-any-return]
 
@@ -76,28 +83,57 @@ class Replica:
     async def stop(self, timeout: float = 5) -> StopReport:
         return await self._call("stop", timeout)  # type: ignore[no-any-return]
 
+    @property
+    def clock(self) -> ServerClock:
+        return self.orch.clock
+
+    @property
+    def settings(self) -> Settings:
+        return self.orch.settings
+
     def request_stop(self) -> None:
         self.orch.request_stop()
 
     def stats(self) -> dict[str, int]:
         return self.orch.stats()
 
-    def phase(self, collection: str, phase: str, **opts: Any) -> Callable[[Body], Body]:
-        """Register ``body`` as this replica's step for ``collection`` in ``phase``."""
+    def phase(self, target: Target, phase: str, **opts: Any) -> Callable[[Body], Body]:
+        """Register ``body`` as this replica's step for ``target`` in ``phase``."""
+        return self._register(self.orch.phase(target, phase, **opts))
 
+    def when(self, target: Target, match: dict[str, Any], **opts: Any) -> Callable[[Body], Body]:
+        """Register ``body`` as this replica's step for documents of ``target`` matching."""
+        return self._register(self.orch.when(target, match, **opts))
+
+    def _register(self, decorator: Callable[[Any], Any]) -> Callable[[Body], Body]:
         def register(body: Body) -> Body:
             if self.threaded:
 
                 def step(lease: Lease[Any]) -> Any:
                     return asyncio.run(_awaited(body, AwaitableLease(lease)))
 
-                step.__qualname__ = body.__qualname__
-                self.orch.phase(collection, phase, **opts)(step)
+                step.__module__, step.__qualname__ = body.__module__, body.__qualname__
+                decorator(step)
             else:
-                self.orch.phase(collection, phase, **opts)(body)
+                decorator(body)
             return body
 
         return register
+
+
+def new_replica(
+    mode: str, index: int, db: Any, adb: Any, local: Clock, replica_id: str, **options: Any
+) -> Replica:
+    """The ``index``-th replica of a test in ``mode`` (``MODES``) on ``db`` (sync) or
+    ``adb`` (its async view), with the tests' default settings; its local clock is
+    ``local`` unless ``options`` name another."""
+    options.setdefault("lock_timeout", 30)
+    options.setdefault("tick", 1.0)
+    options.setdefault("clock_refresh", 1e6)
+    options.setdefault("clock", local)
+    if mode == "threaded" or (mode == "mixed" and index % 2 == 0):
+        return Replica(Orchestrator(db, replica_id=replica_id, **options))
+    return Replica(AsyncOrchestrator(adb, replica_id=replica_id, **options))
 
 
 async def _awaited(body: Body, lease: AwaitableLease) -> Any:

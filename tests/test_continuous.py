@@ -79,7 +79,7 @@ def test_run_once_from_inside_a_step_is_a_clear_recorded_error(
 def test_stop_and_start_any_number_of_times_leaves_one_set_of_workers(
     make: MakeReplica, db: Database[Any]
 ) -> None:
-    orch = make(max_concurrency=3, tick=0.05)
+    orch = make("pod-cycles", max_concurrency=3, tick=0.05)  # its own name: its own threads
     done = threading.Event()
 
     @orch.phase("jobs", "Running")
@@ -102,7 +102,7 @@ def test_stop_and_start_any_number_of_times_leaves_one_set_of_workers(
 
 
 def test_run_once_leaves_no_worker_behind(make: MakeReplica, db: Database[Any]) -> None:
-    orch = make(max_concurrency=4)
+    orch = make("pod-once", max_concurrency=4)
 
     @orch.phase("jobs", "Running")
     def step(lease: Lease[Any]) -> Any:

@@ -5,8 +5,11 @@ events, never with sleeps."""
 from __future__ import annotations
 
 import asyncio
+import inspect
+import signal
 import threading
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -22,10 +25,12 @@ from orchestrator import (
     LeaseLost,
     Orchestrator,
     OrchestratorError,
+    ThreadLease,
 )
 from orchestrator.core.queries import as_utc
 from orchestrator.testing import FakeClock, async_view, memory_database
-from tests.engines import Replica, hold, wait
+from tests.engines import MODES, Replica, hold, new_replica, wait
+from tests.worker_process import python_process, read_until
 
 pytestmark = pytest.mark.anyio
 
@@ -33,16 +38,11 @@ MakeReplica = Callable[..., Replica]
 
 
 @pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture
 def db(clock: FakeClock) -> Database[Any]:
     return memory_database(clock=clock)
 
 
-@pytest.fixture(params=["threaded", "async", "mixed"])
+@pytest.fixture(params=MODES)
 async def make(
     request: pytest.FixtureRequest, db: Database[Any], clock: FakeClock
 ) -> AsyncIterator[MakeReplica]:
@@ -52,16 +52,7 @@ async def make(
     adb = async_view(db)
 
     def factory(replica_id: str = "pod-1", **options: Any) -> Replica:
-        options.setdefault("lock_timeout", 30)
-        options.setdefault("tick", 1.0)
-        options.setdefault("clock_refresh", 1e6)
-        threaded = request.param == "threaded" or (request.param == "mixed" and len(made) % 2 == 0)
-        orch: Orchestrator | AsyncOrchestrator
-        if threaded:
-            orch = Orchestrator(db, replica_id=replica_id, clock=clock, **options)
-        else:
-            orch = AsyncOrchestrator(adb, replica_id=replica_id, clock=clock, **options)
-        replica = Replica(orch)
+        replica = new_replica(request.param, len(made), db, adb, clock, replica_id, **options)
         made.append(replica)
         return replica
 
@@ -425,3 +416,194 @@ async def test_the_threaded_engine_refuses_an_async_handler(db: Database[Any]) -
         @orch.phase("jobs", "Running")
         async def step(lease: Any) -> Any:
             return None
+
+
+async def test_run_once_from_inside_a_def_step_is_a_clear_recorded_error(
+    aorch: AsyncOrchestrator, db: Database[Any]
+) -> None:
+    """A plain ``def`` step runs in a thread; its context goes with it, so a run_once it
+    asks the loop for is refused instead of waiting for the step that asked."""
+    loop = asyncio.get_running_loop()
+
+    @aorch.phase("jobs", "Running")
+    def reentrant(lease: Lease[Any]) -> Any:
+        # The timeout bounds a hang (the defect); it measures nothing.
+        asyncio.run_coroutine_threadsafe(aorch.run_once(), loop).result(timeout=10)
+        return lease.advance("Done")
+
+    await aorch.submit("jobs", {"phase": "Running"})
+    assert (await aorch.run_once()).get("retrying") == 1
+    stored = db.jobs.find_one({})
+    assert stored is not None and stored["phase"] == "Running" and stored["attempts"] == 1
+    assert stored["lastError"]["type"] == "OrchestratorError"
+    assert "inside a step" in stored["lastError"]["message"]
+    await aorch.stop()
+
+
+async def test_stop_returns_when_an_async_step_ignores_cancellation(
+    aorch: AsyncOrchestrator, db: Database[Any]
+) -> None:
+    """stop(timeout) hands back what it could and reports the stubborn step as left to
+    expire: it does not wait for a step that swallows its cancellation."""
+    started, release = anyio.Event(), anyio.Event()
+
+    @aorch.phase("jobs", "Running")
+    async def stubborn(lease: AsyncLease[Any]) -> Any:
+        started.set()
+        while not release.is_set():
+            try:
+                await release.wait()
+            except asyncio.CancelledError:
+                continue  # ignores every cancellation
+        return None
+
+    doc = await aorch.submit("jobs", {"phase": "Running"})
+    await aorch.start()
+    await started.wait()
+    with anyio.fail_after(30):  # a bound on a hang, not a measured time
+        report = await aorch.stop(timeout=0.1)
+    assert report.still_running == [f"jobs/{doc['_id']}"]
+    stored = db.jobs.find_one({})
+    assert stored is not None and stored["lockToken"] and stored["lockedBy"] == "pod-a"
+    release.set()  # the test's own clean-up: the step may end now
+
+
+STUCK_ASYNC_WORKER = """
+import asyncio
+import logging
+import signal
+import sys
+import threading
+
+from orchestrator import AsyncOrchestrator
+from orchestrator.testing import async_memory_database
+
+logging.basicConfig(level=logging.WARNING)  # the stop report's warning, on stderr
+
+
+async def main() -> int:
+    orch = AsyncOrchestrator(
+        async_memory_database(), replica_id="stuck-a", tick=0.05, lock_timeout=30
+    )
+
+    @orch.phase("jobs", "Pending")
+    def never_returns(lease):
+        print("step started", flush=True)
+        threading.Event().wait()
+
+    terminated = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, terminated.set)
+    await orch.submit("jobs", {"phase": "Pending"})
+    await orch.start()
+    await terminated.wait()
+    report = await orch.stop(timeout=1)
+    print(f"{len(report.still_running)} step(s) still running", flush=True)
+    return 1 if report.still_running else 0
+
+
+sys.exit(asyncio.run(main()))
+"""
+
+
+def test_sigterm_with_a_def_step_that_never_returns_exits_within_the_stop_timeout(
+    tmp_path: Path,
+) -> None:
+    """A plain ``def`` step's thread does not keep the interpreter from exiting: the
+    step's lease is left to expire and the program's exit status says so."""
+    with python_process(tmp_path, "stuckasync", STUCK_ASYNC_WORKER) as proc:
+        read_until(proc, "step started")
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)  # a bound on a hang, not a measured time
+    assert proc.returncode == 1, err
+    assert "1 step(s) still running" in out
+    assert "left to expire" in err
+    assert "Traceback" not in err
+
+
+async def test_a_def_step_past_step_timeout_does_not_hold_up_the_next_def_step(
+    db: Database[Any], clock: FakeClock
+) -> None:
+    """The abandoned step keeps its thread until it returns; the next step gets another
+    one rather than queueing behind it (a pool of max_concurrency threads would wait)."""
+    aorch = AsyncOrchestrator(
+        async_view(db),
+        replica_id="pod-a",
+        clock=clock,
+        clock_refresh=1e6,
+        tick=30,
+        step_timeout=60,
+        max_attempts=1,
+        max_concurrency=1,
+    )
+    claimed, go = threading.Event(), threading.Event()
+    done: list[str] = []
+
+    @aorch.phase("jobs", "Stuck")
+    def stuck(lease: Lease[Any]) -> Any:
+        claimed.set()
+        go.wait(30)
+        return None
+
+    @aorch.phase("jobs", "Next")
+    def next_step(lease: Lease[Any]) -> Any:
+        done.append(lease.doc["name"])
+        return lease.advance("Done")
+
+    await aorch.submit("jobs", {"name": "stuck", "phase": "Stuck"})
+    try:
+        async with anyio.create_task_group() as group:
+            group.start_soon(aorch.run_once)
+            assert await wait(claimed)
+            for _ in range(3):
+                clock.advance(20)
+                await aorch.heartbeat()
+        assert aorch.stats()["timed_out"] == 1
+        await aorch.submit("jobs", {"name": "next", "phase": "Next"})
+        with anyio.fail_after(10):  # a bound on a hang, not a measured time
+            assert (await aorch.run_once()).get("advanced") == 1
+        assert done == ["next"]
+    finally:
+        go.set()
+        await aorch.stop()
+
+
+RUNNER_ONLY = {"record_error", "release", "throttled"}  # what the runner calls, not a handler
+
+
+async def test_a_thread_lease_is_not_a_lease_but_offers_a_handler_all_of_the_lease_api(
+    aorch: AsyncOrchestrator, db: Database[Any], clock: FakeClock
+) -> None:
+    """A ``ThreadLease`` is a view on the step's ``AsyncLease``, not a ``Lease`` (it has
+    no sync store to write through); everything a handler uses of a ``Lease`` is there,
+    with the same signature, and reads the ``AsyncLease``'s state."""
+    seen: dict[str, Any] = {}
+    threaded = Orchestrator(db, replica_id="pod-t", clock=clock, clock_refresh=1e6)
+
+    @threaded.phase("jobs", "Sync")
+    def sync_step(lease: Lease[Any]) -> Any:
+        seen["lease"] = lease
+        return lease.advance("Done")
+
+    @aorch.phase("jobs", "Thread")
+    def thread_step(lease: ThreadLease[Any]) -> Any:
+        seen["thread"] = lease
+        seen["inside"] = {name: getattr(lease, name) for name in ("held", "lost", "locked_at")}
+        return lease.advance("Done")
+
+    await aorch.submit("jobs", {"phase": "Thread"})
+    await aorch.run_once()
+    await anyio.to_thread.run_sync(threaded.submit, "jobs", {"phase": "Sync"})
+    await anyio.to_thread.run_sync(threaded.run_once)
+    lease, thread_lease = seen["lease"], seen["thread"]
+    assert isinstance(thread_lease, ThreadLease) and not isinstance(thread_lease, Lease)
+    assert seen["inside"]["held"] is True and seen["inside"]["lost"] is False
+    public = {n for n in [*dir(lease), *vars(lease)] if not n.startswith("_")} - RUNNER_ONLY
+    missing = sorted(n for n in public if not hasattr(thread_lease, n))
+    assert missing == []
+    for name in sorted(public):
+        ours = getattr(thread_lease, name)
+        if callable(ours):
+            assert inspect.signature(ours) == inspect.signature(getattr(lease, name)), name
+        else:
+            assert ours == getattr(thread_lease._lease, name), name
+    await aorch.stop()

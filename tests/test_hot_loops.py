@@ -2,21 +2,24 @@
 the same per-document budget of claims per tick, and a handler never re-claims a document
 it moved to the failed phase.
 
-Each handler here carries a guard: past ``GUARD`` calls it raises, which (on code without
-these fixes) ends what would otherwise be an endless ``run_once``; the assertions then fail
-on the call count instead of hanging the suite.
+Every test runs on both engines. Each handler here carries a guard: past ``GUARD`` calls
+it raises, which (on code without these fixes) ends what would otherwise be an endless
+``run_once``; the assertions then fail on the call count instead of hanging the suite.
 """
 
 from __future__ import annotations
 
 from typing import Any, ClassVar
 
+import pytest
 from pymongo.database import Database
 
-from orchestrator import Lease, Resource
+from orchestrator import Resource
 from orchestrator.core import queries
 from orchestrator.testing import FakeClock
-from tests.conftest import MakeReplica
+from tests.conftest import MakeEither
+
+pytestmark = pytest.mark.anyio  # each test runs on both engines (the ``replicas`` fixture)
 
 BUDGET = 5  # max_unlocks_per_tick in these tests
 GUARD = 500
@@ -32,63 +35,63 @@ def _guarded(calls: list[Any], value: Any) -> None:
         raise Runaway(f"called {len(calls)} times")
 
 
-def test_advancing_to_the_phase_it_is_in_is_held_to_the_budget(
-    make: MakeReplica, db: Database[Any], clock: FakeClock
+async def test_advancing_to_the_phase_it_is_in_is_held_to_the_budget(
+    replicas: MakeEither, db: Database[Any], clock: FakeClock
 ) -> None:
-    orch = make(max_unlocks_per_tick=BUDGET)
+    orch = await replicas(max_unlocks_per_tick=BUDGET)
     calls: list[Any] = []
 
     @orch.phase("items", "A")
-    def same(lease: Lease[Any]) -> Any:
+    async def same(lease: Any) -> Any:
         _guarded(calls, lease.id)
-        return lease.advance("A")
+        return await lease.advance("A")
 
-    orch.submit("items", {"phase": "A"})
-    orch.run_once()
+    await orch.submit("items", {"phase": "A"})
+    await orch.run_once()
     assert len(calls) == BUDGET + 1  # the budget, then one more that is throttled
     clock.advance(1.0)
-    orch.run_once()
+    await orch.run_once()
     assert len(calls) == 2 * (BUDGET + 1)  # the next tick: a fresh budget, still bounded
 
 
-def test_two_handlers_passing_a_document_back_and_forth_are_held_to_the_budget(
-    make: MakeReplica, db: Database[Any]
+async def test_two_handlers_passing_a_document_back_and_forth_are_held_to_the_budget(
+    replicas: MakeEither, db: Database[Any]
 ) -> None:
-    orch = make(max_unlocks_per_tick=BUDGET)
+    orch = await replicas(max_unlocks_per_tick=BUDGET)
     calls: list[Any] = []
 
     @orch.phase("items", "Ping")
-    def ping(lease: Lease[Any]) -> Any:
+    async def ping(lease: Any) -> Any:
         _guarded(calls, "ping")
-        return lease.advance("Pong")
+        return await lease.advance("Pong")
 
     @orch.phase("items", "Pong")
-    def pong(lease: Lease[Any]) -> Any:
+    async def pong(lease: Any) -> Any:
         _guarded(calls, "pong")
-        return lease.advance("Ping")
+        return await lease.advance("Ping")
 
-    orch.submit("items", {"phase": "Ping"})
-    orch.run_once()
+    await orch.submit("items", {"phase": "Ping"})
+    await orch.run_once()
     assert len(calls) == BUDGET + 1
     doc = db.items.find_one({})
     assert doc is not None and doc["lockedUntil"] > doc["updatedAt"]  # waits out the tick
 
 
-def test_a_filter_without_phase_does_not_refail_what_it_failed(
-    make: MakeReplica, db: Database[Any], clock: FakeClock
+async def test_a_filter_without_phase_does_not_refail_what_it_failed(
+    replicas: MakeEither, db: Database[Any], clock: FakeClock
 ) -> None:
     """The filter matches the failed phase too; the document it failed stays failed."""
-    orch = make(max_attempts=1)
+    orch = await replicas(max_attempts=1)
     calls: list[Any] = []
 
     @orch.when("items", {"state": "Deleted"})
-    def delete(lease: Lease[Any]) -> Any:
+    async def delete(lease: Any) -> Any:
         _guarded(calls, lease.phase)
         raise RuntimeError("cannot delete")
 
-    orch.submit("items", {"phase": "Running", "state": "Deleted"})
+    await orch.submit("items", {"phase": "Running", "state": "Deleted"})
     for _ in range(5):
-        orch.run_once()
+        await orch.run_once()
         clock.advance(60)
     assert calls == ["Running"]
     doc = db.items.find_one({})
@@ -97,24 +100,24 @@ def test_a_filter_without_phase_does_not_refail_what_it_failed(
     assert doc["failedBy"] == delete.__module__ + "." + delete.__qualname__
 
 
-def test_a_document_failing_validation_is_not_claimed_again_by_a_phaseless_filter(
-    make: MakeReplica, db: Database[Any], clock: FakeClock
+async def test_a_document_failing_validation_is_not_claimed_again_by_a_phaseless_filter(
+    replicas: MakeEither, db: Database[Any], clock: FakeClock
 ) -> None:
     class Item(Resource):
         collection: ClassVar[str] = "items"
         size: int
 
-    orch = make()
+    orch = await replicas()
     calls: list[Any] = []
 
     @orch.when(Item, {"state": "Running"})
-    def run(lease: Lease[Item]) -> Any:
+    async def run(lease: Any) -> Any:
         _guarded(calls, lease.id)
-        return lease.unlock()
+        return await lease.unlock()
 
     db.items.insert_one({"phase": "New", "state": "Running", "size": "huge"})
     for _ in range(3):
-        orch.run_once()
+        await orch.run_once()
         clock.advance(60)
     doc = db.items.find_one({})
     assert doc is not None
@@ -123,20 +126,20 @@ def test_a_document_failing_validation_is_not_claimed_again_by_a_phaseless_filte
     assert calls == []  # never ran: validation fails before the handler
 
 
-def test_a_handler_on_the_failed_phase_that_raises_gives_up_after_its_attempts(
-    make: MakeReplica, db: Database[Any], clock: FakeClock
+async def test_a_handler_on_the_failed_phase_that_raises_gives_up_after_its_attempts(
+    replicas: MakeEither, db: Database[Any], clock: FakeClock
 ) -> None:
-    orch = make(max_attempts=3)
+    orch = await replicas(max_attempts=3)
     calls: list[Any] = []
 
     @orch.phase("items", "Failed")
-    def notify(lease: Lease[Any]) -> Any:
+    async def notify(lease: Any) -> Any:
         _guarded(calls, lease.id)
         raise RuntimeError("pager is down")
 
-    orch.submit("items", {"phase": "Failed"})
+    await orch.submit("items", {"phase": "Failed"})
     for _ in range(20):
-        orch.run_once()
+        await orch.run_once()
         clock.advance(600)
     assert len(calls) == 3
     doc = db.items.find_one({})
@@ -144,24 +147,24 @@ def test_a_handler_on_the_failed_phase_that_raises_gives_up_after_its_attempts(
     assert doc["phase"] == "Failed" and doc["attempts"] == 3
 
 
-def test_another_handler_on_the_failed_phase_still_gets_what_one_failed(
-    make: MakeReplica, db: Database[Any]
+async def test_another_handler_on_the_failed_phase_still_gets_what_one_failed(
+    replicas: MakeEither, db: Database[Any]
 ) -> None:
     """``failedBy`` only keeps the failing handler away: a cleanup handler runs at once."""
-    orch = make(max_attempts=1)
+    orch = await replicas(max_attempts=1)
     cleaned: list[Any] = []
 
     @orch.phase("items", "Running")
-    def work(lease: Lease[Any]) -> Any:
+    async def work(lease: Any) -> Any:
         raise RuntimeError("boom")
 
     @orch.phase("items", "Failed")
-    def cleanup(lease: Lease[Any]) -> Any:
+    async def cleanup(lease: Any) -> Any:
         cleaned.append(lease.id)
-        return lease.advance("Archived")
+        return await lease.advance("Archived")
 
-    doc = orch.submit("items", {"phase": "Running"})
-    orch.run_once()
+    doc = await orch.submit("items", {"phase": "Running"})
+    await orch.run_once()
     assert cleaned == [doc["_id"]]
     archived = db.items.find_one({})
     assert archived is not None
@@ -170,23 +173,23 @@ def test_another_handler_on_the_failed_phase_still_gets_what_one_failed(
     assert archived["previousError"]["message"] == "boom"
 
 
-def test_an_operator_retry_lets_the_failing_handler_try_again(
-    make: MakeReplica, db: Database[Any], clock: FakeClock
+async def test_an_operator_retry_lets_the_failing_handler_try_again(
+    replicas: MakeEither, db: Database[Any], clock: FakeClock
 ) -> None:
-    orch = make(max_attempts=1)
+    orch = await replicas(max_attempts=1)
     calls: list[Any] = []
 
     @orch.when("items", {"state": "Deleted", "phase": {"$ne": "Deleted"}})
-    def delete(lease: Lease[Any]) -> Any:
+    async def delete(lease: Any) -> Any:
         calls.append(lease.phase)
         if len(calls) == 1:
             raise RuntimeError("first try fails")
-        return lease.advance("Deleted")
+        return await lease.advance("Deleted")
 
-    orch.submit("items", {"phase": "Running", "state": "Deleted"})
-    orch.run_once()
+    await orch.submit("items", {"phase": "Running", "state": "Deleted"})
+    await orch.run_once()
     db.items.update_one({}, queries.operator_retry_update("Running", orch.clock.now()))
-    orch.run_once()
+    await orch.run_once()
     assert calls == ["Running", "Running"]
     doc = db.items.find_one({})
     assert doc is not None and doc["phase"] == "Deleted"

@@ -6,16 +6,20 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from datetime import timedelta
 from typing import Any
 
+import anyio
 import pytest
 from pymongo.database import Database
 
 from orchestrator import ConfigError, Lease, Orchestrator, Settings
 from orchestrator.core.clock import ServerClock
 from orchestrator.testing import FakeClock, memory_database
-from tests.conftest import MakeReplica
+from tests.conftest import MakeEither
+from tests.engines import MODES, Replica, hold, wait
 from tests.holding import hold_step
 
 
@@ -46,89 +50,115 @@ def _finish(box: dict[str, Any], tick: threading.Thread) -> None:
     assert not tick.is_alive()
 
 
-# -- defect 2: mixed lock timeouts --------------------------------------------------------
+def _arecorder(replica: Replica, phase: str = "Running") -> list[Any]:
+    """``_recorder`` on a replica of either engine."""
+    ran: list[Any] = []
+
+    @replica.phase("jobs", phase)
+    async def record(lease: Any) -> Any:
+        ran.append(lease.id)
+        return await lease.advance("Done")
+
+    return ran
 
 
-def test_a_short_timeout_reader_does_not_steal_a_long_timeout_lease(
-    make: MakeReplica, db: Database[Any], clock: FakeClock
+@asynccontextmanager
+async def _holding(replica: Replica) -> AsyncIterator[dict[str, Any]]:
+    """``replica`` holds one step (give it one slot, or its other workers would take its
+    own expired document back when the clock moves) until the block ends."""
+    box = hold(replica)
+    async with anyio.create_task_group() as group:
+        group.start_soon(replica.run_once)
+        assert await wait(box["claimed"])
+        try:
+            yield box
+        finally:
+            box["go"].set()
+
+
+# -- defect 2: mixed lock timeouts, on both engines and mixed ---------------------------
+
+ENGINES = pytest.mark.parametrize("replicas", MODES, indirect=True)
+
+
+@pytest.mark.anyio
+@ENGINES
+async def test_a_short_timeout_reader_does_not_steal_a_long_timeout_lease(
+    replicas: MakeEither, db: Database[Any], clock: FakeClock
 ) -> None:
-    long = make("long", lock_timeout=300, heartbeat=False, max_concurrency=1)
-    short = make("short", lock_timeout=30)
-    ran = _recorder(short)
-    doc = long.submit("jobs", {"phase": "Running"})
-    box, tick = _hold(long)
-    try:
+    long = await replicas("long", lock_timeout=300, heartbeat=False, max_concurrency=1)
+    short = await replicas("short", lock_timeout=30)
+    ran = _arecorder(short)
+    doc = await long.submit("jobs", {"phase": "Running"})
+    async with _holding(long):
         clock.advance(31)
-        short.run_once()
+        await short.run_once()
         clock.advance(268)  # 299 s into a 300 s lease
-        short.run_once()
+        await short.run_once()
         assert ran == []
-    finally:
-        _finish(box, tick)
     assert db.jobs.find_one({"_id": doc["_id"]})["phase"] == "Done"  # type: ignore[index]
 
 
-def test_a_long_timeout_reader_takes_a_short_lease_when_it_expires(
-    make: MakeReplica, db: Database[Any], clock: FakeClock
+@pytest.mark.anyio
+@ENGINES
+async def test_a_long_timeout_reader_takes_a_short_lease_when_it_expires(
+    replicas: MakeEither, db: Database[Any], clock: FakeClock
 ) -> None:
-    short = make("short", lock_timeout=30, heartbeat=False, max_concurrency=1)
-    long = make("long", lock_timeout=300)
-    ran = _recorder(long)
-    short.submit("jobs", {"phase": "Running"})
-    box, tick = _hold(short)
-    try:
+    short = await replicas("short", lock_timeout=30, heartbeat=False, max_concurrency=1)
+    long = await replicas("long", lock_timeout=300)
+    ran = _arecorder(long)
+    await short.submit("jobs", {"phase": "Running"})
+    async with _holding(short) as box:
         clock.advance(31)
-        long.run_once()
+        await long.run_once()
         assert len(ran) == 1  # not 300 s later: the holder said 30
-    finally:
-        _finish(box, tick)
     assert isinstance(box["lost"], Exception)  # the stale holder's advance is fenced out
 
 
-def test_a_relock_is_honoured_exactly_by_a_replica_with_another_lock_timeout(
-    make: MakeReplica, db: Database[Any], clock: FakeClock
+@pytest.mark.anyio
+@ENGINES
+async def test_a_relock_is_honoured_exactly_by_a_replica_with_another_lock_timeout(
+    replicas: MakeEither, db: Database[Any], clock: FakeClock
 ) -> None:
-    writer = make("writer", lock_timeout=300)
-    reader = make("reader", lock_timeout=30)
+    writer = await replicas("writer", lock_timeout=300)
+    reader = await replicas("reader", lock_timeout=30)
 
     @writer.phase("jobs", "Polling")
-    def poll(lease: Lease[Any]) -> Any:
-        return lease.relock(wait=10)
+    async def poll(lease: Any) -> Any:
+        return await lease.relock(wait=10)
 
-    ran = _recorder(reader, phase="Polling")
-    writer.submit("jobs", {"phase": "Polling"})
-    writer.run_once()
+    ran = _arecorder(reader, phase="Polling")
+    await writer.submit("jobs", {"phase": "Polling"})
+    await writer.run_once()
     clock.advance(9.9)
-    reader.run_once()
+    await reader.run_once()
     assert ran == []
     clock.advance(0.2)
-    reader.run_once()
+    await reader.run_once()
     assert len(ran) == 1
 
 
 # -- defect 3: wall-clock steps, and a server without time -------------------------------
 
 
-def test_an_ntp_step_between_measurements_does_not_steal_a_live_lease(
-    make: MakeReplica, db: Database[Any], clock: FakeClock
+@pytest.mark.anyio
+async def test_an_ntp_step_between_measurements_does_not_steal_a_live_lease(
+    replicas: MakeEither, db: Database[Any], clock: FakeClock
 ) -> None:
-    holder = make("holder", heartbeat=False, max_concurrency=1)
+    holder = await replicas("holder", heartbeat=False, max_concurrency=1)
     view = clock.skewed(0)
-    reader = make("reader", clock=view, clock_refresh=3600)
-    ran = _recorder(reader)
-    holder.submit("jobs", {"phase": "Running"})
-    reader.measure_clock()  # the reader's estimate is anchored now
-    box, tick = _hold(holder)
-    try:
+    reader = await replicas("reader", clock=view, clock_refresh=3600)
+    ran = _arecorder(reader)
+    await holder.submit("jobs", {"phase": "Running"})
+    await reader.measure_clock()  # the reader's estimate is anchored now
+    async with _holding(holder):
         clock.advance(1)
         view.step_wall(40)  # the reader's wall clock jumps 40 s ahead
-        reader.run_once()
+        await reader.run_once()
         assert ran == []
         clock.advance(30)  # the lease really expires: monotonic time moved on
-        reader.run_once()
+        await reader.run_once()
         assert len(ran) == 1
-    finally:
-        _finish(box, tick)
 
 
 def test_the_estimate_is_re_anchored_at_the_next_measurement(clock: FakeClock) -> None:
@@ -216,19 +246,22 @@ def test_durations_out_of_date_range_are_refused_at_construction(values: dict[st
         Settings.build(**values)
 
 
-def test_the_longest_allowed_durations_run_a_tick_without_overflow(
-    make: MakeReplica, db: Database[Any], clock: FakeClock
+@pytest.mark.anyio
+async def test_the_longest_allowed_durations_run_a_tick_without_overflow(
+    replicas: MakeEither, db: Database[Any], clock: FakeClock
 ) -> None:
-    orch = make(lock_timeout=86_400, max_wait=30 * 86_400, step_timeout=None, min_relock=86_400)
+    orch = await replicas(
+        lock_timeout=86_400, max_wait=30 * 86_400, step_timeout=None, min_relock=86_400
+    )
 
     @orch.phase("jobs", "Running")
-    def wait_long(lease: Lease[Any]) -> Any:
-        return lease.relock(wait=30 * 86_400)
+    async def wait_long(lease: Any) -> Any:
+        return await lease.relock(wait=30 * 86_400)
 
-    orch.submit("jobs", {"phase": "Running"})
-    assert orch.run_once() == {"claimed": 1, "relocked": 1, "ticks": 1}
+    await orch.submit("jobs", {"phase": "Running"})
+    assert await orch.run_once() == {"claimed": 1, "relocked": 1, "ticks": 1}
     clock.advance(30 * 86_400 - 1)
-    assert orch.run_once() == {"ticks": 1}
+    assert await orch.run_once() == {"ticks": 1}
 
 
 def test_the_estimate_never_runs_backwards_when_a_measurement_comes_out_earlier(

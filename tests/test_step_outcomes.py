@@ -1,7 +1,7 @@
 """What a step's end does to its document, judged by the step's own lease: wrong outcomes
 are counted errors, bad policy answers are counted errors, a step whose lease is gone does
 not start, an outside writer's phase change wins, and ``lastError`` means the latest
-attempt failed."""
+attempt failed. The tests through ``replicas`` run on both engines."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import threading
 from datetime import timedelta
 from typing import Any
 
+import anyio
 import pytest
 from pymongo.database import Database
 
@@ -18,8 +19,8 @@ from orchestrator.core.queries import as_utc
 from orchestrator.testing import FakeClock
 from orchestrator.testing.faults import Faults
 from orchestrator.tools.status import collect
-from tests.conftest import MakeReplica
-from tests.holding import hold_step
+from tests.conftest import MakeEither
+from tests.engines import hold, wait
 
 GUARD = 500
 
@@ -33,21 +34,22 @@ def _doc(db: Database[Any]) -> dict[str, Any]:
 # -- defect 4: a LeaseLost or an outcome that is not the step's own ----------------------
 
 
-def test_returning_an_older_leases_outcome_is_a_counted_error(
-    make: MakeReplica, db: Database[Any], clock: FakeClock
+@pytest.mark.anyio
+async def test_returning_an_older_leases_outcome_is_a_counted_error(
+    replicas: MakeEither, db: Database[Any], clock: FakeClock
 ) -> None:
-    orch = make(max_attempts=3)
+    orch = await replicas(max_attempts=3)
     kept: list[Outcome] = []
 
     @orch.phase("jobs", "Running")
-    def step(lease: Lease[Any]) -> Any:
+    async def step(lease: Any) -> Any:
         if not kept:
-            kept.append(lease.unlock())
+            kept.append(await lease.unlock())
             return kept[0]
         return kept[0]  # a cached outcome of the first step
 
-    orch.submit("jobs", {"phase": "Running"})
-    orch.run_once()
+    await orch.submit("jobs", {"phase": "Running"})
+    await orch.run_once()
     doc = _doc(db)
     assert doc["attempts"] == 1
     assert doc["lastError"]["type"] == "TypeError"
@@ -56,21 +58,22 @@ def test_returning_an_older_leases_outcome_is_a_counted_error(
     assert orch.stats().get("lost", 0) == 0
 
 
-def test_a_leaselost_from_another_lease_is_the_handlers_error(
-    make: MakeReplica, db: Database[Any], clock: FakeClock
+@pytest.mark.anyio
+async def test_a_leaselost_from_another_lease_is_the_handlers_error(
+    replicas: MakeEither, db: Database[Any], clock: FakeClock
 ) -> None:
-    orch = make()
-    leases: list[Lease[Any]] = []
+    orch = await replicas()
+    leases: list[Any] = []
 
     @orch.phase("jobs", "Running")
-    def step(lease: Lease[Any]) -> Any:
+    async def step(lease: Any) -> Any:
         leases.append(lease)
         if len(leases) == 1:
-            return lease.unlock()
-        return leases[0].advance("Done")  # the first step's lease, long released
+            return await lease.unlock()
+        return await leases[0].advance("Done")  # the first step's lease, long released
 
-    orch.submit("jobs", {"phase": "Running"})
-    orch.run_once()
+    await orch.submit("jobs", {"phase": "Running"})
+    await orch.run_once()
     doc = _doc(db)
     assert len(leases) == 2
     assert doc["phase"] == "Running"
@@ -78,8 +81,9 @@ def test_a_leaselost_from_another_lease_is_the_handlers_error(
     assert "lockToken" not in doc and doc["lockedUntil"] > as_utc(EPOCH).replace(tzinfo=None)
 
 
-def test_two_outcomes_in_one_step_count_attempts_until_the_failed_phase(
-    make: MakeReplica, db: Database[Any], clock: FakeClock
+@pytest.mark.anyio
+async def test_two_outcomes_in_one_step_count_attempts_until_the_failed_phase(
+    replicas: MakeEither, db: Database[Any], clock: FakeClock
 ) -> None:
     """unlock() then advance(): the unlock lands, the second outcome is a counted error,
     and the streak reaches the failed phase instead of repeating forever.
@@ -88,19 +92,19 @@ def test_two_outcomes_in_one_step_count_attempts_until_the_failed_phase(
     free slot the loop may claim it again before the second outcome's attempt is recorded
     (that record then finds the new lease and is dropped). On a server that answers
     concurrent requests in any order, that race is real; it is not what this test is about."""
-    orch = make(max_attempts=3, max_concurrency=1)
+    orch = await replicas(max_attempts=3, max_concurrency=1)
     calls: list[Any] = []
 
     @orch.phase("jobs", "Running")
-    def step(lease: Lease[Any]) -> Any:
+    async def step(lease: Any) -> Any:
         calls.append(lease.id)
         assert len(calls) <= GUARD
-        lease.unlock()
-        return lease.advance("Done")
+        await lease.unlock()
+        return await lease.advance("Done")
 
-    orch.submit("jobs", {"phase": "Running"})
+    await orch.submit("jobs", {"phase": "Running"})
     for _ in range(10):
-        orch.run_once()
+        await orch.run_once()
         clock.advance(60)
     doc = _doc(db)
     assert len(calls) == 3
@@ -108,27 +112,27 @@ def test_two_outcomes_in_one_step_count_attempts_until_the_failed_phase(
     assert "already gave an outcome" in doc["lastError"]["message"]
 
 
-def test_a_genuinely_lost_lease_is_still_filed_as_lost_without_a_record(
-    make: MakeReplica, db: Database[Any], clock: FakeClock
+@pytest.mark.anyio
+async def test_a_genuinely_lost_lease_is_still_filed_as_lost_without_a_record(
+    replicas: MakeEither, db: Database[Any], clock: FakeClock
 ) -> None:
-    first = make("first", heartbeat=False, max_concurrency=1)
-    second = make("second")
-    box = hold_step(first)
+    first = await replicas("first", heartbeat=False, max_concurrency=1)
+    second = await replicas("second")
+    box = hold(first)
     taken: list[Any] = []
 
     @second.phase("jobs", "Running")
-    def take(lease: Lease[Any]) -> Any:
+    async def take(lease: Any) -> Any:
         taken.append(lease.id)
-        return lease.relock(wait=600)
+        return await lease.relock(wait=600)
 
-    first.submit("jobs", {"phase": "Running"})
-    tick = threading.Thread(target=first.run_once)
-    tick.start()
-    assert box["claimed"].wait(10)
-    clock.advance(31)
-    second.run_once()
-    box["go"].set()
-    tick.join(10)
+    await first.submit("jobs", {"phase": "Running"})
+    async with anyio.create_task_group() as group:
+        group.start_soon(first.run_once)
+        assert await wait(box["claimed"])
+        clock.advance(31)
+        await second.run_once()
+        box["go"].set()
     assert isinstance(box["lost"], LeaseLost)
     assert first.stats()["lost"] == 1
     doc = _doc(db)
@@ -150,17 +154,18 @@ BAD_WAITS = [math.nan, None, -1.0, math.inf, "5", True]
 
 
 @pytest.mark.parametrize("value", BAD_WAITS, ids=repr)
-def test_a_retry_policy_answering_nonsense_still_counts_the_attempt(
-    make: MakeReplica, db: Database[Any], clock: FakeClock, value: Any
+@pytest.mark.anyio
+async def test_a_retry_policy_answering_nonsense_still_counts_the_attempt(
+    replicas: MakeEither, db: Database[Any], clock: FakeClock, value: Any
 ) -> None:
-    orch = make(retry_policy=Answers(value))
+    orch = await replicas(retry_policy=Answers(value))
 
     @orch.phase("jobs", "Running")
-    def step(lease: Lease[Any]) -> Any:
+    async def step(lease: Any) -> Any:
         raise RuntimeError("boom")
 
-    orch.submit("jobs", {"phase": "Running"})
-    orch.run_once()
+    await orch.submit("jobs", {"phase": "Running"})
+    await orch.run_once()
     doc = _doc(db)
     assert doc["attempts"] == 1
     assert "retry_policy returned" in doc["lastError"]["message"]
@@ -169,17 +174,18 @@ def test_a_retry_policy_answering_nonsense_still_counts_the_attempt(
 
 
 @pytest.mark.parametrize("value", BAD_WAITS, ids=repr)
-def test_a_relock_policy_answering_nonsense_is_a_counted_error(
-    make: MakeReplica, db: Database[Any], value: Any
+@pytest.mark.anyio
+async def test_a_relock_policy_answering_nonsense_is_a_counted_error(
+    replicas: MakeEither, db: Database[Any], value: Any
 ) -> None:
-    orch = make(relock_policy=Answers(value))
+    orch = await replicas(relock_policy=Answers(value))
 
     @orch.phase("jobs", "Running")
-    def step(lease: Lease[Any]) -> Any:
-        return lease.relock()
+    async def step(lease: Any) -> Any:
+        return await lease.relock()
 
-    orch.submit("jobs", {"phase": "Running"})
-    orch.run_once()
+    await orch.submit("jobs", {"phase": "Running"})
+    await orch.run_once()
     doc = _doc(db)
     assert doc["attempts"] == 1 and doc["lastError"]["type"] == "PolicyError"
     assert "relock_policy returned" in doc["lastError"]["message"]
@@ -213,26 +219,27 @@ def test_a_step_whose_lease_expired_before_it_started_is_handed_back(
 
 
 @pytest.mark.parametrize("recovery", ["unlock", "relock", "advance"])
-def test_a_success_after_a_failure_is_no_longer_counted_failed(
-    make: MakeReplica, db: Database[Any], clock: FakeClock, recovery: str
+@pytest.mark.anyio
+async def test_a_success_after_a_failure_is_no_longer_counted_failed(
+    replicas: MakeEither, db: Database[Any], clock: FakeClock, recovery: str
 ) -> None:
-    orch = make()
+    orch = await replicas()
     calls: list[Any] = []
 
     @orch.phase("jobs", "Running")
-    def step(lease: Lease[Any]) -> Any:
+    async def step(lease: Any) -> Any:
         calls.append(lease.id)
         if len(calls) == 1:
             raise RuntimeError("flaky")
         if recovery == "advance":
-            return lease.advance("Running")
-        return getattr(lease, recovery)()
+            return await lease.advance("Running")
+        return await getattr(lease, recovery)()
 
-    orch.submit("jobs", {"phase": "Running"})
-    orch.run_once()
+    await orch.submit("jobs", {"phase": "Running"})
+    await orch.run_once()
     assert collect(db).phases[0].failed == 1
     clock.advance(5)
-    orch.run_once()
+    await orch.run_once()
     doc = _doc(db)
     assert "lastError" not in doc and doc["attempts"] == 0
     assert doc["previousError"]["message"] == "flaky"
@@ -243,49 +250,49 @@ def test_a_success_after_a_failure_is_no_longer_counted_failed(
 # -- defect 10: an outside writer changes the phase under a held lease -------------------
 
 
-def test_an_outside_phase_change_wins_over_the_steps_advance(
-    make: MakeReplica, db: Database[Any]
+@pytest.mark.anyio
+async def test_an_outside_phase_change_wins_over_the_steps_advance(
+    replicas: MakeEither, db: Database[Any]
 ) -> None:
-    orch = make(heartbeat=False)
-    box = hold_step(orch)
+    orch = await replicas(heartbeat=False)
+    box = hold(orch)
     cancelled: list[Any] = []
 
     @orch.phase("jobs", "Cancelled")
-    def cancel(lease: Lease[Any]) -> Any:
+    async def cancel(lease: Any) -> Any:
         cancelled.append(lease.id)
-        return lease.advance("Gone")
+        return await lease.advance("Gone")
 
-    doc = orch.submit("jobs", {"phase": "Running"})
-    tick = threading.Thread(target=orch.run_once)
-    tick.start()
-    assert box["claimed"].wait(10)
-    db.jobs.update_one({"_id": doc["_id"]}, {"$set": {"phase": "Cancelled"}})  # the API
-    box["go"].set()
-    tick.join(10)
+    doc = await orch.submit("jobs", {"phase": "Running"})
+    async with anyio.create_task_group() as group:
+        group.start_soon(orch.run_once)
+        assert await wait(box["claimed"])
+        db.jobs.update_one({"_id": doc["_id"]}, {"$set": {"phase": "Cancelled"}})  # the API
+        box["go"].set()
     assert isinstance(box["lost"], LeaseLost)
     assert cancelled == [doc["_id"]]  # released at once, handled in its new phase
     assert _doc(db)["phase"] == "Gone"
 
 
-def test_an_outside_phase_change_also_wins_over_a_recorded_failure(
-    make: MakeReplica, db: Database[Any], clock: FakeClock
+@pytest.mark.anyio
+async def test_an_outside_phase_change_also_wins_over_a_recorded_failure(
+    replicas: MakeEither, db: Database[Any], clock: FakeClock
 ) -> None:
-    orch = make(heartbeat=False, max_attempts=1)
+    orch = await replicas(heartbeat=False, max_attempts=1)
     started, go = threading.Event(), threading.Event()
 
     @orch.phase("jobs", "Running")
-    def step(lease: Lease[Any]) -> Any:
+    async def step(lease: Any) -> Any:
         started.set()
-        go.wait(10)
+        await wait(go)
         raise RuntimeError("gives up")
 
-    doc = orch.submit("jobs", {"phase": "Running"})
-    tick = threading.Thread(target=orch.run_once)
-    tick.start()
-    assert started.wait(10)
-    db.jobs.update_one({"_id": doc["_id"]}, {"$set": {"phase": "Cancelled"}})
-    go.set()
-    tick.join(10)
+    doc = await orch.submit("jobs", {"phase": "Running"})
+    async with anyio.create_task_group() as group:
+        group.start_soon(orch.run_once)
+        assert await wait(started)
+        db.jobs.update_one({"_id": doc["_id"]}, {"$set": {"phase": "Cancelled"}})
+        go.set()
     stored = _doc(db)
     assert stored["phase"] == "Cancelled" and "lastError" not in stored
     assert "lockToken" not in stored

@@ -4,9 +4,9 @@ It uses only the async driver (``AsyncStore`` over an ``AsyncDatabase``): no sec
 client. ``max_concurrency`` worker tasks ask the scheduler for actions and carry them out
 by awaiting the shared plans of ``orchestrator.runners.base``. A step runs in a task of
 its own, so step_timeout can cancel it and free its slot: ``async def`` handlers are
-awaited there; plain ``def`` handlers (blocking SDKs) run in a thread pool of
-``max_concurrency`` threads and get a ``ThreadLease``, whose methods run the
-``AsyncLease``'s coroutines on the loop and wait for them.
+awaited there; plain ``def`` handlers (blocking SDKs) run on daemon threads
+(``_HandlerThreads``), in the step's context, and get a ``ThreadLease``, whose methods run
+the ``AsyncLease``'s coroutines on the loop and wait for them.
 
 Ticks and heartbeats come from APScheduler's ``AsyncIOScheduler``, the async twin of the
 threaded runner's ``BackgroundScheduler``: the same coalescing, one-instance jobs, with
@@ -17,9 +17,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import inspect
-from collections.abc import Coroutine, Iterable, Mapping
-from concurrent.futures import ThreadPoolExecutor
+import queue
+import threading
+from collections.abc import Callable, Coroutine, Iterable, Mapping
+from concurrent.futures import Future
 from datetime import UTC, datetime
 from typing import Any, Generic, TypeVar
 
@@ -52,7 +55,7 @@ class AsyncOrchestrator(Runner[AsyncDatabase[Document]]):
     _store_type = AsyncStore
     _lease_type = AsyncLease
     _measure = staticmethod(measure)
-    _pool: ThreadPoolExecutor | None = None  # for plain def handlers, made on need
+    _pool: _HandlerThreads | None = None  # for plain def handlers, made on need
 
     def _setup(self) -> None:
         self._changed = asyncio.Event()  # set, and replaced, whenever something happened
@@ -155,10 +158,14 @@ class AsyncOrchestrator(Runner[AsyncDatabase[Document]]):
             return func(step.lease)
         loop = asyncio.get_running_loop()
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(
-                self.settings.max_concurrency, thread_name_prefix=f"orchestrator-{self.replica_id}"
+            self._pool = _HandlerThreads(
+                f"orchestrator-{self.replica_id}-step", self.settings.max_concurrency
             )
-        return loop.run_in_executor(self._pool, func, ThreadLease(step.lease, loop))
+        # The step's context goes with it (copied here, in the step's task): a run_once
+        # the thread asks the loop for is refused as re-entrant, as on the loop itself.
+        context = contextvars.copy_context()
+        call = self._pool.submit(context.run, func, ThreadLease(step.lease, loop))
+        return asyncio.wrap_future(call, loop=loop)
 
     def _abandon(self, step: Step) -> None:
         # An async step is cancelled; a thread step is left to return on its own (its
@@ -204,15 +211,84 @@ class AsyncOrchestrator(Runner[AsyncDatabase[Document]]):
         while self._sched.busy and loop.time() < deadline:
             await self._changes(deadline - loop.time())
         if self._pool is not None:
-            self._pool.shutdown(wait=False)  # a thread step still running keeps its thread
+            self._pool.close()  # a thread step still running keeps its (daemon) thread
             self._pool = None
         return self._stop_report()
+
+
+class _HandlerThreads:
+    """The daemon threads that run plain ``def`` handlers, one step per thread at a time.
+
+    Not a ``ThreadPoolExecutor``: the interpreter joins an executor's threads at exit, so
+    a step that never returns would keep the process alive after ``stop`` gave up on it
+    (SIGTERM would not end it). A daemon thread is left behind instead, and the step's
+    lease expires. Nor a fixed number of threads: a step abandoned past step_timeout keeps
+    its thread, and the next step must not queue behind it, so a step with no idle thread
+    gets a new one (as the threaded runner replaces a stuck worker). At most ``keep`` idle
+    threads wait for the next step; ``close`` lets them go.
+    """
+
+    def __init__(self, name: str, keep: int) -> None:
+        self._name = name
+        self._keep = keep
+        self._lock = threading.Lock()
+        self._idle: list[queue.SimpleQueue[Callable[[], None] | None]] = []
+        self._closed = False
+
+    def submit(self, func: Callable[..., T], *args: Any) -> Future[T]:
+        """Run ``func(*args)`` on an idle thread, or a new one; its future result."""
+        future: Future[T] = Future()
+
+        def job() -> None:
+            if not future.set_running_or_notify_cancel():
+                return  # cancelled while it waited
+            try:
+                result = func(*args)
+            except BaseException as exc:  # SystemExit too: the step's task classifies it
+                future.set_exception(exc)
+            else:
+                future.set_result(result)
+
+        with self._lock:
+            inbox = self._idle.pop() if self._idle else None
+        if inbox is None:
+            inbox = queue.SimpleQueue()
+            threading.Thread(
+                target=self._serve, args=(inbox,), name=self._name, daemon=True
+            ).start()
+        inbox.put(job)
+        return future
+
+    def _serve(self, inbox: queue.SimpleQueue[Callable[[], None] | None]) -> None:
+        while (job := inbox.get()) is not None:
+            job()
+            del job  # nothing of the finished step is kept alive by an idle thread
+            with self._lock:
+                if self._closed or len(self._idle) >= self._keep:
+                    return
+                self._idle.append(inbox)
+
+    def close(self) -> None:
+        """Let the idle threads go; a busy one ends after its step."""
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for inbox in idle:
+            inbox.put(None)
 
 
 class ThreadLease(Generic[R]):
     """What a plain ``def`` handler gets in the ``AsyncOrchestrator``: the ``Lease`` API,
     each outcome run as the ``AsyncLease``'s coroutine on the event loop while the
-    handler's thread waits for it. Its outcomes are the ``AsyncLease``'s own."""
+    handler's thread waits for it. Its outcomes are the ``AsyncLease``'s own.
+
+    Deliberately not a ``Lease`` (``isinstance(lease, Lease)`` is False): it has no state
+    of its own but is a view on the ``AsyncLease`` the runner judges the step by, and a
+    ``Lease`` writes through a sync ``Store``, which the async engine (the async driver
+    only) does not have; a subclass would inherit writes that must never run. What the
+    two share is what a handler calls, so annotate a ``def`` handler of the async engine
+    ``ThreadLease[R]``, and one run by both engines ``Lease[R] | ThreadLease[R]``.
+    """
 
     def __init__(self, lease: AsyncLease[R], loop: asyncio.AbstractEventLoop) -> None:
         self._lease = lease
@@ -269,6 +345,10 @@ class ThreadLease(Generic[R]):
     @property
     def claimed_at(self) -> datetime:
         return self._lease.claimed_at
+
+    @property
+    def locked_at(self) -> datetime:
+        return self._lease.locked_at
 
     @property
     def expires_at(self) -> datetime:

@@ -29,7 +29,13 @@ R = TypeVar("R")
 
 class Lease(LeaseCore[R]):
     """``doc`` is the claimed document as stored; ``resource`` is it validated by the
-    handler's model (the same dict for handlers registered on a collection name)."""
+    handler's model (the same dict for handlers registered on a collection name).
+
+    A plain ``def`` handler in the ``AsyncOrchestrator`` gets a ``ThreadLease`` instead:
+    the blocking API of ``Lease``, but not a ``Lease`` (it has no sync store to write
+    through; it runs the ``AsyncLease``'s outcomes on the event loop), so it is not an
+    instance of this class either; see its docstring.
+    """
 
     def __init__(self, *, store: Store, **core: Any) -> None:
         super().__init__(**core)
