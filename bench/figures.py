@@ -1,4 +1,4 @@
-"""The seven figures. Each returns a plain dict for the JSON results.
+"""The figures (1-9). Each returns a plain dict for the JSON results.
 
 Ticks of one second are simulated for the classic pattern (and for batch draining) with a
 FakeClock: each tick's real work is measured, and a tick starts one tick after the
@@ -8,6 +8,7 @@ time is what a real scheduler would take, without waiting through hundreds of se
 
 from __future__ import annotations
 
+import asyncio
 import os
 import secrets
 import statistics
@@ -21,6 +22,7 @@ from functools import partial
 from typing import Any, cast
 
 from pymongo import MongoClient
+from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.database import Database
 
 from bench.instrument import CountingDatabase, Meter
@@ -32,13 +34,15 @@ from bench.workloads import (
     counting,
     finishing,
     register,
+    register_async,
     release_update,
 )
-from orchestrator import Lease, Orchestrator, Outcome
+from orchestrator import AsyncLease, AsyncOrchestrator, Lease, Orchestrator, Outcome
 from orchestrator.core import queries
 from orchestrator.core.clock import SystemClock
-from orchestrator.mongo import Store
-from orchestrator.testing import FakeClock, memory_database
+from orchestrator.core.settings import Settings
+from orchestrator.mongo import AsyncStore, Store
+from orchestrator.testing import FakeClock, async_memory_database, async_view, memory_database
 
 TICK = 1.0
 
@@ -53,17 +57,24 @@ class Size:
     idle_ticks: int
     pickup_runs: int
     claim_sizes: tuple[int, ...]
+    repeats: int  # runs of figures 1, 2 and 9 (the machine may be shared): medians
+    io_docs: int  # documents of figure 9
 
 
 SIZES = {
-    "tiny": Size("tiny", 4, 3, 2, 30, 5, 2, (100, 1_000)),
-    "small": Size("small", 20, 10, 5, 300, 60, 10, (1_000, 10_000)),
-    "full": Size("full", 50, 20, 10, 2_000, 120, 30, (1_000, 100_000, 1_000_000)),
+    "tiny": Size("tiny", 4, 3, 2, 30, 5, 2, (100, 1_000), 1, 40),
+    "small": Size("small", 20, 10, 5, 300, 60, 10, (1_000, 10_000), 5, 200),
+    "full": Size("full", 50, 20, 10, 2_000, 120, 30, (1_000, 100_000, 1_000_000), 5, 200),
 }
 
 
 def fresh(clock: Any = None) -> CountingDatabase:
     return CountingDatabase(memory_database(clock=clock or SystemClock()), Meter())
+
+
+def fresh_async(clock: Any = None) -> CountingDatabase:
+    """An async in-memory database, counted: the async engine's store in every figure."""
+    return CountingDatabase(async_memory_database(clock=clock or SystemClock()), Meter())
 
 
 def replica(db: Any, clock: Any, replica_id: str, **options: Any) -> Orchestrator:
@@ -72,14 +83,78 @@ def replica(db: Any, clock: Any, replica_id: str, **options: Any) -> Orchestrato
     return Orchestrator(db, clock=clock, replica_id=replica_id, **options)
 
 
+def async_replica(db: Any, clock: Any, replica_id: str, **options: Any) -> AsyncOrchestrator:
+    options.setdefault("lock_timeout", 30)
+    options.setdefault("tick", TICK)
+    return AsyncOrchestrator(db, clock=clock, replica_id=replica_id, **options)
+
+
 # -- 1 and 2: step throughput and overhead per step ------------------------------------------
 
+ENGINES = ("threaded", "async")
+"""``Orchestrator`` on the in-memory database, ``AsyncOrchestrator`` on its async view."""
 
-def throughput(size: Size, concurrency: int) -> dict[str, Any]:
-    """Trivial steps (unlock n times, then advance) through the orchestrator, and through a
-    bare loop of the same two operations (claim, fenced release) at the same concurrency."""
+
+def throughput(size: Size, engine: str, concurrency: int) -> dict[str, Any]:
+    """Trivial steps (unlock n times, then advance) through one engine, and through a bare
+    loop of the same two operations (claim, fenced release) at the same concurrency on the
+    same kind of store: threads on ``Store`` for the threaded engine, asyncio tasks on
+    ``AsyncStore`` for the async one. Run ``size.repeats`` times, each orchestrator run
+    next to its bare run (they share the machine's load); medians of the pairs."""
+    measure = _sync_pair if engine == "threaded" else _async_pair
+    runs = [measure(size, concurrency) for _ in range(size.repeats)]
     docs, per_doc = size.throughput_docs, size.throughput_steps
-    steps = docs * per_doc
+    out: dict[str, Any] = {
+        "engine": engine,
+        "concurrency": concurrency,
+        "steps": docs * per_doc,
+        "repeats": len(runs),
+        "orchestrator_steps": min(r["orchestrator_steps"] for r in runs),
+        "bare_steps": min(r["bare_steps"] for r in runs),
+        "ratios": [r["ratio"] for r in runs],
+        "overheads_us": [r["overhead_us"] for r in runs],
+    }
+    for key in runs[0]:
+        if key not in out and key not in {"orchestrator_steps", "bare_steps"}:
+            out[key] = statistics.median(r[key] for r in runs)
+    return out
+
+
+def _pair(
+    wall: float,
+    cpu: float,
+    done: int,
+    in_db: float,
+    ops: int,
+    bare: tuple[float, float, int, float, int],
+) -> dict[str, Any]:
+    """One orchestrator run and its bare run, as figures per step. The process's CPU time
+    per step is kept beside the wall time: other work on a shared machine stretches the
+    wall time of one side more than the other's, not the CPU time."""
+    bare_wall, bare_cpu, bare_done, bare_in_db, bare_ops = bare
+    outside = (wall - in_db) / max(done, 1) * 1e6
+    bare_outside = (bare_wall - bare_in_db) / max(bare_done, 1) * 1e6
+    return {
+        "orchestrator_steps": done,
+        "bare_steps": bare_done,
+        "orchestrator_steps_per_s": done / wall,
+        "bare_steps_per_s": bare_done / bare_wall,
+        "ratio": (done / wall) / (bare_done / bare_wall),
+        "orchestrator_ops_per_step": ops / max(done, 1),
+        "bare_ops_per_step": bare_ops / max(bare_done, 1),
+        "orchestrator_db_us_per_step": in_db / max(done, 1) * 1e6,
+        "orchestrator_outside_db_us_per_step": outside,
+        "bare_db_us_per_step": bare_in_db / max(bare_done, 1) * 1e6,
+        "bare_outside_db_us_per_step": bare_outside,
+        "overhead_us": outside - bare_outside,
+        "orchestrator_cpu_us_per_step": cpu / max(done, 1) * 1e6,
+        "bare_cpu_us_per_step": bare_cpu / max(bare_done, 1) * 1e6,
+        "cpu_ratio": (bare_cpu / max(bare_done, 1)) / (cpu / max(done, 1)),
+    }
+
+
+def _sync_pair(size: Size, concurrency: int) -> dict[str, Any]:
+    docs, per_doc = size.throughput_docs, size.throughput_steps
     work = counting("items", "Count", per_doc)
 
     clock = FakeClock()
@@ -89,9 +164,9 @@ def throughput(size: Size, concurrency: int) -> dict[str, Any]:
     _fill(orch, docs, "Count")
     orch.ensure_indexes()
     db.meter.reset()
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     orch.run_once()
-    wall = time.perf_counter() - started
+    wall, cpu = time.perf_counter() - started, time.process_time() - cpu_started
     ops, in_db = db.meter.snapshot()
     done = orch.stats().get("claimed", 0)
     orch.stop(timeout=5)
@@ -103,32 +178,74 @@ def throughput(size: Size, concurrency: int) -> dict[str, Any]:
     _fill(seeder, docs, "Count")
     seeder.ensure_indexes()
     bare_db.meter.reset()
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     with ThreadPoolExecutor(concurrency) as pool:
         bare_counts = list(pool.map(lambda _: _bare_loop(store, work, clock), range(concurrency)))
-    bare_wall = time.perf_counter() - started
+    bare_wall, bare_cpu = time.perf_counter() - started, time.process_time() - cpu_started
     bare_ops, bare_in_db = bare_db.meter.snapshot()
+    bare = (bare_wall, bare_cpu, sum(bare_counts), bare_in_db, sum(bare_ops.values()))
+    return _pair(wall, cpu, done, in_db, sum(ops.values()), bare)
 
+
+def _async_pair(size: Size, concurrency: int) -> dict[str, Any]:
+    return asyncio.run(_async_pair_on_loop(size, concurrency))
+
+
+async def _async_pair_on_loop(size: Size, concurrency: int) -> dict[str, Any]:
+    docs, per_doc = size.throughput_docs, size.throughput_steps
+    work = counting("items", "Count", per_doc)
+
+    clock = FakeClock()
+    db = fresh_async(clock)
+    orch = async_replica(db, clock, "bench", max_concurrency=concurrency, clock_refresh=1e6)
+    register_async(orch, [work])
+    await _afill(orch, docs, "Count")
+    await orch.ensure_indexes()
+    db.meter.reset()
+    started, cpu_started = time.perf_counter(), time.process_time()
+    await orch.run_once()
+    wall, cpu = time.perf_counter() - started, time.process_time() - cpu_started
+    ops, in_db = db.meter.snapshot()
+    done = orch.stats().get("claimed", 0)
+    await orch.stop(timeout=5)
+
+    clock = FakeClock()
+    bare_db = fresh_async(clock)
+    store = AsyncStore(cast(AsyncDatabase[Any], bare_db), "majority")
+    seeder = async_replica(bare_db, clock, "seed")
+    await _afill(seeder, docs, "Count")
+    await seeder.ensure_indexes()
+    bare_db.meter.reset()
+    started, cpu_started = time.perf_counter(), time.process_time()
+    loops = [_abare_loop(store, work, clock) for _ in range(concurrency)]
+    bare_counts = await asyncio.gather(*loops)
+    bare_wall, bare_cpu = time.perf_counter() - started, time.process_time() - cpu_started
+    bare_ops, bare_in_db = bare_db.meter.snapshot()
+    bare = (bare_wall, bare_cpu, sum(bare_counts), bare_in_db, sum(bare_ops.values()))
+    return _pair(wall, cpu, done, in_db, sum(ops.values()), bare)
+
+
+def overhead(throughput_runs: Sequence[dict[str, Any]], engine: str) -> dict[str, Any]:
+    """Figure 2 for ``engine``, from its concurrency-1 runs of figure 1."""
+    single = next(t for t in throughput_runs if t["engine"] == engine and t["concurrency"] == 1)
     return {
-        "concurrency": concurrency,
-        "steps": steps,
-        "orchestrator_steps": done,
-        "bare_steps": sum(bare_counts),
-        "orchestrator_steps_per_s": done / wall,
-        "bare_steps_per_s": sum(bare_counts) / bare_wall,
-        "ratio": (done / wall) / (sum(bare_counts) / bare_wall),
-        "orchestrator_ops_per_step": sum(ops.values()) / max(done, 1),
-        "bare_ops_per_step": sum(bare_ops.values()) / max(sum(bare_counts), 1),
-        "orchestrator_db_us_per_step": in_db / max(done, 1) * 1e6,
-        "orchestrator_outside_db_us_per_step": (wall - in_db) / max(done, 1) * 1e6,
-        "bare_db_us_per_step": bare_in_db / max(sum(bare_counts), 1) * 1e6,
-        "bare_outside_db_us_per_step": (bare_wall - bare_in_db) / max(sum(bare_counts), 1) * 1e6,
+        "engine": engine,
+        "orchestrator_outside_db_us": single["orchestrator_outside_db_us_per_step"],
+        "bare_outside_db_us": single["bare_outside_db_us_per_step"],
+        "overhead_us": single["overhead_us"],
+        "overheads_us": single["overheads_us"],
+        "orchestrator_db_us": single["orchestrator_db_us_per_step"],
     }
 
 
 def _fill(orch: Orchestrator, docs: int, phase: str, collection: str = "items") -> None:
     for n in range(docs):
         orch.submit(collection, {"phase": phase, "seq": n})
+
+
+async def _afill(orch: AsyncOrchestrator, docs: int, phase: str, collection: str = "items") -> None:
+    for n in range(docs):
+        await orch.submit(collection, {"phase": phase, "seq": n})
 
 
 def _bare_loop(store: Store, step: Step, clock: FakeClock) -> int:
@@ -142,6 +259,23 @@ def _bare_loop(store: Store, step: Step, clock: FakeClock) -> int:
             return done
         nxt, fields = step.work(doc)
         store.write(
+            step.collection, queries.fenced(doc["_id"], token), release_update(nxt, fields, clock)
+        )
+        done += 1
+
+
+async def _abare_loop(store: AsyncStore, step: Step, clock: FakeClock) -> int:
+    """``_bare_loop`` on the async store: the same two operations, awaited."""
+    done = 0
+    while True:
+        token = secrets.token_hex(8)
+        now = clock.now()
+        update = queries.claim_update(now, now + timedelta(seconds=30), token, "bare")
+        doc = await store.claim(step.collection, {"phase": step.phase}, now, 3600.0, None, update)
+        if doc is None:
+            return done
+        nxt, fields = step.work(doc)
+        await store.write(
             step.collection, queries.fenced(doc["_id"], token), release_update(nxt, fields, clock)
         )
         done += 1
@@ -375,10 +509,21 @@ def pickup(size: Size) -> dict[str, Any]:
 INTAKE_TICK = 0.2
 
 
-def intake(size: Size) -> dict[str, Any]:
+def intake(size: Size, engine: str) -> dict[str, Any]:
     """Time from a document inserted by another process (no local wake-up) to its step
     starting, while one step of the same replica is blocked: a free worker must take it
     at the next tick, not when the long step ends (before: up to ``step_timeout``)."""
+    delays = _intake_threaded(size) if engine == "threaded" else asyncio.run(_intake_async(size))
+    return {
+        "engine": engine,
+        "tick_s": INTAKE_TICK,
+        "median_ms": statistics.median(delays) * 1e3,
+        "max_ms": max(delays) * 1e3,
+        "max_ticks": max(delays) / INTAKE_TICK,
+    }
+
+
+def _intake_threaded(size: Size) -> list[float]:
     db = fresh()
     orch = replica(db, None, "bench", tick=INTAKE_TICK, max_concurrency=4)
     blocked, release, started = threading.Event(), threading.Event(), threading.Event()
@@ -409,15 +554,150 @@ def intake(size: Size) -> dict[str, Any]:
             if not started.wait(10):
                 raise RuntimeError("the inserted document was not taken within 10 s")
             delays.append(started_at[-1] - t0)
+            _settle(orch, len(delays))
     finally:
         release.set()
         orch.stop(timeout=5)
+    return delays
+
+
+def _settle(orch: Orchestrator | AsyncOrchestrator, advanced: int) -> None:
+    """Wait until the quick step just taken has advanced, then a little more: the replica
+    looks for more work after a step frees some, and the next insert must arrive when it
+    has stopped looking (the next tick must find it), as in the threaded and the async
+    engine alike."""
+    deadline = time.monotonic() + 10
+    while orch.stats().get("advanced", 0) < advanced:
+        if time.monotonic() > deadline:
+            raise RuntimeError("the quick step did not advance within 10 s")
+        time.sleep(0.001)
+    time.sleep(0.02)
+
+
+async def _intake_async(size: Size) -> list[float]:
+    """The async engine's intake: the outside insert goes through the sync face of the
+    same in-memory database, as another process's would (no local wake-up)."""
+    memory = memory_database(clock=SystemClock())
+    orch = async_replica(
+        CountingDatabase(async_view(memory), Meter()),
+        None,
+        "bench",
+        tick=INTAKE_TICK,
+        max_concurrency=4,
+    )
+    blocked, release, started = asyncio.Event(), asyncio.Event(), asyncio.Event()
+    started_at: list[float] = []
+
+    @orch.phase("intake", "Long")
+    async def long(lease: AsyncLease[Any]) -> Outcome:
+        blocked.set()
+        await release.wait()
+        return await lease.advance("Done")
+
+    @orch.phase("intake", "Quick")
+    async def quick(lease: AsyncLease[Any]) -> Outcome:
+        started_at.append(time.perf_counter())
+        started.set()
+        return await lease.advance("Done")
+
+    await orch.start()
+    delays = []
+    try:
+        await orch.submit("intake", {"phase": "Long"})
+        await asyncio.wait_for(blocked.wait(), 10)
+        for _ in range(size.pickup_runs):
+            started.clear()
+            t0 = time.perf_counter()
+            new = queries.new_document({"phase": "Quick"}, SystemClock().now())
+            memory["intake"].insert_one(new)
+            await asyncio.wait_for(started.wait(), 10)
+            delays.append(started_at[-1] - t0)
+            await asyncio.to_thread(_settle, orch, len(delays))
+    finally:
+        release.set()
+        await orch.stop(timeout=5)
+    return delays
+
+
+# -- 9: I/O-bound handlers ----------------------------------------------------------------------
+
+IO_WAIT = 0.05
+IO_ASYNC_CONCURRENCY = 100
+
+
+def io_bound(size: Size) -> dict[str, Any]:
+    """``io_docs`` documents whose one step waits 50 ms on I/O (async: ``await
+    asyncio.sleep``; threaded: ``time.sleep``), drained by one replica's ``run_once``:
+    the async engine with ``max_concurrency=100`` against the threaded engine at its
+    default settings. Each side's ceiling is its slots / 50 ms."""
+    docs = size.io_docs
+    threaded_slots = Settings.build().max_concurrency
+    runs = []
+    for _ in range(size.repeats):
+        threaded = _io_threaded(docs)
+        aio = asyncio.run(_io_async(docs))
+        runs.append((threaded, aio))
+    threaded_s = statistics.median(t for t, _ in runs)
+    async_s = statistics.median(a for _, a in runs)
     return {
-        "tick_s": INTAKE_TICK,
-        "median_ms": statistics.median(delays) * 1e3,
-        "max_ms": max(delays) * 1e3,
-        "max_ticks": max(delays) / INTAKE_TICK,
+        "documents": docs,
+        "wait_s": IO_WAIT,
+        "repeats": len(runs),
+        "threaded_concurrency": threaded_slots,
+        "async_concurrency": IO_ASYNC_CONCURRENCY,
+        "threaded_s": threaded_s,
+        "async_s": async_s,
+        "threaded_steps_per_s": docs / threaded_s,
+        "async_steps_per_s": docs / async_s,
+        "threaded_ceiling_steps_per_s": threaded_slots / IO_WAIT,
+        "async_ceiling_steps_per_s": IO_ASYNC_CONCURRENCY / IO_WAIT,
+        "ratio": statistics.median(t / a for t, a in runs),
     }
+
+
+def _io_threaded(docs: int) -> float:
+    clock = FakeClock()
+    orch = Orchestrator(cast(Database[Any], fresh(clock)), clock=clock, replica_id="io")
+
+    @orch.phase("io", "Call")
+    def call(lease: Lease[Any]) -> Outcome:
+        time.sleep(IO_WAIT)
+        return lease.advance("Done")
+
+    _fill(orch, docs, "Call", "io")
+    orch.ensure_indexes()
+    started = time.perf_counter()
+    done = orch.run_once().get("advanced", 0)
+    wall = time.perf_counter() - started
+    orch.stop(timeout=5)
+    if done != docs:
+        raise RuntimeError(f"the threaded engine advanced {done} of {docs} documents")
+    return wall
+
+
+async def _io_async(docs: int) -> float:
+    clock = FakeClock()
+    orch = AsyncOrchestrator(
+        cast(AsyncDatabase[Any], fresh_async(clock)),
+        clock=clock,
+        replica_id="io",
+        max_concurrency=IO_ASYNC_CONCURRENCY,
+    )
+
+    @orch.phase("io", "Call")
+    async def call(lease: AsyncLease[Any]) -> Outcome:
+        await asyncio.sleep(IO_WAIT)
+        return await lease.advance("Done")
+
+    await _afill(orch, docs, "Call", "io")
+    await orch.ensure_indexes()
+    started = time.perf_counter()
+    done = (await orch.run_once()).get("advanced", 0)
+    wall = time.perf_counter() - started
+    await orch.stop(timeout=5)
+    if done != docs:
+        raise RuntimeError(f"the async engine advanced {done} of {docs} documents")
+    return wall
 
 
 # -- 7: the claim on a real server ----------------------------------------------------------------

@@ -1,12 +1,15 @@
 """Counting database operations and the time spent inside them.
 
-The wrapper sits between the library's ``Store`` and the database (in-memory or real), so
-it sees exactly the operations the library sends: the benchmarks count idle operations
-with it and split a step's time into "in the database" and "everything else".
+The wrapper sits between the library's ``Store`` (or ``AsyncStore``) and the database
+(in-memory or real, sync or async), so it sees exactly the operations the library sends:
+the benchmarks count idle operations with it and split a step's time into "in the
+database" and "everything else". An async operation is timed from its call until its
+awaited result, round trip to the event loop included, as a server's reply would be.
 """
 
 from __future__ import annotations
 
+import inspect
 import threading
 import time
 from collections import Counter
@@ -59,6 +62,17 @@ class Meter:
 
 
 def _timed(meter: Meter, name: str, method: Any) -> Any:
+    if inspect.iscoroutinefunction(method):
+
+        async def operation(*args: Any, **kwargs: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return await method(*args, **kwargs)
+            finally:
+                meter.record(name, time.perf_counter() - started)
+
+        return operation
+
     def call(*args: Any, **kwargs: Any) -> Any:
         started = time.perf_counter()
         try:
@@ -75,19 +89,25 @@ class CountingCollection:
     def __init__(self, collection: Any, meter: Meter) -> None:
         self._collection = collection
         self._meter = meter
+        self._timed: dict[str, Any] = {}  # made once: the wrapper's own cost is per step
 
     def with_options(self, *args: Any, **kwargs: Any) -> CountingCollection:
         return CountingCollection(self._collection.with_options(*args, **kwargs), self._meter)
 
     def __getattr__(self, name: str) -> Any:
-        value = getattr(self._collection, name)
         if name in _OPERATIONS:
-            return _timed(self._meter, name, value)
-        return value
+            timed = self._timed.get(name)
+            if timed is None:
+                timed = self._timed[name] = _timed(
+                    self._meter, name, getattr(self._collection, name)
+                )
+            return timed
+        return getattr(self._collection, name)
 
 
 class CountingDatabase:
-    """A database whose collections and commands are counted (pass it to Orchestrator)."""
+    """A database whose collections and commands are counted (pass it to Orchestrator, or,
+    wrapping an async database, to AsyncOrchestrator)."""
 
     def __init__(self, db: Any, meter: Meter) -> None:
         self._db = db
@@ -105,7 +125,8 @@ class CountingDatabase:
 
     def command(self, command: Any, *args: Any, **kwargs: Any) -> Any:
         name = command if isinstance(command, str) else next(iter(command))
-        return _timed(self.meter, f"command:{name}", self._db.command)(command, *args, **kwargs)
+        timed = _timed(self.meter, f"command:{name}", self._db.command)
+        return timed(command, *args, **kwargs)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._db, name)

@@ -1,20 +1,21 @@
 """The workflows both sides run, and the pattern the orchestrator replaces.
 
-A step's work is a plain function of the document, adapted once to a lease handler and
-once to the classic loop, so both sides run the very same handlers on the same store.
+A step's work is a plain function of the document, adapted to a lease handler of either
+engine (``register``, ``register_async``) and to the classic loop, so every side runs the
+very same work on the same store.
 """
 
 from __future__ import annotations
 
 import secrets
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from functools import partial
 from typing import Any
 
-from orchestrator import Lease, Orchestrator, Outcome
+from orchestrator import AsyncLease, AsyncOrchestrator, Lease, Orchestrator, Outcome
 from orchestrator.core import queries
 from orchestrator.core.clock import Clock
 from orchestrator.core.queries import claim_update
@@ -62,6 +63,22 @@ def _handler(work: Work) -> Callable[[Lease[Any]], Outcome]:
     def handle(lease: Lease[Any]) -> Outcome:
         nxt, fields = work(lease.doc)
         return lease.unlock(**fields) if nxt is None else lease.advance(nxt, **fields)
+
+    return handle
+
+
+def register_async(orch: AsyncOrchestrator, steps: Sequence[Step]) -> None:
+    """``register`` for the async engine: the same work in ``async def`` handlers."""
+    for step in steps:
+        orch.phase(step.collection, step.phase)(_async_handler(step.work))
+
+
+def _async_handler(work: Work) -> Callable[[AsyncLease[Any]], Awaitable[Outcome]]:
+    async def handle(lease: AsyncLease[Any]) -> Outcome:
+        nxt, fields = work(lease.doc)
+        if nxt is None:
+            return await lease.unlock(**fields)
+        return await lease.advance(nxt, **fields)
 
     return handle
 

@@ -17,6 +17,7 @@ from pymongo import MongoClient
 
 from bench import figures, report
 from bench.__main__ import main
+from orchestrator import Settings
 from tests.conftest import MONGODB_URI
 
 
@@ -34,14 +35,28 @@ def test_the_benchmark_writes_its_table_results_and_plot(tmp_path: Path) -> None
         "idle",
         "pickup",
         "intake",
+        "io_bound",
         "real_server",
     }
     assert results["meta"]["size"] == "tiny"
     assert {"date", "machine", "store", "command"} <= set(results["meta"])
+    # Figures 1 and 2 for both engines, each against its own bare loop.
+    engines = ("threaded", "async")
+    assert [(r["engine"], r["concurrency"]) for r in figures["throughput"]] == [
+        (engine, c) for engine in engines for c in (1, 4)
+    ]
     for run in figures["throughput"]:
         # Both sides ran every step of the workload, each with one claim and one release.
         assert run["orchestrator_steps"] == run["bare_steps"] == run["steps"]
-        assert run["ratio"] > 0
+        if run["concurrency"] == 1:  # and the same last claim that finds nothing
+            assert run["orchestrator_ops_per_step"] == run["bare_ops_per_step"]
+        assert run["ratio"] > 0 and run["cpu_ratio"] > 0
+        assert len(run["ratios"]) == run["repeats"] >= 1
+    assert set(figures["overhead"]) == set(engines)
+    for engine, overhead in figures["overhead"].items():
+        assert overhead["engine"] == engine
+        # The async database's calls are timed too: its steps spend time in the database.
+        assert overhead["orchestrator_db_us"] > 0
     assert [r["handlers"] for r in figures["idle"]["rows"]] == [1, 10, 50, 10]
     for row in figures["idle"]["rows"]:
         # The classic pattern sends one claim per handler per tick, by construction.
@@ -52,11 +67,25 @@ def test_the_benchmark_writes_its_table_results_and_plot(tmp_path: Path) -> None
     # 30 documents x 3 steps at 9 claims a tick (3 replicas x 3 jobs) take 10+ ticks.
     assert batch["baseline"]["ticks"] >= 10
     assert figures["latency"]["baseline_s"] >= 5 * figures["latency"]["tick_s"]
-    assert figures["intake"]["max_ms"] >= figures["intake"]["median_ms"] > 0
+    assert set(figures["intake"]) == set(engines)
+    for engine, intake in figures["intake"].items():
+        assert intake["engine"] == engine
+        assert intake["max_ms"] >= intake["median_ms"] > 0
+    io = figures["io_bound"]
+    assert io["async_concurrency"] == 100
+    assert io["threaded_concurrency"] == Settings.build().max_concurrency  # the engine's default
+    # Every document waited 50 ms in its step: no side can beat its slots / 50 ms.
+    for side in ("threaded", "async"):
+        assert 0 < io[f"{side}_steps_per_s"] <= io[f"{side}_ceiling_steps_per_s"]
     assert "skipped" in figures["real_server"] or figures["real_server"]["rows"]
 
     table = out.read_text()
     assert "| figure | measured | ratio | goal | met |" in table
+    lines = [line for line in table.splitlines() if line.startswith("| ")]
+    for figure in ("1. step throughput", "2. overhead", "8. intake"):
+        for engine in engines:
+            assert any(r.startswith(f"| {figure}") and f"{engine} engine" in r for r in lines)
+    assert any(r.startswith("| 9. I/O-bound") for r in lines)
     assert results["meta"]["machine"]["python"] in table
     assert out.with_suffix(".png").read_bytes().startswith(b"\x89PNG")
 

@@ -409,6 +409,60 @@ async def test_stopping_and_starting_again_leaves_one_set_of_workers(
     await aorch.stop(timeout=5)
 
 
+async def test_a_timed_out_async_step_that_swallows_its_cancellation_leaves_its_worker(
+    db: Database[Any], clock: FakeClock
+) -> None:
+    """The async engine awaits a step in its worker's own task, and step_timeout cancels
+    that task: the worker must outlive the cancellation, even when the step swallows it
+    and returns, and carry no cancellation over into its next step (one left pending
+    would turn a later timeout inside the driver into a CancelledError)."""
+    orch = AsyncOrchestrator(
+        async_view(db),
+        replica_id="pod-a",
+        clock=clock,
+        clock_refresh=1e6,
+        step_timeout=60,
+        max_attempts=1,
+        tick=30,
+        max_concurrency=1,
+    )
+    claimed, swallowed, ran = asyncio.Event(), asyncio.Event(), asyncio.Event()
+    pending: list[int] = []
+
+    @orch.phase("jobs", "Running")
+    async def stubborn(lease: AsyncLease[Any]) -> Any:
+        claimed.set()
+        try:
+            await asyncio.Event().wait()  # never set: only the time-out ends it
+        except asyncio.CancelledError:
+            swallowed.set()
+        return None
+
+    @orch.phase("jobs", "Next")
+    async def next_step(lease: AsyncLease[Any]) -> Any:
+        task = asyncio.current_task()
+        pending.append(task.cancelling() if task is not None else -1)
+        ran.set()
+        return await lease.advance("Done")
+
+    await orch.start()
+    await orch.submit("jobs", {"name": "stuck", "phase": "Running"})
+    await asyncio.wait_for(claimed.wait(), 10)
+    clock.advance(61)
+    await orch.heartbeat()
+    await asyncio.wait_for(swallowed.wait(), 10)
+    await orch.submit("jobs", {"name": "next", "phase": "Next"})
+    await asyncio.wait_for(ran.wait(), 10)
+    report = await orch.stop(timeout=5)
+
+    stuck = db.jobs.find_one({"name": "stuck"})
+    assert stuck is not None and stuck["lastError"]["type"] == "StepTimeout"
+    assert orch.stats()["timed_out"] == 1
+    # The only worker ran the next step (no tick came to replace it), with nothing pending.
+    assert pending == [0]
+    assert report.still_running == []
+
+
 async def test_the_threaded_engine_refuses_an_async_handler(db: Database[Any]) -> None:
     orch = Orchestrator(db)
     with pytest.raises(ConfigError, match="AsyncOrchestrator"):

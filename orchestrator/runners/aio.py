@@ -2,11 +2,12 @@
 
 It uses only the async driver (``AsyncStore`` over an ``AsyncDatabase``): no second, sync
 client. ``max_concurrency`` worker tasks ask the scheduler for actions and carry them out
-by awaiting the shared plans of ``orchestrator.runners.base``. A step runs in a task of
-its own, so step_timeout can cancel it and free its slot: ``async def`` handlers are
-awaited there; plain ``def`` handlers (blocking SDKs) run on daemon threads
-(``_HandlerThreads``), in the step's context, and get a ``ThreadLease``, whose methods run
-the ``AsyncLease``'s coroutines on the loop and wait for them.
+by awaiting the shared plans of ``orchestrator.runners.base``. A step is awaited in its
+worker's task, which step_timeout cancels to free the slot (the worker outlives that
+cancellation and takes the next action): ``async def`` handlers are awaited there; plain
+``def`` handlers (blocking SDKs) run on daemon threads (``_HandlerThreads``), in the
+step's context, and get a ``ThreadLease``, whose methods run the ``AsyncLease``'s
+coroutines on the loop and wait for them.
 
 Ticks and heartbeats come from APScheduler's ``AsyncIOScheduler``, the async twin of the
 threaded runner's ``BackgroundScheduler``: the same coalescing, one-instance jobs, with
@@ -58,19 +59,29 @@ class AsyncOrchestrator(Runner[AsyncDatabase[Document]]):
     _pool: _HandlerThreads | None = None  # for plain def handlers, made on need
 
     def _setup(self) -> None:
-        self._changed = asyncio.Event()  # set, and replaced, whenever something happened
+        self._changed = asyncio.Event()  # workers wait here; set, and replaced, on news
+        self._settled_event = asyncio.Event()  # run_once and stop wait here; the same
         self._tasks: set[asyncio.Task[Any]] = set()  # the workers, kept from the collector
 
     def _notify(self, *, more_work: bool, everyone: bool = False) -> None:
-        # Waking every waiting task costs no context switch: they all look again.
-        self._changed.set()
-        self._changed = asyncio.Event()
+        """Wake the idle workers when there may be work, and the waiters of run_once and
+        stop when the replica may have settled (``_settling``): a waiter woken for nothing
+        costs a turn of the loop and a new wait each time, at every step."""
+        settling = everyone or self._settling()
+        if more_work or settling:
+            self._changed.set()
+            self._changed = asyncio.Event()
+        if settling:
+            self._settled_event.set()
+            self._settled_event = asyncio.Event()
 
-    async def _changes(self, timeout: float | None = None) -> None:
-        """Wait until something happens (``_notify``), at most ``timeout`` seconds."""
-        changed = self._changed
+    @staticmethod
+    async def _until(event: asyncio.Event, timeout: float | None = None) -> None:
+        """Wait until ``event`` is set, at most ``timeout`` seconds (``asyncio.timeout``:
+        no task per wait, as ``wait_for`` makes on Python 3.11)."""
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(changed.wait(), timeout)
+            async with asyncio.timeout(timeout):
+                await event.wait()
 
     # -- documents ------------------------------------------------------------------------
 
@@ -103,7 +114,7 @@ class AsyncOrchestrator(Runner[AsyncDatabase[Document]]):
         interval = min(self.settings.tick, self.settings.lock_timeout / 6)
         beat = loop.time() + interval
         while not self._once_over():
-            await self._changes(max(beat - loop.time(), 0.0))
+            await self._until(self._settled_event, max(beat - loop.time(), 0.0))
             if loop.time() >= beat:  # long steps' leases are kept alive meanwhile
                 await self._safe_heartbeat()
                 beat = loop.time() + interval
@@ -125,7 +136,7 @@ class AsyncOrchestrator(Runner[AsyncDatabase[Document]]):
             if leave:
                 return
             if action is None:
-                await self._changes()
+                await self._until(self._changed)
                 continue
             try:
                 await adrive(self._act(action))
@@ -138,19 +149,22 @@ class AsyncOrchestrator(Runner[AsyncDatabase[Document]]):
                 return
 
     async def _run_step(self, step: Step, stopping: bool) -> str | None:
-        """The step in a task of its own, which step_timeout may cancel; None then (the
-        time-out counted it)."""
-        step.task = asyncio.get_running_loop().create_task(self._guarded(step, stopping))
-        await asyncio.wait({step.task})
-        return None if step.task.cancelled() else str(step.task.result())
-
-    async def _guarded(self, step: Step, stopping: bool) -> str:
+        """The step, in the worker's own task: a task per step cost two more turns of the
+        event loop per step. step_timeout cancels that task (``_abandon``); its
+        cancellation ends the step here, and the worker carries on: None then (the
+        time-out counted it). A cancellation from anyone else ends the worker."""
+        task = step.task = asyncio.current_task()
         try:
-            return await adrive(self._step(step, stopping))
+            outcome = await adrive(self._step(step, stopping))
         except asyncio.CancelledError:
+            if step.abandoned and task is not None and task.uncancel() == 0:
+                return None
             raise
         except BaseException:
-            return self._interrupted(step)
+            outcome = self._interrupted(step)
+        if step.abandoned and task is not None and task.cancelling():
+            task.uncancel()  # the step swallowed the time-out's cancellation and returned
+        return outcome
 
     def _call_handler(self, step: Step) -> Any:
         func = step.lease.handler.func
@@ -161,15 +175,16 @@ class AsyncOrchestrator(Runner[AsyncDatabase[Document]]):
             self._pool = _HandlerThreads(
                 f"orchestrator-{self.replica_id}-step", self.settings.max_concurrency
             )
-        # The step's context goes with it (copied here, in the step's task): a run_once
+        # The step's context goes with it (copied here, in the step's await): a run_once
         # the thread asks the loop for is refused as re-entrant, as on the loop itself.
         context = contextvars.copy_context()
         call = self._pool.submit(context.run, func, ThreadLease(step.lease, loop))
         return asyncio.wrap_future(call, loop=loop)
 
     def _abandon(self, step: Step) -> None:
-        # An async step is cancelled; a thread step is left to return on its own (its
-        # late writes raise LeaseLost). Either way its worker is free at once.
+        # The step's await is cancelled: an async step ends there; a thread step is left
+        # to return on its own (its late writes raise LeaseLost). Either way its worker is
+        # free at once.
         if step.task is not None:
             step.task.cancel()
 
@@ -209,7 +224,7 @@ class AsyncOrchestrator(Runner[AsyncDatabase[Document]]):
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while self._sched.busy and loop.time() < deadline:
-            await self._changes(deadline - loop.time())
+            await self._until(self._settled_event, deadline - loop.time())
         if self._pool is not None:
             self._pool.close()  # a thread step still running keeps its (daemon) thread
             self._pool = None
@@ -244,7 +259,7 @@ class _HandlerThreads:
                 return  # cancelled while it waited
             try:
                 result = func(*args)
-            except BaseException as exc:  # SystemExit too: the step's task classifies it
+            except BaseException as exc:  # SystemExit too: the step's await classifies it
                 future.set_exception(exc)
             else:
                 future.set_result(result)

@@ -195,6 +195,14 @@ class Runner(Generic[DB]):
         submit, a stop). The runner wakes whom it concerns."""
         raise NotImplementedError
 
+    def _settling(self) -> bool:
+        """Whether the waiters of run_once and stop may be done (the caller holds ``_cv``):
+        the tick is over, no worker is left, or a stop has no step left running. Only then
+        are they woken: waking them whenever no step runs, which at concurrency 1 is after
+        every step, cost each step a wake-up of a waiter that went back to sleep."""
+        sched = self._sched
+        return sched.quiet or not self._workers or (sched.stopping and not sched.busy)
+
     def _check_handler(self, func: Callable[..., Any]) -> None:
         """Refuse a handler this runner cannot run (the threaded one: ``async def``)."""
 

@@ -59,7 +59,7 @@ class Orchestrator(Runner[Database[Document]]):
             return
         if more_work:
             self._cv.notify()
-        if self._sched.quiet or not self._sched.busy or not self._workers:
+        if self._settling():
             self._cv.notify_all()  # idle workers of run_once leave when quiet
             self._settled.notify_all()
 
