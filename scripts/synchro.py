@@ -31,6 +31,7 @@ REPLACEMENTS = {
     "AsyncLease": "Lease",
     "_async": "_sync",  # orchestrator.mongo._async.* -> orchestrator.mongo._sync.*
     "connect_async": "connect",
+    "check_reachable_async": "check_reachable",
     # PyMongo's async API and its sync twin.
     "AsyncMongoClient": "MongoClient",
     "AsyncDatabase": "Database",

@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 from pymongo.database import Database
 
-from examples.certificates import RuntimeDomain
-from examples.gateway import LEDGER, Faults, Workflow, build
 from orchestrator.core.queries import as_utc
 from orchestrator.testing import FakeClock
+from orchestrator.tools.workflows.certificates import RuntimeDomain
+from orchestrator.tools.workflows.gateway import LEDGER, Faults, Workflow, build
 
 
 @pytest.fixture
@@ -55,7 +55,7 @@ def next_claimable(db: Database[Any]) -> Any:
 def test_the_step_relocks_with_growing_waits_until_the_certificate_is_ready(
     workflow: Workflow, db: Database[Any], clock: FakeClock, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="examples.certificates")
+    caplog.set_level(logging.INFO, logger="orchestrator.tools.workflows.certificates")
     server = workflow.orch.clock  # lease times are the server's: compare with its estimate
     submit_domain(workflow)
     start = server.now()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import selectors
@@ -11,16 +12,20 @@ import sys
 import textwrap
 import time
 from datetime import timedelta
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
 import pytest
 from pymongo.database import Database
+from rich.console import Console
 
 from orchestrator import Lease, Orchestrator
 from orchestrator.core.queries import bson_time
 from orchestrator.testing import FakeClock
-from orchestrator.tools import cli
+from orchestrator.tools import cli, commands, demo
+from orchestrator.tools.demo import DemoOptions
+from orchestrator.tools.workflows import gateway
 
 ROOT = Path(__file__).resolve().parent.parent
 URI = "mongodb://ops:hunter2@db.internal:27017/platform"
@@ -29,7 +34,7 @@ URI = "mongodb://ops:hunter2@db.internal:27017/platform"
 @pytest.fixture
 def connected(db: Database[Any], monkeypatch: pytest.MonkeyPatch) -> Database[Any]:
     """``--uri`` resolves to the test database (in-memory, or the real server)."""
-    monkeypatch.setattr(cli, "connect", lambda uri, database, timeout: db)
+    monkeypatch.setattr(commands, "connect", lambda uri, database, timeout: db)
     return db
 
 
@@ -205,7 +210,7 @@ def test_graph_draws_the_gateway_workflow(capsys: pytest.CaptureFixture[str]) ->
         ("examples.gateway", "expected module:attribute"),
         ("no_such_module:orch", "cannot import 'no_such_module'"),
         ("examples.gateway:nothing", "has no attribute 'nothing'"),
-        ("examples.gateway:CREATE_ORDER", "is a tuple, not an Orchestrator"),
+        ("orchestrator.tools.workflows.gateway:CREATE_ORDER", "is a tuple, not an Orchestrator"),
     ],
 )
 def test_graph_and_run_refuse_a_wrong_target(
@@ -257,12 +262,18 @@ def finish(lease):
 """
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
-def test_run_stops_gracefully_on_a_signal(sig: signal.Signals, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("sig", "level"), [(signal.SIGTERM, []), (signal.SIGINT, ["--log-level", "warning"])]
+)
+def test_run_stops_gracefully_on_a_signal(
+    sig: signal.Signals, level: list[str], tmp_path: Path
+) -> None:
+    """At the default level the orchestrator's INFO lines show and the scheduler's own do
+    not; the level is accepted in any case; the stop line is the whole report."""
     (tmp_path / "myworker.py").write_text(textwrap.dedent(WORKER))
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "orchestrator", "run", "myworker:orch", "--log-level", "WARNING"],
+        [sys.executable, "-m", "orchestrator", "run", "myworker:orch", *level],
         cwd=tmp_path,
         env=env,
         stdout=subprocess.PIPE,
@@ -282,5 +293,136 @@ def test_run_stops_gracefully_on_a_signal(sig: signal.Signals, tmp_path: Path) -
             proc.kill()
             proc.communicate()
     assert proc.returncode == 0, err
-    assert "replica worker-1 stopped: 0 unstarted lease(s) handed back, 0 step(s)" in out
+    stop_line = out.strip().splitlines()[-1]
+    assert stop_line == (
+        "replica worker-1 stopped: 0 unstarted lease(s) handed back, 0 step(s) still running"
+    )
     assert "Traceback" not in err
+    assert "apscheduler" not in err
+    if not level:
+        assert "orchestrator started" in err
+
+
+UNREACHABLE_WORKER = """
+from pymongo import MongoClient
+from orchestrator import Orchestrator
+
+orch = Orchestrator(MongoClient("mongodb://ops:hunter2@127.0.0.1:1/x")["x"], replica_id="w")
+
+
+@orch.phase("jobs", "Pending")
+def finish(lease):
+    return lease.advance("Done")
+"""
+
+
+def test_run_fails_within_its_connect_timeout_with_the_reason(tmp_path: Path) -> None:
+    (tmp_path / "faraway.py").write_text(textwrap.dedent(UNREACHABLE_WORKER))
+    result = subprocess.run(
+        [sys.executable, "-m", "orchestrator", "run", "faraway:orch", "--connect-timeout", "0.2"],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=60,  # a bound against hanging, not a timing claim
+        check=False,
+    )
+    assert_one_line_error(
+        result.returncode, result.stderr, "cannot reach MongoDB within 0.2s", "Connection refused"
+    )
+    assert "hunter2" not in result.stderr
+    assert len(result.stderr.strip()) < 200  # the reason, not the driver's topology dump
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(["--version"], capsys)
+    assert code == 0
+    assert out.strip() == f"orchestrator {version('mongo-orchestrator')}"
+
+
+SUBCOMMANDS = ("demo", "run", "status", "unlock", "retry", "graph")
+
+
+def test_help_documents_commands_environment_and_exit_codes(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, out, _ = run(["--help"], capsys)
+    assert code == 0
+    listed = {line.split()[0]: line for line in out.split("Commands:")[1].splitlines() if line}
+    for name in SUBCOMMANDS:
+        assert len(listed[name].split()) > 3, f"{name} has no description"
+    assert "MONGODB_URI" in out
+    for status in ("0 ", "1 ", "2 ", "130"):
+        assert f"  {status}" in out.split("Exit status:")[1]
+
+
+@pytest.mark.parametrize("command", SUBCOMMANDS)
+def test_every_subcommand_has_an_example_and_shows_its_defaults(
+    command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, _ = run([command, "--help"], capsys)
+    assert code == 0
+    example = out.split("Example:")[1].strip().splitlines()[0]
+    assert f"orchestrator {command}" in example
+    if command not in {"graph"}:  # graph has no option but --help
+        assert "[default:" in out
+
+
+@pytest.mark.parametrize(
+    ("argv", "needles"),
+    [
+        (["status", "--connect-timeout", "-1"], ["--connect-timeout", "0<x<=300"]),
+        (["status", "--uri", "notauri"], ["--uri", "notauri", "scheme"]),
+        (["status", "--uri", "mongodb://ops:hunter2@h/?bogus=1"], ["Unknown option", "bogus"]),
+        (["status", "--errors", "-1"], ["--errors"]),
+        (["demo", "--log-file", "/nonexistent/dir/x.log"], ["--log-file", "/nonexistent/dir"]),
+        (["demo", "--fail-rate", "0.5"], ["--fail-rate"]),
+        (["demo", "--timeout", "0"], ["--timeout"]),
+        (["demo", "--replicas", "many"], ["--replicas", "many"]),
+        (["run", "x:y", "--log-level", "loud"], ["--log-level", "loud"]),
+        (["run", "x:y", "--stop-timeout", "-1"], ["--stop-timeout"]),
+        (["unlock", "x"], ["--collection"]),
+        (["stats"], ["No such command 'stats'"]),
+    ],
+)
+def test_every_option_is_validated_in_one_line(
+    argv: list[str], needles: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = run(argv, capsys)
+    assert_one_line_error(code, err, *needles)
+    assert "hunter2" not in out + err
+
+
+def test_an_invalid_uri_is_refused_before_any_connection(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    tried: list[str] = []
+    monkeypatch.setattr(commands, "connect", lambda uri, database, timeout: tried.append(uri))
+    monkeypatch.setenv("MONGODB_URI", "notauri")
+    code, _, err = run(["status"], capsys)
+    assert_one_line_error(code, err, "MONGODB_URI", "notauri")
+    assert tried == []
+
+
+def test_the_demo_timeout_covers_setup(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Submitting gateways counts against ``--timeout``: a run that cannot submit them all
+    in time stops and says so, instead of printing nothing while it submits. The demo's
+    clock jumps past the deadline at the third submission."""
+    now = [1000.0]
+    submitted: list[str] = []
+    original = gateway.Platform.create_gateway
+
+    def slow_create(self: Any, name: str, custom_domain: str | None = None) -> Any:
+        submitted.append(name)
+        if len(submitted) == 3:
+            now[0] += 60
+        return original(self, name, custom_domain)
+
+    monkeypatch.setattr(gateway.Platform, "create_gateway", slow_create)
+    console = Console(file=io.StringIO(), width=200)
+    code = demo.run(DemoOptions(gateways=50, timeout=30), console, monotonic=lambda: now[0])
+    out = console.file.getvalue()
+    assert code == 1
+    assert "submitting gateways did not finish" in out
+    assert "submitting gateways: 3/50" in out  # the progress line, when the time moved
+    assert len(submitted) == 3

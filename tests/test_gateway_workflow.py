@@ -9,8 +9,15 @@ from typing import Any
 import pytest
 from pymongo.database import Database
 
-from examples.gateway import CREATE_ORDER, DELETE_ORDER, LEDGER, Faults, Workflow, build
 from orchestrator.testing import FakeClock
+from orchestrator.tools.workflows.gateway import (
+    CREATE_ORDER,
+    DELETE_ORDER,
+    LEDGER,
+    Faults,
+    Workflow,
+    build,
+)
 
 MakeWorkflow = Callable[..., Workflow]
 

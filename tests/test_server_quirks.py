@@ -30,7 +30,7 @@ from orchestrator.mongo import Store
 from orchestrator.mongo.common import MIN_SERVER_VERSION, driver_errors
 from orchestrator.testing import FakeClock, memory_database
 from orchestrator.testing.memory import MAX_BSON_SIZE
-from orchestrator.tools import cli
+from orchestrator.tools import cli, commands
 from tests.conftest import MakeReplica, server_name
 
 
@@ -461,7 +461,7 @@ def test_retry_stamps_updated_at_with_the_servers_clock(
 ) -> None:
     server = FakeClock(datetime(2031, 5, 6, 7, 8, 9, tzinfo=UTC))  # not this machine's time
     db = memory_database(clock=server)
-    monkeypatch.setattr(cli, "connect", lambda uri, database, timeout: db)
+    monkeypatch.setattr(commands, "connect", lambda uri, database, timeout: db)
     failed_job(db, server)
     assert cli.main(["retry", "j", "-c", "jobs", "--uri", "mongodb://db"]) == 0
     assert db.jobs.find_one({"_id": "j"})["updatedAt"] == datetime(2031, 5, 6, 7, 8, 9)
@@ -472,7 +472,7 @@ def test_retry_says_so_when_the_server_gives_no_time(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     db = memory_database(clock=FakeClock(), server_time=False)
-    monkeypatch.setattr(cli, "connect", lambda uri, database, timeout: db)
+    monkeypatch.setattr(commands, "connect", lambda uri, database, timeout: db)
     failed_job(db, FakeClock())
     assert cli.main(["retry", "j", "-c", "jobs", "--uri", "mongodb://db"]) == 0
     assert "this machine's clock" in capsys.readouterr().err

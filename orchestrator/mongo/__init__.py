@@ -9,8 +9,17 @@
 """
 
 from orchestrator.mongo._async.lease import AsyncLease
-from orchestrator.mongo._async.store import AsyncStore, connect_async
+from orchestrator.mongo._async.store import AsyncStore, check_reachable_async, connect_async
 from orchestrator.mongo._sync.lease import Lease
-from orchestrator.mongo._sync.store import Store, connect
+from orchestrator.mongo._sync.store import Store, check_reachable, connect
 
-__all__ = ["AsyncLease", "AsyncStore", "Lease", "Store", "connect", "connect_async"]
+__all__ = [
+    "AsyncLease",
+    "AsyncStore",
+    "Lease",
+    "Store",
+    "check_reachable",
+    "check_reachable_async",
+    "connect",
+    "connect_async",
+]

@@ -162,6 +162,14 @@ def codec_options(client: CodecOptions[Document]) -> CodecOptions[Document]:
     )
 
 
+def unreachable(exc: PyMongoError) -> str:
+    """The reason a server could not be reached, in one short line: the driver's message
+    without its timeouts and topology description (hundreds of characters), redacted."""
+    reason = str(exc).split(" (configured timeouts", 1)[0].split(", Timeout:", 1)[0]
+    reason = " ".join(redact(reason).split())
+    return reason[:200] if reason else type(exc).__name__
+
+
 def client_options(timeout: float) -> dict[str, Any]:
     """The options ``connect`` opens a client with: server selection gives up after
     ``timeout`` seconds, so a command-line tool fails in seconds, not thirty."""

@@ -149,6 +149,8 @@ class Runner(Generic[DB]):
         if settings is not None and given:
             raise ConfigError("pass either a Settings object or keyword settings, not both")
         self.settings = settings if settings is not None else Settings.build(**given)
+        self.db = db
+        """The database this replica works on (``orchestrator run`` checks it is reachable)."""
         self._store = self._store_type(db, self.settings.write_concern, self.settings.write_timeout)
         self._local = clock if clock is not None else SystemClock()
         self.clock = ServerClock(

@@ -28,7 +28,7 @@ from orchestrator.mongo import connect
 from orchestrator.tools.demo import DemoOptions, _quiet_logs, _Waits
 
 if TYPE_CHECKING:
-    from examples.gateway import Platform
+    from orchestrator.tools.workflows.gateway import Platform
 
 REPLICAS = "demoReplicas"
 """One document per replica process: its step counts, then its final report."""
@@ -52,23 +52,17 @@ class Processes:
         return f"{len(self._names)} replica processes"
 
     def start(self) -> None:
-        import examples  # noqa: PLC0415  (the workflow's package, wherever it was found)
-
         self._reports.drop()
         # The collections and their indexes exist before anyone counts them, as after a
         # deployment's migration; the replicas' own start() finds them done.
         self.platform.orch.ensure_indexes()
         options = self._options
-        # The children import the workflow from where this process found it.
-        roots = [str(Path(next(iter(examples.__path__))).parent)]
-        if os.environ.get("PYTHONPATH"):
-            roots.append(os.environ["PYTHONPATH"])
-        env = {**os.environ, "MONGODB_URI": str(options.uri), "PYTHONPATH": os.pathsep.join(roots)}
+        env = {**os.environ, "MONGODB_URI": str(options.uri)}
         for name in self._names:
             argv = [
                 sys.executable,
                 "-m",
-                "orchestrator.demo_processes",
+                "orchestrator.tools.demo_processes",
                 f"--db={self.platform.db.name}",
                 f"--replica-id={name}",
                 f"--tick={options.tick}",
@@ -146,7 +140,7 @@ class Processes:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """One replica process: run the workflow until SIGTERM, publishing its counts."""
-    parser = argparse.ArgumentParser(prog="python -m orchestrator.demo_processes")
+    parser = argparse.ArgumentParser(prog="python -m orchestrator.tools.demo_processes")
     parser.add_argument("--db", required=True)
     parser.add_argument("--replica-id", required=True)
     parser.add_argument("--tick", type=float, required=True)
@@ -159,7 +153,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     uri = os.environ.get("MONGODB_URI")
     if not uri:
         parser.error("MONGODB_URI is not set")
-    from examples.gateway import Faults, build  # noqa: PLC0415
+    from orchestrator.tools.workflows.gateway import Faults, build  # noqa: PLC0415
 
     db = connect(uri, args.db, timeout=10)
     workflow = build(

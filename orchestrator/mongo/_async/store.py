@@ -23,6 +23,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
+import pymongo
 from bson.codec_options import CodecOptions
 from pymongo import AsyncMongoClient, ReturnDocument
 from pymongo.asynchronous.collection import AsyncCollection
@@ -353,10 +354,24 @@ async def connect_async(
     except ServerSelectionTimeoutError as exc:
         await client.close()
         raise StoreError(
-            f"cannot reach MongoDB at {where} within {timeout:g}s", transient=True
+            f"cannot reach MongoDB at {where} within {timeout:g}s: {common.unreachable(exc)}",
+            transient=True,
         ) from exc
     except PyMongoError as exc:
         await client.close()
         raise StoreError(f"MongoDB at {where}: {redact(str(exc))}") from exc
     common.check_database_name(db.name)
     return db
+
+
+async def check_reachable_async(db: AsyncDatabase[Document], timeout: float) -> None:
+    """``db`` answers a ping within ``timeout`` s, whatever its client's own server
+    selection timeout (30 s by default): a worker that cannot start says why in seconds."""
+    try:
+        with pymongo.timeout(timeout):
+            await db.command("ping")
+    except PyMongoError as exc:
+        raise StoreError(
+            f"cannot reach MongoDB within {timeout:g}s: {common.unreachable(exc)}",
+            transient=True,
+        ) from exc

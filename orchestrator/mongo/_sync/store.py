@@ -24,6 +24,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
+import pymongo
 from bson.codec_options import CodecOptions
 from pymongo import MongoClient, ReturnDocument
 from pymongo.errors import (
@@ -352,10 +353,24 @@ def connect(uri: str, database: str | None = None, *, timeout: float = 5.0) -> D
     except ServerSelectionTimeoutError as exc:
         client.close()
         raise StoreError(
-            f"cannot reach MongoDB at {where} within {timeout:g}s", transient=True
+            f"cannot reach MongoDB at {where} within {timeout:g}s: {common.unreachable(exc)}",
+            transient=True,
         ) from exc
     except PyMongoError as exc:
         client.close()
         raise StoreError(f"MongoDB at {where}: {redact(str(exc))}") from exc
     common.check_database_name(db.name)
     return db
+
+
+def check_reachable(db: Database[Document], timeout: float) -> None:
+    """``db`` answers a ping within ``timeout`` s, whatever its client's own server
+    selection timeout (30 s by default): a worker that cannot start says why in seconds."""
+    try:
+        with pymongo.timeout(timeout):
+            db.command("ping")
+    except PyMongoError as exc:
+        raise StoreError(
+            f"cannot reach MongoDB within {timeout:g}s: {common.unreachable(exc)}",
+            transient=True,
+        ) from exc

@@ -24,9 +24,9 @@ from orchestrator import Lease, Orchestrator, Outcome, Resource
 from orchestrator.core.queries import as_utc
 
 if TYPE_CHECKING:
-    from examples.gateway import Faults
+    from orchestrator.tools.workflows.gateway import Faults
 
-logger = logging.getLogger("examples.certificates")
+logger = logging.getLogger("orchestrator.tools.workflows.certificates")
 
 CERTIFICATES = "certificates"
 INGRESSES = "ingresses"

@@ -1,0 +1,15 @@
+"""The distribution's name and its extras, for errors that say what to install.
+
+The library needs only pymongo, apscheduler and pydantic; the in-memory store and the
+command line's output come with extras, and a missing one is named, never a traceback.
+"""
+
+DISTRIBUTION = "mongo-orchestrator"
+
+EXTRA_OF_MODULE = {"mongomock": "testing", "rich": "cli", "click": "cli"}
+"""The extra that installs each optional module."""
+
+
+def install_hint(extra: str) -> str:
+    """The command that installs ``extra``, quoted for a shell."""
+    return f"pip install '{DISTRIBUTION}[{extra}]'"

@@ -1,0 +1,502 @@
+"""The ``orchestrator`` command's subcommands, on Click (the ``cli`` extra).
+
+Click gives what the conventions of well-liked command lines ask for with little code:
+``--version``, help with defaults and environment variables shown, typed and range-checked
+options (a bad value is refused before anything runs, exit status 2), and case-insensitive
+choices. ``orchestrator.tools.cli.main`` runs it and turns every error into one line.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import threading
+import warnings
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from types import FrameType
+from typing import Any, TypeVar
+
+import click
+from pymongo.database import Database
+from pymongo.errors import ConfigurationError, InvalidURI
+from pymongo.uri_parser import parse_uri
+from rich.console import Console
+from rich.table import Table
+
+from orchestrator.core import queries
+from orchestrator.core.extras import DISTRIBUTION
+from orchestrator.core.redact import redact
+from orchestrator.mongo import Store, check_reachable, connect
+from orchestrator.mongo.common import Document
+from orchestrator.tools.demo import DemoOptions
+from orchestrator.tools.demo import run as run_demo
+from orchestrator.tools.graph import mermaid
+from orchestrator.tools.loading import CommandError, load_orchestrator
+from orchestrator.tools.status import Status, collect
+
+EXIT_FAILED = 1  # the command ran and found something wrong (demo invariants)
+EXIT_ERROR = 2  # the command could not run: bad input, unreachable database
+
+DEFAULT_CONNECT_TIMEOUT = 5.0
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+EPILOG = """\b
+Environment:
+  MONGODB_URI  the server's URI, when --uri is not given (status, unlock, retry;
+               demo: a real server instead of the in-memory store)
+\b
+Exit status:
+  0    success
+  1    the command ran and found something wrong (a demo invariant failed,
+       a worker stopped with steps still running)
+  2    bad input or an unreachable database: one line on stderr, never a traceback
+  130  interrupted (Ctrl-C)
+"""
+
+CONTEXT = {"help_option_names": ["-h", "--help"], "show_default": True, "max_content_width": 100}
+
+
+def _check_uri(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """Refuse a malformed URI at once, before any connection is tried (``notauri`` is not
+    an unreachable server), and an unknown URI option, which the driver only warns of."""
+    if value is None or value.startswith("mongodb+srv://"):
+        return value  # an SRV URI is checked when it is resolved, by connect()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            parse_uri(value)
+    except (InvalidURI, ConfigurationError, ValueError, UserWarning) as exc:
+        raise click.BadParameter(f"{redact(value)}: {redact(str(exc))}") from None
+    return value
+
+
+def _check_log_file(ctx: click.Context, param: click.Parameter, value: Path | None) -> Path | None:
+    """A log file whose directory is missing is an input error, not a traceback later."""
+    if value is None:
+        return None
+    parent = value.parent
+    if not parent.is_dir():
+        raise click.BadParameter(f"{value}: directory {str(parent)!r} does not exist")
+    if value.is_dir():
+        raise click.BadParameter(f"{value} is a directory")
+    return value
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def database_options(default_db: str | None) -> Callable[[F], F]:
+    """``--uri``, ``--db`` and ``--connect-timeout``, shared by every command that connects."""
+
+    def decorate(command: F) -> F:
+        command = click.option(
+            "--connect-timeout",
+            type=click.FloatRange(min=0, min_open=True, max=300),
+            default=DEFAULT_CONNECT_TIMEOUT,
+            help="Seconds to reach the server before giving up with the reason.",
+        )(command)
+        command = click.option(
+            "--db",
+            default=default_db,
+            show_default=True if default_db else "the URI's database, else 'orchestrator'",
+            help="Database name.",
+        )(command)
+        return click.option(
+            "--uri",
+            envvar="MONGODB_URI",
+            show_envvar=True,
+            callback=_check_uri,
+            help="MongoDB URI.",
+        )(command)
+
+    return decorate
+
+
+@click.group(context_settings=CONTEXT, epilog=EPILOG)
+@click.version_option(
+    package_name=DISTRIBUTION, prog_name="orchestrator", message="%(prog)s %(version)s"
+)
+def main() -> None:
+    """Multi-step work on MongoDB documents, run safely by every replica.
+
+    \b
+    Examples:
+      orchestrator demo
+      orchestrator status --uri mongodb://localhost:27017/platform
+      orchestrator run myapp.workers:orch
+    """
+
+
+# -- demo ------------------------------------------------------------------------------------
+
+_DEMO = DemoOptions()
+
+
+@main.command(epilog=EPILOG, short_help="Run the gateway demo with several replicas and audit it.")
+@click.option(
+    "--gateways", type=click.IntRange(min=1), default=_DEMO.gateways, help="Gateways to create."
+)
+@click.option(
+    "--replicas",
+    type=click.IntRange(1, 32),
+    default=_DEMO.replicas,
+    help="Replicas, as threads of this process.",
+)
+@click.option(
+    "--processes",
+    type=click.IntRange(0, 32),
+    default=_DEMO.processes,
+    metavar="N",
+    help="Run the replicas as N OS processes instead (needs a real server); 0: threads.",
+)
+@click.option(
+    "--delete-fraction",
+    type=click.FloatRange(0, 1),
+    default=_DEMO.delete_fraction,
+    help="Share of the gateways deleted once provisioned.",
+)
+@click.option(
+    "--cert-delay",
+    type=click.FloatRange(min=0),
+    default=_DEMO.cert_delay,
+    help="Seconds before a certificate is Ready.",
+)
+@click.option(
+    "--fail-rate",
+    type=click.FloatRange(0, 0.5, max_open=True),
+    default=_DEMO.fail_rate,
+    help="Share of service calls that fail and are retried.",
+)
+@click.option("--seed", type=int, default=_DEMO.seed, help="Seed of the faults and deletions.")
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=_DEMO.timeout,
+    help="Seconds for the whole run, setup included; then it stops and reports.",
+)
+@click.option(
+    "--log-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    callback=_check_log_file,
+    help="Write the replicas' logs here.",
+)
+@database_options(default_db=_DEMO.database)
+def demo(
+    gateways: int,
+    replicas: int,
+    processes: int,
+    delete_fraction: float,
+    cert_delay: float,
+    fail_rate: float,
+    seed: int,
+    timeout: float,
+    log_file: Path | None,
+    uri: str | None,
+    db: str,
+    connect_timeout: float,
+) -> int:
+    """Provision and delete gateways with several replicas, then audit the result.
+
+    Runs on the embedded in-memory store unless MONGODB_URI or --uri names a server.
+
+    \b
+    Example:
+      orchestrator demo --gateways 300 --replicas 5 --cert-delay 2 --seed 7
+    """
+    options = DemoOptions(
+        gateways=gateways,
+        replicas=replicas,
+        delete_fraction=delete_fraction,
+        cert_delay=cert_delay,
+        fail_rate=fail_rate,
+        seed=seed,
+        uri=uri or None,
+        database=db,
+        timeout=timeout,
+        log_file=log_file,
+        processes=processes,
+        connect_timeout=connect_timeout,
+    )
+    return run_demo(options, Console())
+
+
+# -- run -------------------------------------------------------------------------------------
+
+
+@main.command("run", epilog=EPILOG, short_help="Run one replica as a standalone worker.")
+@click.argument("target")
+@click.option(
+    "--stop-timeout",
+    type=click.FloatRange(min=0),
+    default=10.0,
+    help="Seconds to let running steps finish on SIGTERM or Ctrl-C.",
+)
+@click.option(
+    "--log-level",
+    type=click.Choice(LOG_LEVELS, case_sensitive=False),
+    default="INFO",
+    help="The orchestrator's log level (the scheduler's own INFO lines only at DEBUG).",
+)
+@click.option(
+    "--connect-timeout",
+    type=click.FloatRange(min=0, min_open=True, max=300),
+    default=DEFAULT_CONNECT_TIMEOUT,
+    help="Seconds to reach the target's server before giving up with the reason.",
+)
+def run_worker(target: str, stop_timeout: float, log_level: str, connect_timeout: float) -> int:
+    """Run one replica as a standalone worker until SIGTERM or Ctrl-C.
+
+    TARGET is module:attribute, an Orchestrator or a function of no arguments returning
+    one; the current directory is importable.
+
+    \b
+    Example:
+      orchestrator run myapp.workers:orch --log-level debug
+    """
+    orch = load_orchestrator(target)
+    if not orch.handlers:
+        raise CommandError(f"{target} has no handlers registered: nothing to run")
+    level = log_level.upper()
+    to_stderr = logging.StreamHandler()
+    to_stderr.setFormatter(
+        logging.Formatter(
+            "%(asctime)s %(levelname)s %(name)s replica=%(replica)s %(message)s",
+            defaults={"replica": orch.replica_id},
+        )
+    )
+    logging.basicConfig(level=level, handlers=[to_stderr])
+    # APScheduler logs every job run at INFO: chatter about the orchestrator's own tick.
+    logging.getLogger("apscheduler").setLevel(logging.DEBUG if level == "DEBUG" else "WARNING")
+    check_reachable(orch.db, connect_timeout)
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        orch.request_stop()  # safe in a signal handler: sets two events
+        stop.set()
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        orch.start()
+        click.echo(
+            f"replica {orch.replica_id} running {len(orch.handlers)} handlers; "
+            "SIGTERM or Ctrl-C stops it"
+        )
+        while not stop.wait(1.0):
+            pass
+        report = orch.stop(stop_timeout)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    click.echo(
+        f"replica {orch.replica_id} stopped: {len(report.released)} unstarted lease(s) "
+        f"handed back, {len(report.still_running)} step(s) still running"
+    )
+    return 0 if not report.still_running else EXIT_FAILED
+
+
+# -- status, unlock, retry -------------------------------------------------------------------
+
+
+@main.command(epilog=EPILOG, short_help="Documents per collection and phase, and latest errors.")
+@database_options(default_db=None)
+@click.option(
+    "--collection",
+    "-c",
+    "collections",
+    multiple=True,
+    help="Only this collection (repeatable).  [default: every collection]",
+)
+@click.option(
+    "--errors", type=click.IntRange(min=0), default=5, help="Latest errors per collection."
+)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def status(
+    uri: str | None,
+    db: str | None,
+    connect_timeout: float,
+    collections: tuple[str, ...],
+    errors: int,
+    as_json: bool,
+) -> int:
+    """Documents per collection and phase: leased, overdue, waiting, failed; latest errors.
+
+    \b
+    Example:
+      MONGODB_URI=mongodb://localhost:27017/platform orchestrator status -c gateways
+    """
+    database = open_database(uri, db, connect_timeout)
+    report = collect(database, collections=list(collections) or None, errors=errors)
+    if as_json:
+        click.echo(json.dumps(report.to_dict(), indent=2))
+        return 0
+    _print_status(database.name, report)
+    return 0
+
+
+def _print_status(name: str, status: Status) -> None:
+    console = Console()
+    table = Table(title=f"{name} at {status.at:%Y-%m-%d %H:%M:%S} UTC")
+    for column in ("collection", "phase", "documents", "leased now", "overdue", "waiting"):
+        table.add_column(column, justify="left" if column in {"collection", "phase"} else "right")
+    table.add_column("failed", justify="right")
+    for row in status.phases:
+        table.add_row(
+            row.collection,
+            row.phase,
+            str(row.count),
+            str(row.leased),
+            _warn(row.overdue),
+            str(row.waiting),
+            _warn(row.failed),
+        )
+    if not status.phases:
+        table.add_row("(no documents with a phase)", "", "", "", "", "", "")
+    console.print(table)
+    if not status.server_time:
+        console.print(
+            "[yellow]warning:[/] the server reports no time (hello without localTime): leases "
+            "were judged by this machine's clock, and the replicas judge them by theirs"
+        )
+    if status.errors:
+        errors = Table(title="latest errors")
+        for column in ("collection", "id", "phase", "attempts", "at", "error"):
+            errors.add_column(column)
+        for error in status.errors:
+            at = f"{error.at:%H:%M:%S}" if error.at else ""
+            errors.add_row(
+                error.collection,
+                error.id,
+                error.phase or "",
+                str(error.attempts),
+                at,
+                f"{error.type}: {error.message}"[:200],
+            )
+        console.print(errors)
+
+
+def _warn(value: int) -> str:
+    return f"[red]{value}[/]" if value else "0"
+
+
+@main.command(epilog=EPILOG, short_help="Make a document claimable at once.")
+@click.argument("doc_id", metavar="ID")
+@click.option("--collection", "-c", required=True, help="The document's collection.")
+@database_options(default_db=None)
+def unlock(
+    doc_id: str, collection: str, uri: str | None, db: str | None, connect_timeout: float
+) -> int:
+    """Make a document claimable at once (a live holder's later writes raise LeaseLost).
+
+    \b
+    Example:
+      orchestrator unlock gw-01 -c gateways
+    """
+    store = _operator_store(uri, db, connect_timeout, collection)
+    doc = store.operator_update(collection, queries.id_filter(doc_id), queries.release_update())
+    if doc is None:
+        raise CommandError(f"no document {doc_id!r} in collection {collection!r}")
+    click.echo(f"unlocked {collection}/{doc['_id']} (phase {doc.get('phase')}): claimable now")
+    return 0
+
+
+@main.command(epilog=EPILOG, short_help="Reset a document's attempts and send it back to a phase.")
+@click.argument("doc_id", metavar="ID")
+@click.option("--collection", "-c", required=True, help="The document's collection.")
+@click.option(
+    "--phase",
+    help="The phase to send it back to.  [default: the phase its last error happened in]",
+)
+@database_options(default_db=None)
+def retry(
+    doc_id: str,
+    collection: str,
+    phase: str | None,
+    uri: str | None,
+    db: str | None,
+    connect_timeout: float,
+) -> int:
+    """Reset a document's attempts and send it back to a phase.
+
+    \b
+    Example:
+      orchestrator retry gw-01 -c gateways --phase Deleting
+    """
+    store = _operator_store(uri, db, connect_timeout, collection)
+    query = queries.id_filter(doc_id)
+    doc = store.find_one(collection, query)
+    if doc is None:
+        raise CommandError(f"no document {doc_id!r} in collection {collection!r}")
+    if phase is None:
+        error = doc.get("lastError")
+        phase = error.get("phase") if isinstance(error, dict) else None
+        if not isinstance(phase, str) or not phase:
+            raise CommandError(
+                f"{collection}/{doc['_id']} has no recorded error phase; pass --phase"
+            )
+    if phase.startswith("$"):
+        raise CommandError(f"{phase!r} is not a phase name")
+    # updatedAt starts the phase's clock for the replicas' backoff: the server's time, as
+    # every lease time is, not this machine's.
+    now = store.server_time()
+    if now is None:
+        now = datetime.now(UTC)
+        click.echo(
+            "orchestrator retry: warning: the server reports no time; "
+            "updatedAt is stamped with this machine's clock",
+            err=True,
+        )
+    # Only if nobody moved it meanwhile: the phase read above is still the phase.
+    guarded = {"_id": doc["_id"], "phase": doc.get("phase")}
+    updated = store.operator_update(collection, guarded, queries.operator_retry_update(phase, now))
+    if updated is None:
+        raise CommandError(f"{collection}/{doc['_id']} changed meanwhile; run retry again")
+    click.echo(
+        f"retrying {collection}/{doc['_id']}: {doc.get('phase')} -> {phase}, "
+        "attempts reset, claimable now"
+    )
+    return 0
+
+
+# -- graph -----------------------------------------------------------------------------------
+
+
+@main.command(epilog=EPILOG, short_help="The registered phases as a Mermaid diagram.")
+@click.argument("target")
+def graph(target: str) -> int:
+    """The registered phases and transitions as a Mermaid stateDiagram-v2.
+
+    TARGET is module:attribute, an Orchestrator or a function of no arguments returning one.
+
+    \b
+    Example:
+      orchestrator graph myapp.workers:orch > phases.mmd
+    """
+    orch = load_orchestrator(target)
+    if not orch.handlers:
+        raise CommandError(f"{target} has no handlers registered")
+    click.echo(mermaid(orch.handlers), nl=False)
+    return 0
+
+
+# -- helpers ---------------------------------------------------------------------------------
+
+
+def open_database(uri: str | None, db: str | None, timeout: float) -> Database[Document]:
+    """The database named by ``--uri``/``$MONGODB_URI`` and ``--db``, reachable now."""
+    if not uri:
+        raise CommandError("no database: set MONGODB_URI or pass --uri")
+    return connect(uri, db, timeout=timeout)
+
+
+def _operator_store(uri: str | None, db: str | None, timeout: float, collection: str) -> Store:
+    database = open_database(uri, db, timeout)
+    store = Store(database)
+    if collection not in store.collection_names():
+        raise CommandError(f"unknown collection {collection!r} in database {database.name!r}")
+    return store
+
+
+__all__ = ["EXIT_ERROR", "EXIT_FAILED", "main", "open_database"]

@@ -1,0 +1,356 @@
+"""The API gateway lifecycle of a cloud-function platform, on the orchestrator.
+
+A gateway has a desired ``state`` (Running, Stopped, Deleted) that users set, and an
+observed ``phase`` (Creating, Created, Deleting, Deleted) that only handlers move.
+Creating provisions its children one kind per step (a runtime domain, a database, stages,
+cloud functions, cron triggers), then waits for the runtime domain's certificate.
+Deleting removes them one kind per step in the opposite order, so a deletion that fails
+half way resumes at the kind it stopped at. A deleted gateway is archived and removed.
+
+``Platform`` stands in for the services the real platform calls (Kubernetes, the cloud
+API). It is application code: it talks to its own collections directly, and writes one
+entry per side effect to a ledger whose unique ``_id`` makes a repeated one visible.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import threading
+from collections import Counter
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import Field
+from pymongo import MongoClient
+from pymongo.database import Database
+from pymongo.errors import DuplicateKeyError
+
+from orchestrator import Lease, Orchestrator, Resource
+from orchestrator.testing import memory_database
+from orchestrator.tools.workflows.certificates import (
+    CERTIFICATES,
+    INGRESSES,
+    CertManager,
+    RuntimeDomain,
+    register_domains,
+)
+
+logger = logging.getLogger("orchestrator.tools.workflows.gateway")
+
+CREATE_ORDER = ("runtimeDomains", "databases", "stages", "cloudFunctions", "cronTriggers")
+"""The runtime domain first: its certificate takes longest, so it starts earliest."""
+
+DELETE_ORDER = ("cronTriggers", "cloudFunctions", "stages", "runtimeDomains", "databases")
+"""What calls a function goes before the function; the data goes last."""
+
+CHILDREN_PER_KIND = {"cronTriggers": 2, "cloudFunctions": 3, "stages": 2, "databases": 1}
+
+STOP_WANTED = {"state": "Stopped", "stopped": {"$ne": True}}
+START_WANTED = {"state": "Running", "stopped": True}
+ARCHIVE = "gatewaysArchive"
+LEDGER = "sideEffects"
+
+
+class Gateway(Resource):
+    collection = "gateways"
+    unique = ("name",)
+
+    name: str
+    state: Literal["Running", "Stopped", "Deleted"] = "Running"
+    custom_domain: str | None = None
+    provisioned: list[str] = Field(default_factory=list)
+    removed: list[str] = Field(default_factory=list)
+    stopped: bool = False
+
+
+class ServiceError(RuntimeError):
+    """A platform service refused a call (an injected fault): the step is retried."""
+
+
+class Faults:
+    """Failures injected into the platform's services.
+
+    ``rate`` draws per (resource, action, attempt) from ``seed``, so a run fails the same
+    calls whichever replica makes them; ``schedule`` fails the next calls of one action.
+    """
+
+    def __init__(self, rate: float = 0.0, seed: int = 0) -> None:
+        if not 0.0 <= rate < 1.0:
+            raise ValueError(f"fault rate must be in [0, 1), not {rate!r}")
+        self.rate = rate
+        self.seed = seed
+        self._scheduled: Counter[str] = Counter()
+        self._lock = threading.Lock()
+
+    def schedule(self, action: str, times: int = 1) -> None:
+        with self._lock:
+            self._scheduled[action] += times
+
+    def should_fail(self, resource: Any, action: str, attempt: int) -> bool:
+        with self._lock:
+            if self._scheduled[action] > 0:
+                self._scheduled[action] -= 1
+                return True
+        return bool(self.rate) and self.draw(f"{resource}:{action}:{attempt}") < self.rate
+
+    def check(self, resource: Any, action: str, attempt: int) -> None:
+        if self.should_fail(resource, action, attempt):
+            raise ServiceError(f"{action} refused for {resource} (injected fault)")
+
+    def draw(self, key: str) -> float:
+        """A number in [0, 1) fixed by the seed and ``key``."""
+        digest = hashlib.sha256(f"{self.seed}:{key}".encode()).digest()
+        return int.from_bytes(digest[:8], "big") / 2**64
+
+
+class Platform:
+    """The services a gateway's steps call, and the operations users make."""
+
+    def __init__(
+        self,
+        db: Database[dict[str, Any]],
+        orch: Orchestrator,
+        *,
+        faults: Faults | None = None,
+        cert_delay: float = 5.0,
+    ) -> None:
+        self.db = db
+        self.orch = orch
+        self.faults = faults if faults is not None else Faults()
+        self.certs = CertManager(
+            db, now=self.now, delay=cert_delay, faults=self.faults, record=self.record
+        )
+
+    def now(self) -> datetime:
+        """The orchestrator's estimate of the database server's clock."""
+        return self.orch.clock.now()
+
+    # -- what users do ---------------------------------------------------------------------
+
+    def create_gateway(self, name: str, custom_domain: str | None = None) -> dict[str, Any]:
+        """Idempotent: a second create of one name returns the first gateway."""
+        gateway = Gateway(name=name, state="Running", phase="Creating", custom_domain=custom_domain)
+        return self.orch.submit(Gateway, gateway, unique="name")
+
+    def set_state(self, name: str, state: Literal["Running", "Stopped", "Deleted"]) -> bool:
+        """Change the desired state; False if there is no such gateway. A deletion is final."""
+        result = self.db[Gateway.collection].update_one(
+            {"name": name, "state": {"$ne": "Deleted"}}, {"$set": {"state": state}}
+        )
+        if result.matched_count:
+            return True
+        return self.db[Gateway.collection].count_documents({"name": name}, limit=1) > 0
+
+    def gateway(self, name: str) -> dict[str, Any] | None:
+        """The live gateway, or its archived record once it is gone."""
+        doc = self.db[Gateway.collection].find_one({"name": name})
+        if doc is None:
+            doc = self.db[ARCHIVE].find_one({"name": name}, sort=[("archivedAt", -1)])
+        return doc
+
+    # -- what steps call -------------------------------------------------------------------
+
+    def create(self, gateway: Gateway, kind: str) -> None:
+        self.faults.check(gateway.name, f"create:{kind}", gateway.attempts)
+        if kind == "runtimeDomains":
+            domain = RuntimeDomain(
+                gateway_id=gateway.id,
+                gateway_name=gateway.name,
+                host=f"{gateway.name}.apps.example.net",
+                custom_domain=gateway.custom_domain,
+                phase="Creating",
+            )
+            self.orch.submit(RuntimeDomain, domain, unique="gateway_id")
+        else:
+            children = self.db[kind]
+            for n in range(CHILDREN_PER_KIND[kind]):
+                name = f"{gateway.name}-{kind}-{n}"
+                children.update_one(
+                    {"gatewayId": gateway.id, "name": name},
+                    {"$setOnInsert": {"replicas": 1}},
+                    upsert=True,
+                )
+        self.record(gateway.id, f"create:{kind}")
+
+    def domain_phase(self, gateway: Gateway) -> str | None:
+        doc = self.db[RuntimeDomain.collection].find_one({"gatewayId": gateway.id}, {"phase": 1})
+        return None if doc is None else str(doc.get("phase"))
+
+    def remove(self, gateway: Gateway, kind: str) -> None:
+        self.faults.check(gateway.name, f"delete:{kind}", gateway.attempts)
+        if kind == "runtimeDomains":
+            for domain in self.db[kind].find({"gatewayId": gateway.id}):
+                self.certs.remove_ingress(domain["host"])
+                if domain.get("customDomain"):
+                    self.certs.discard(domain["customDomain"])
+        self.db[kind].delete_many({"gatewayId": gateway.id})
+        self.record(gateway.id, f"delete:{kind}")
+
+    def scale(self, gateway: Gateway, replicas: int) -> None:
+        """Stop (0) or start (1) the gateway's functions; idempotent, so not in the ledger."""
+        self.db["cloudFunctions"].update_many(
+            {"gatewayId": gateway.id}, {"$set": {"replicas": replicas}}
+        )
+
+    def archive(self, doc: dict[str, Any]) -> None:
+        kept = {
+            k: v
+            for k, v in doc.items()
+            if k not in {"lockedAt", "lockedUntil", "lockToken", "lockedBy"}
+        }
+        self.db[ARCHIVE].replace_one(
+            {"_id": doc["_id"]}, {**kept, "archivedAt": self.now()}, upsert=True
+        )
+        self.record(doc["_id"], "archive")
+
+    # -- the ledger ------------------------------------------------------------------------
+
+    def record(self, resource_id: Any, action: str) -> None:
+        """One entry per side effect; a second one of the same key counts as a repeat."""
+        key = f"{resource_id}:{action}"
+        logger.info(
+            "%s done by %s",
+            key,
+            self.orch.replica_id,
+            extra={"replica": self.orch.replica_id, "doc_id": str(resource_id), "outcome": action},
+        )
+        try:
+            self.db[LEDGER].insert_one({"_id": key, "at": self.now(), "repeats": 0})
+        except DuplicateKeyError:
+            self.db[LEDGER].update_one({"_id": key}, {"$inc": {"repeats": 1}})
+            logger.error("side effect %s ran again", key, extra={"outcome": "repeated"})
+
+    def archived(self) -> int:
+        return self.db[ARCHIVE].count_documents({})
+
+    def reset(self) -> None:
+        """Drop every collection of the workflow: a demo starts from nothing."""
+        for name in (Gateway.collection, ARCHIVE, LEDGER, *CREATE_ORDER, CERTIFICATES, INGRESSES):
+            self.db.drop_collection(name)
+
+    def audit(self, kept: list[str], deleted: list[str]) -> list[str]:
+        """What is not where it should be: kept gateways Created with every child, their
+        domain Created behind a Ready certificate and an ingress; deleted ones archived
+        with nothing left behind. Empty when all is well."""
+        problems: list[str] = []
+        for name in kept:
+            doc = self.db[Gateway.collection].find_one({"name": name})
+            if doc is None or doc.get("phase") != "Created":
+                problems.append(f"{name}: phase {doc and doc.get('phase')}, expected Created")
+                continue
+            for kind, count in CHILDREN_PER_KIND.items():
+                found = self.db[kind].count_documents({"gatewayId": doc["_id"]})
+                if found != count:
+                    problems.append(f"{name}: {found} {kind}, expected {count}")
+            domain = self.db[RuntimeDomain.collection].find_one({"gatewayId": doc["_id"]})
+            if domain is None or domain.get("phase") != "Created":
+                problems.append(f"{name}: runtime domain {domain and domain.get('phase')}")
+                continue
+            custom = domain.get("customDomain")
+            cert = self.db[CERTIFICATES].find_one({"_id": custom}) if custom else None
+            if custom and (cert is None or cert.get("status") != "Ready"):
+                problems.append(f"{name}: certificate {cert and cert.get('status')}")
+            if self.db[INGRESSES].count_documents({"_id": domain["host"]}) != 1:
+                problems.append(f"{name}: no ingress")
+        for name in deleted:
+            if self.db[Gateway.collection].count_documents({"name": name}):
+                problems.append(f"{name}: still in {Gateway.collection}")
+            archived = self.db[ARCHIVE].find_one({"name": name})
+            if archived is None:
+                problems.append(f"{name}: not archived")
+                continue
+            for kind in CREATE_ORDER:
+                if self.db[kind].count_documents({"gatewayId": archived["_id"]}):
+                    problems.append(f"{name}: {kind} left behind")
+            if self.db[INGRESSES].count_documents({"gatewayId": archived["_id"]}):
+                problems.append(f"{name}: ingress left behind")
+            if archived.get("customDomain") and self.db[CERTIFICATES].count_documents(
+                {"_id": archived["customDomain"]}
+            ):
+                problems.append(f"{name}: certificate left behind")
+        return problems
+
+    def repeats(self) -> int:
+        """Side effects that ran more than once: 0 when every step ran exactly once."""
+        return sum(d.get("repeats", 0) for d in self.db[LEDGER].find({"repeats": {"$gt": 0}}))
+
+
+def register(orch: Orchestrator, platform: Platform) -> None:
+    """The gateway handlers, and those of its runtime domain; every replica registers them."""
+    register_domains(orch, platform.certs)
+
+    @orch.phase(Gateway, "Creating", to="Created")
+    def provision(lease: Lease[Gateway]) -> Any:
+        gateway = lease.resource
+        for kind in CREATE_ORDER:
+            if kind not in gateway.provisioned:
+                platform.create(gateway, kind)
+                return lease.unlock(provisioned=[*gateway.provisioned, kind])
+        domain = platform.domain_phase(gateway)
+        if domain == "Created":
+            return lease.advance("Created")
+        if domain == orch.settings.failed_phase:
+            return lease.fail(f"runtime domain of {gateway.name} failed")
+        return lease.relock()
+
+    @orch.when(
+        Gateway, {"state": "Deleted", "phase": {"$in": ["Created", "Failed"]}}, to="Deleting"
+    )
+    def begin_deletion(lease: Lease[Gateway]) -> Any:
+        return lease.advance("Deleting")
+
+    @orch.phase(Gateway, "Deleting", to="Deleted")
+    def delete_children(lease: Lease[Gateway]) -> Any:
+        gateway = lease.resource
+        for kind in DELETE_ORDER:
+            if kind not in gateway.removed:
+                platform.remove(gateway, kind)
+                return lease.unlock(removed=[*gateway.removed, kind])
+        return lease.advance("Deleted")
+
+    @orch.phase(Gateway, "Deleted")
+    def archive(lease: Lease[Gateway]) -> Any:
+        platform.archive(lease.doc)
+        return lease.remove()
+
+    # One handler for both directions: every handler costs each replica a query per tick.
+    @orch.when(Gateway, {"phase": "Created", "$or": [STOP_WANTED, START_WANTED]})
+    def stop_or_start(lease: Lease[Gateway]) -> Any:
+        stopping = lease.resource.state == "Stopped"
+        platform.scale(lease.resource, 0 if stopping else 1)
+        return lease.unlock(stopped=stopping)
+
+
+@dataclass(frozen=True)
+class Workflow:
+    orch: Orchestrator
+    platform: Platform
+
+
+def build(
+    db: Database[dict[str, Any]],
+    *,
+    cert_delay: float = 5.0,
+    faults: Faults | None = None,
+    **settings: Any,
+) -> Workflow:
+    """One replica: an orchestrator with the gateway workflow registered on it."""
+    orch = Orchestrator(db, **settings)
+    platform = Platform(db, orch, faults=faults, cert_delay=cert_delay)
+    register(orch, platform)
+    return Workflow(orch, platform)
+
+
+def worker() -> Orchestrator:
+    """For ``orchestrator run examples.gateway:worker``: the replica on ``MONGODB_URI``."""
+    uri = os.environ.get("MONGODB_URI")
+    if uri:
+        client: MongoClient[dict[str, Any]] = MongoClient(uri)
+        db = client.get_default_database("platform")
+    else:
+        logger.warning("MONGODB_URI is not set: this worker runs on its own in-memory store")
+        db = memory_database()
+    return build(db).orch
