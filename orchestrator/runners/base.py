@@ -160,7 +160,9 @@ class Runner(Generic[DB]):
             on_fallback=self._clock_fallback,
         )
         self._registry = Registry(self.settings)
-        lock = threading.RLock()
+        # One lock; the conditions wait on it. A step's path takes ``_lock`` itself: entering
+        # a Condition costs a Python-level call, entering the lock none.
+        self._lock = lock = threading.RLock()
         self._cv = threading.Condition(lock)  # threaded workers wait here for an action
         self._settled = threading.Condition(lock)  # threaded run_once and stop wait here
         self._sched = Scheduler(
@@ -379,9 +381,10 @@ class Runner(Generic[DB]):
             with self._cv:
                 self._sched.claimed(claim, None)
             raise
-        with self._cv:
+        with self._lock:
             throttled = self._sched.claimed(claim, None if lease is None else str(lease.id))
             if lease is not None:
+                self._stats["claimed"] += 1
                 lease.throttled = throttled
                 step = Step(lease)
                 self._running[lease.token] = step
@@ -390,7 +393,7 @@ class Runner(Generic[DB]):
         if lease is None:
             return True
         outcome: str | None = yield partial(self._run_step, step, stopping)
-        with self._cv:
+        with self._lock:
             if outcome is None:  # cancelled by step_timeout, which counted it
                 return False
             self._stats[outcome] += 1
@@ -446,8 +449,6 @@ class Runner(Generic[DB]):
             return None
         if doc is None:
             return None
-        with self._cv:
-            self._stats["claimed"] += 1
         return self._lease_type(
             store=self._store,
             clock=self.clock,
