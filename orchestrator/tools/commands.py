@@ -35,6 +35,7 @@ from orchestrator.tools.demo import DemoOptions
 from orchestrator.tools.demo import run as run_demo
 from orchestrator.tools.graph import mermaid
 from orchestrator.tools.loading import CommandError, load_orchestrator
+from orchestrator.tools.operations import error_phase, plan_retry
 from orchestrator.tools.status import Status, collect
 
 EXIT_FAILED = 1  # the command ran and found something wrong (demo invariants)
@@ -425,21 +426,16 @@ def retry(
       orchestrator retry gw-01 -c gateways --phase Deleting
     """
     store = _operator_store(uri, db, connect_timeout, collection)
-    query = queries.id_filter(doc_id)
-    doc = store.find_one(collection, query)
+    doc = store.find_one(collection, queries.id_filter(doc_id))
     if doc is None:
         raise CommandError(f"no document {doc_id!r} in collection {collection!r}")
     if phase is None:
-        error = doc.get("lastError")
-        phase = error.get("phase") if isinstance(error, dict) else None
-        if not isinstance(phase, str) or not phase:
+        phase = error_phase(doc)
+        if phase is None:
             raise CommandError(
                 f"{collection}/{doc['_id']} has no recorded error phase; pass --phase"
             )
-    if phase.startswith("$"):
-        raise CommandError(f"{phase!r} is not a phase name")
-    # updatedAt starts the phase's clock for the replicas' backoff: the server's time, as
-    # every lease time is, not this machine's.
+    plan = plan_retry(collection, doc["_id"], doc.get("phase"), phase)
     now = store.server_time()
     if now is None:
         now = datetime.now(UTC)
@@ -449,12 +445,10 @@ def retry(
             err=True,
         )
     # Only if nobody moved it meanwhile: the phase read above is still the phase.
-    guarded = {"_id": doc["_id"], "phase": doc.get("phase")}
-    updated = store.operator_update(collection, guarded, queries.operator_retry_update(phase, now))
-    if updated is None:
+    if store.operator_update(collection, plan.guard, plan.update(now)) is None:
         raise CommandError(f"{collection}/{doc['_id']} changed meanwhile; run retry again")
     click.echo(
-        f"retrying {collection}/{doc['_id']}: {doc.get('phase')} -> {phase}, "
+        f"retrying {collection}/{doc['_id']}: {plan.source} -> {plan.target}, "
         "attempts reset, claimable now"
     )
     return 0

@@ -7,11 +7,12 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.database import Database
 
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.queries import as_utc
-from orchestrator.mongo import Store
+from orchestrator.mongo import AsyncStore, Store
 from orchestrator.mongo.common import Document
 
 
@@ -76,37 +77,71 @@ def collect(
     documents) and their latest ``errors`` errors each, judged by the server's clock
     against each lease's own expiry (so the replicas' lock timeouts need not be known)."""
     store = Store(db)
-    present = store.collection_names()
-    if collections:
-        unknown = [c for c in collections if c not in present]
-        if unknown:
-            known = ", ".join(present) or "none"
-            raise ConfigError(
-                f"unknown collection {', '.join(map(repr, unknown))} in database "
-                f"{db.name!r} (it has: {known})"
-            )
-        names = list(collections)
-    else:
-        names = present
+    names = _chosen(db.name, store.collection_names(), collections)
     server = store.server_time()
-    now = server or datetime.now(UTC)
-    status = Status(at=now, server_time=server is not None)
+    status = _started(server)
     for name in names:
-        for row in store.phase_summary(name, now):
-            status.phases.append(
-                PhaseCount(
-                    collection=name,
-                    phase=str(row["_id"]),
-                    count=row["count"],
-                    leased=row["leased"],
-                    overdue=row["overdue"],
-                    waiting=row["waiting"],
-                    failed=row["failed"],
-                )
-            )
+        _add_phases(status, name, store.phase_summary(name, status.at))
         if errors > 0:
-            status.errors.extend(_error(name, doc) for doc in store.latest_errors(name, errors))
+            _add_errors(status, name, store.latest_errors(name, errors))
     return status
+
+
+async def collect_async(
+    db: AsyncDatabase[Document],
+    *,
+    collections: Sequence[str] | None = None,
+    errors: int = 5,
+) -> Status:
+    """``collect`` through the async driver, for an async application (the operator's
+    page): the same reads, the same report."""
+    store = AsyncStore(db)
+    names = _chosen(db.name, await store.collection_names(), collections)
+    server = await store.server_time()
+    status = _started(server)
+    for name in names:
+        _add_phases(status, name, await store.phase_summary(name, status.at))
+        if errors > 0:
+            _add_errors(status, name, await store.latest_errors(name, errors))
+    return status
+
+
+def _chosen(db_name: str, present: list[str], collections: Sequence[str] | None) -> list[str]:
+    if not collections:
+        return present
+    unknown = [c for c in collections if c not in present]
+    if unknown:
+        known = ", ".join(present) or "none"
+        raise ConfigError(
+            f"unknown collection {', '.join(map(repr, unknown))} in database "
+            f"{db_name!r} (it has: {known})"
+        )
+    return list(collections)
+
+
+def _started(server: datetime | None) -> Status:
+    return Status(at=server or datetime.now(UTC), server_time=server is not None)
+
+
+def _add_phases(status: Status, name: str, rows: list[Document]) -> None:
+    status.phases.extend(phase_count(name, row) for row in rows)
+
+
+def _add_errors(status: Status, name: str, docs: list[Document]) -> None:
+    status.errors.extend(_error(name, doc) for doc in docs)
+
+
+def phase_count(collection: str, row: Document) -> PhaseCount:
+    """One row of ``queries.status_pipeline`` as a ``PhaseCount``."""
+    return PhaseCount(
+        collection=collection,
+        phase=str(row["_id"]),
+        count=row["count"],
+        leased=row["leased"],
+        overdue=row["overdue"],
+        waiting=row["waiting"],
+        failed=row["failed"],
+    )
 
 
 def _error(collection: str, doc: Document) -> RecentError:
