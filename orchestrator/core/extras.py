@@ -6,7 +6,14 @@ command line's output come with extras, and a missing one is named, never a trac
 
 DISTRIBUTION = "mongo-orchestrator"
 
-EXTRA_OF_MODULE = {"mongomock": "testing", "rich": "cli", "click": "cli"}
+EXTRA_OF_MODULE = {
+    "mongomock": "testing",
+    "rich": "cli",
+    "click": "cli",
+    "starlette": "web",
+    "jinja2": "web",
+    "uvicorn": "web",
+}
 """The extra that installs each optional module."""
 
 

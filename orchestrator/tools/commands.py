@@ -46,8 +46,8 @@ LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 EPILOG = """\b
 Environment:
-  MONGODB_URI  the server's URI, when --uri is not given (status, unlock, retry;
-               demo: a real server instead of the in-memory store)
+  MONGODB_URI  the server's URI, when --uri is not given (status, unlock, retry,
+               web; demo: a real server instead of the in-memory store)
 \b
 Exit status:
   0    success
@@ -452,6 +452,83 @@ def retry(
         "attempts reset, claimable now"
     )
     return 0
+
+
+# -- web -------------------------------------------------------------------------------------
+
+
+@main.command(epilog=EPILOG, short_help="Serve the operator's web page.")
+@database_options(default_db=None)
+@click.option(
+    "--host",
+    default="127.0.0.1",
+    help="Address to listen on. The page has no authentication of its own: keep it on "
+    "loopback, or mount orchestrator.web.operator_app in an app that authenticates.",
+)
+@click.option("--port", type=click.IntRange(0, 65535), default=8080, help="Port; 0: any free port.")
+@click.option(
+    "--refresh",
+    type=click.FloatRange(1, 3600),
+    default=5.0,
+    help="Seconds between the page's reloads of itself.",
+)
+@click.option(
+    "--errors", type=click.IntRange(0, 1000), default=10, help="Latest errors per collection."
+)
+@click.option(
+    "--log-level",
+    type=click.Choice(LOG_LEVELS, case_sensitive=False),
+    default="WARNING",
+    help="The web server's log level (each request logged at DEBUG).",
+)
+def web(
+    uri: str | None,
+    db: str | None,
+    connect_timeout: float,
+    host: str,
+    port: int,
+    refresh: float,
+    errors: int,
+    log_level: str,
+) -> int:
+    """Serve the operator's page: counts per collection and phase, latest errors, a
+    document's lease and error, and unlock and retry (each confirmed first).
+
+    Runs until Ctrl-C. To put it behind your application's authentication instead, mount
+    it: app.mount("/ops", orchestrator.web.operator_app(database)).
+
+    \b
+    Example:
+      orchestrator web --uri mongodb://localhost:27017/platform --port 8080
+    """
+    # The web extra, imported here so that its absence is named, not a traceback.
+    from orchestrator.tools.web.serve import WebOptions, serve  # noqa: PLC0415
+
+    if not uri:
+        raise CommandError("no database: set MONGODB_URI or pass --uri")
+    options = WebOptions(
+        uri=uri,
+        database=db,
+        host=host,
+        port=port,
+        connect_timeout=connect_timeout,
+        refresh=refresh,
+        errors=errors,
+        log_level=log_level,
+    )
+    serve(options, _serving)
+    return 0
+
+
+def _serving(url: str, database: str, loopback: bool) -> None:
+    """Say where the page is, and warn when more than this machine can reach it."""
+    click.echo(f"serving the operator's page for database {database!r} at {url} (Ctrl-C stops it)")
+    if not loopback:
+        click.echo(
+            f"orchestrator web: warning: {url} is reachable from other machines and the page "
+            "has no authentication of its own: anyone who reaches it can unlock and retry",
+            err=True,
+        )
 
 
 # -- graph -----------------------------------------------------------------------------------
