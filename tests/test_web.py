@@ -20,6 +20,9 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from pymongo import AsyncMongoClient
 from pymongo.database import Database
+from starlette.middleware.base import BaseHTTPMiddleware, RequestResponseEndpoint
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse, Response
 
 from orchestrator import ConfigError
 from orchestrator.core.resource import EPOCH
@@ -125,7 +128,7 @@ def test_a_document_page_shows_its_lease_judged_as_the_counts_judge_it(
     held = open_document(page, "gw-held")
     assert held.field("lockedBy") == "pod-2"
     assert held.field("lockToken") == "live-token"
-    assert "(in 30 s)" in held.field("lockedUntil")
+    assert "(in " in held.field("lockedUntil")  # ahead of the server's time
     broken = open_document(page, "gw-broken")
     assert broken.field("phase") == "Failed"
     assert broken.field("attempts") == "1"
@@ -299,6 +302,47 @@ def test_bad_requests_get_a_page_that_says_why(
     assert db.gateways.find_one({"_id": "gw-broken"})["phase"] == "Failed"
 
 
+def test_the_page_sits_behind_the_applications_own_authentication(clock: FakeClock) -> None:
+    """Mounted, the page is wrapped by the application's middleware: its auth decides."""
+
+    class OperatorsOnly(BaseHTTPMiddleware):
+        async def dispatch(self, request: Request, call_next: RequestResponseEndpoint) -> Response:
+            if request.headers.get("authorization") != "Bearer operator":
+                return PlainTextResponse("operators only", status_code=401)
+            return await call_next(request)
+
+    db = memory_database(clock=clock)
+    seed(db, clock)
+    app = FastAPI()
+    app.add_middleware(OperatorsOnly)
+    app.mount("/ops", operator_app(async_view(db)))
+    with TestClient(app) as test_client:
+        target, fields = confirm_as(test_client, {"authorization": "Bearer operator"})
+        assert test_client.get("/ops/").status_code == 401
+        assert test_client.post(target, data=fields).status_code == 401
+        assert db.gateways.find_one({"_id": "gw-broken"})["phase"] == "Failed"
+        shown = test_client.post(target, data=fields, headers={"authorization": "Bearer operator"})
+        assert read(shown).field("phase") == "Provisioning"
+
+
+def confirm_as(client: TestClient, headers: dict[str, str]) -> tuple[str, dict[str, str]]:
+    params = {"action": "retry", "c": "gateways", "id": "gw-broken"}
+    shown = read(client.get("/ops/confirm", params=params, headers=headers))
+    [(_, target, fields)] = [form for form in shown.forms if form[0] == "post"]
+    return target, fields
+
+
+def test_a_server_without_a_clock_is_said_on_the_page(clock: FakeClock) -> None:
+    db = memory_database(clock=clock, server_time=False)
+    db.gateways.insert_one({"_id": "gw-1", "phase": "Ready"})
+    app = FastAPI()
+    app.mount("/ops", operator_app(async_view(db)))
+    with TestClient(app) as test_client:
+        shown = read(test_client.get("/ops/"))
+    assert "The server reports no time" in shown.text
+    assert ["gateways", "Ready", "1", "0", "0", "0", "0"] in shown.rows("counts")
+
+
 def test_a_database_that_does_not_answer_is_a_503_page() -> None:
     client: AsyncMongoClient[Any] = AsyncMongoClient(
         "mongodb://127.0.0.1:1/", serverSelectionTimeoutMS=100, connectTimeoutMS=100
@@ -330,32 +374,31 @@ def test_orchestrator_web_serves_the_page_until_interrupted(
 ) -> None:
     """The whole command: bind, connect, serve, Ctrl-C. The page is fetched over HTTP by
     a thread; the main thread runs the command, as a terminal does, and gets SIGINT."""
-    if not isinstance(db, MemoryDatabase):
-        pytest.skip("the command connects by URI; its live run here uses the in-memory store")
     seed(db, clock)
+    uri = MONGODB_URI or "mongodb://ops:pw@db.internal/platform"
+    if isinstance(db, MemoryDatabase):  # no URI reaches it: the command is given its view
 
-    async def connect_memory(uri: str, database: str | None, *, timeout: float) -> Any:
-        return async_view(db)
+        async def connect_memory(uri: str, database: str | None, *, timeout: float) -> Any:
+            return async_view(db)
 
-    monkeypatch.setattr(web_serve, "connect_async", connect_memory)
+        monkeypatch.setattr(web_serve, "connect_async", connect_memory)
     fetched: dict[str, httpx.Response] = {}
-    announced = threading.Event()
     serving = commands._serving
 
     def fetch_then_interrupt(url: str, database: str, loopback: bool) -> None:
         serving(url, database, loopback)
 
         def visit() -> None:
-            fetched["page"] = httpx.get(url, timeout=30)
-            os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C, once the server has answered
+            try:
+                fetched["page"] = httpx.get(url, timeout=30)
+            finally:
+                os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C, once the server has answered
 
         threading.Thread(target=visit, daemon=True).start()
-        announced.set()
 
     monkeypatch.setattr(commands, "_serving", fetch_then_interrupt)
-    code = cli.main(["web", "--uri", "mongodb://ops:pw@db.internal/platform", "--port", "0"])
+    code = cli.main(["web", "--uri", uri, "--db", db.name, "--port", "0"])
     out, err = capsys.readouterr()
-    assert announced.is_set()
     assert code == 130
     assert "interrupted" in err
     url = out.split(" at ", 1)[1].split()[0]
