@@ -16,6 +16,8 @@ from urllib.parse import urlsplit
 
 import httpx
 import pytest
+from bson import ObjectId, json_util
+from bson.json_util import CANONICAL_JSON_OPTIONS
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from pymongo import AsyncMongoClient
@@ -187,6 +189,32 @@ def test_every_value_taken_from_a_document_is_escaped(
     done = page.post(target, data=fields)
     assert read(done).field("phase") == "Provisioning"
     assert db.gateways.find_one({"_id": XSS})["phase"] == "Provisioning"
+
+
+@pytest.mark.parametrize("doc_id", [ObjectId("65a1b2c3d4e5f60718293a4b"), 42, {"tenant": "a"}])
+def test_documents_whose_ids_are_not_strings_are_opened_and_retried(
+    doc_id: Any, db: Database[Any], clock: FakeClock, page: TestClient
+) -> None:
+    seeded = seed(db, clock)
+    error = {"type": "RuntimeError", "message": "boom", "phase": "Provisioning"}
+    error["at"] = seeded.orch.clock.now()
+    db.gateways.insert_one({"_id": doc_id, "phase": "Failed", "attempts": 1, "lastError": error})
+    shown = read(page.get("/ops/"))
+    if not isinstance(doc_id, dict):  # an embedded document id has no typed form to show
+        assert read(page.get(shown.links[str(doc_id)])).field("phase") == "Failed"
+    assert any(row[1] == str(doc_id) for row in shown.rows("errors"))
+    document = read(page.get("/ops/document", params=_ref(doc_id)))
+    target, fields = next(
+        (form[1], form[2])
+        for form in read(page.get(document.links["Retry…"])).forms
+        if form[0] == "post"
+    )
+    assert read(page.post(target, data=fields)).field("phase") == "Provisioning"
+    assert db.gateways.find_one({"_id": doc_id})["phase"] == "Provisioning"
+
+
+def _ref(doc_id: Any) -> dict[str, str]:
+    return {"c": "gateways", "ref": json_util.dumps(doc_id, json_options=CANONICAL_JSON_OPTIONS)}
 
 
 def test_retry_through_the_confirmation_sends_a_failed_document_on(

@@ -341,9 +341,12 @@ ERRORS_PROJECTION = {"phase": 1, "lastError": 1, "attempts": 1}
 
 
 def id_filter(raw: str) -> dict[str, Any]:
-    """An id typed by an operator: an ObjectId's hex form matches the ObjectId or the string."""
+    """An id typed by an operator (or shown as text): an ObjectId's hex form matches the
+    ObjectId or the string, an integer's digits the integer or the string."""
     if ObjectId.is_valid(raw) and len(raw) == 24:
         return {"_id": {"$in": [ObjectId(raw), raw]}}
+    if raw.lstrip("-").isdigit() and str(int(raw)) == raw and -(2**63) <= int(raw) < 2**63:
+        return {"_id": {"$in": [int(raw), raw]}}
     return {"_id": raw}
 
 

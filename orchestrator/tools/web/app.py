@@ -36,7 +36,7 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import parse_qs, urlencode, urlsplit
 
-from bson import ObjectId, json_util
+from bson import json_util
 from bson.errors import BSONError
 from bson.json_util import CANONICAL_JSON_OPTIONS, RELAXED_JSON_OPTIONS
 from jinja2 import Environment, PackageLoader, StrictUndefined
@@ -160,9 +160,10 @@ class _Links:
 
 
 def _id_param(doc_id: Any) -> dict[str, str]:
-    """``id``, as an operator types it (``queries.id_filter``), when it names this document
-    only; else ``ref``, the id as canonical Extended JSON, exact whatever its type."""
-    if isinstance(doc_id, str) and not (len(doc_id) == 24 and ObjectId.is_valid(doc_id)):
+    """``id`` for an id shown as text (the latest errors show ids so), found as an operator
+    types it (``queries.id_filter``); ``ref`` for a document's own ``_id``: canonical
+    Extended JSON, exact whatever its type."""
+    if isinstance(doc_id, str):
         return {"id": doc_id}
     return {"ref": json_util.dumps(doc_id, json_options=CANONICAL_JSON_OPTIONS)}
 
