@@ -218,7 +218,6 @@ class _Page:
 
     async def overview(self, request: Request, links: _Links) -> Response:
         status = await collect_async(self.database, errors=self.errors)
-        collections = await self.store.collection_names()
         latest = sorted(
             status.errors,
             key=lambda e: e.at or datetime.min.replace(tzinfo=UTC),
@@ -232,11 +231,19 @@ class _Page:
             status=status,
             totals=_totals(status),
             latest=latest,
-            collections=collections,
         )
 
     async def document(self, request: Request, links: _Links) -> Response:
-        collection, doc = await self._find(request.query_params)
+        params = request.query_params
+        if not params.get("id", "").strip() and not params.get("ref"):
+            # Which one? A form, on a page that does not reload under the typing operator.
+            return self.render(
+                links,
+                "find.html",
+                collections=await self._collections(),
+                chosen=params.get("c", ""),
+            )
+        collection, doc = await self._find(params)
         now = await self._now()
         rows = await self.store.phase_summary(collection, now, queries.exact_id_filter(doc["_id"]))
         notice = NOTICES.get(request.query_params.get("done", ""))
@@ -327,10 +334,13 @@ class _Page:
 
     # -- reads ----------------------------------------------------------------------------
 
+    async def _collections(self) -> list[str]:
+        return await self.store.collection_names()
+
     async def _collection(self, name: str | None) -> str:
         if not name:
             raise _Refused(400, "which collection? give its name (c=...)")
-        if name not in await self.store.collection_names():
+        if name not in await self._collections():
             raise _Refused(404, f"no collection {name!r} in database {self.database.name!r}")
         return name
 
@@ -342,7 +352,7 @@ class _Page:
         elif raw:
             query = queries.id_filter(raw)
         else:
-            raise _Refused(400, "which document? give its id")
+            raise _Refused(400, "which document? give its id (id=...)")
         doc = await self.store.find_one(collection, query)
         if doc is None:
             shown = raw or ref
