@@ -120,11 +120,11 @@ def operator_app(
     page = _Page(database, refresh=refresh, errors=errors)
     return Starlette(
         routes=[
-            Route("/", page.endpoint(page.overview), name="overview"),
-            Route("/document", page.endpoint(page.document), name="document"),
-            Route("/confirm", page.endpoint(page.confirm), name="confirm"),
-            Route("/unlock", page.endpoint(page.unlock), methods=["POST"], name="unlock"),
-            Route("/retry", page.endpoint(page.retry), methods=["POST"], name="retry"),
+            Route("/", page.endpoint(page.overview)),
+            Route("/document", page.endpoint(page.document)),
+            Route("/confirm", page.endpoint(page.confirm)),
+            Route("/unlock", page.endpoint(page.unlock), methods=["POST"]),
+            Route("/retry", page.endpoint(page.retry), methods=["POST"]),
         ]
     )
 
