@@ -3,18 +3,27 @@ bounded rate, and the extra named when it is missing."""
 
 from __future__ import annotations
 
+import io
 import logging
+import re
+import socket
 import subprocess
 import sys
+import urllib.request
 from typing import Any
 
 import anyio
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 from pymongo.database import Database
+from rich.console import Console
 
+from orchestrator import ConfigError
 from orchestrator.monitoring.prometheus import PrometheusListener, StatusCollector
 from orchestrator.testing import FakeClock
+from orchestrator.tools import cli, demo
+from orchestrator.tools.demo import DemoOptions
 from orchestrator.tools.status import PhaseCount, Status
 from tests.conftest import MakeEither
 from tests.engines import hold, wait
@@ -153,3 +162,70 @@ for name in ("prometheus", "tracing"):
     ).stdout
     assert "the 'metrics' extra installs: pip install 'mongo-orchestrator[metrics]'" in out
     assert "the 'tracing' extra installs: pip install 'mongo-orchestrator[tracing]'" in out
+
+
+def _scrape(url: str) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
+    """Every sample of a /metrics page: {name: {sorted labels: value}}."""
+    with urllib.request.urlopen(url, timeout=10) as response:
+        text = response.read().decode()
+    samples: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            samples.setdefault(sample.name, {})[tuple(sorted(sample.labels.items()))] = sample.value
+    return samples
+
+
+def _total(samples: dict[tuple[tuple[str, str], ...], float], **labels: str) -> float:
+    return sum(v for k, v in samples.items() if set(labels.items()) <= set(k))
+
+
+def test_the_demo_serves_metrics_that_agree_with_its_report() -> None:
+    scraped: list[dict[str, dict[tuple[tuple[str, str], ...], float]]] = []
+    output = io.StringIO()
+    options = DemoOptions(
+        gateways=8, replicas=2, cert_delay=0.2, fail_rate=0.1, seed=5, metrics_port=0
+    )
+    code = demo.run(
+        options,
+        Console(file=output, width=300),
+        serving=lambda url: scraped.append(_scrape(url)),
+    )
+    report = output.getvalue()
+    assert code == 0, report
+    [metrics] = scraped
+
+    def reported(row: str) -> int:
+        found = re.search(rf"│ {row}\s+│ (\d+)", report)
+        assert found, f"no {row!r} row in the report:\n{report}"
+        return int(found.group(1))
+
+    steps = metrics["orchestrator_steps_total"]
+    assert _total(steps) == reported("steps") == _total(metrics["orchestrator_claims_total"])
+    assert _total(steps, outcome="relocked") == reported("relocks") > 0
+    assert _total(steps, outcome="retrying") == reported("retries") > 0
+    assert _total(steps, outcome="failed") == 0
+    assert _total(metrics["orchestrator_attempt_failures_total"]) == reported("retries")
+    assert _total(metrics["orchestrator_leases_held"]) == 0
+    assert "orchestrator_leases_lost_total" not in metrics, "no lease lost: no sample yet"
+
+    documents = metrics["orchestrator_documents"]
+    final = re.search(r"gateways: (\d+) Created; runtimeDomains: (\d+) Created", report)
+    assert final, report
+    assert _total(documents, collection="gateways", phase="Created") == int(final.group(1))
+    assert _total(documents, collection="runtimeDomains", phase="Created") == int(final.group(2))
+    assert _total(documents, phase="Failed") == 0
+    assert _total(metrics["orchestrator_documents_leased"]) == 0
+    assert _total(metrics["orchestrator_documents_overdue"]) == 0
+    assert metrics["orchestrator_status_up"][()] == 1
+
+
+def test_the_demo_metrics_port_is_checked(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(ConfigError, match="not with --processes"):
+        DemoOptions(metrics_port=9100, processes=2, uri="mongodb://x").check()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code = cli.main(["demo", "--gateways", "1", "--metrics-port", str(port)])
+    assert code == 2
+    assert f"--metrics-port {port}: cannot listen" in capsys.readouterr().err
