@@ -172,9 +172,11 @@ class Broken(Listener):
 
     def __init__(self) -> None:
         self.calls = 0
+        self._lock = threading.Lock()
 
     def _raise(self, event: object) -> None:
-        self.calls += 1
+        with self._lock:  # called from worker threads too
+            self.calls += 1
         raise RuntimeError("a bug in a listener")
 
     step_claimed = step_finished = attempt_failed = lease_lost = _raise
@@ -201,6 +203,7 @@ async def test_a_listener_that_raises_never_breaks_a_step(
     assert [d["phase"] for d in db.jobs.find({})] == ["Done"] * 3
     assert len(recorder.of(StepFinishedEvent)) == 3, "the other listeners are still called"
     assert broken.calls > 3
+    assert replica.stats()["listener_errors"] == broken.calls, "each error is counted"
     logged = [r for r in caplog.records if getattr(r, "outcome", None) == "listener-error"]
     assert len(logged) == 1, "logged once per listener, not at every event"
     assert logged[0].listener == "Broken"  # type: ignore[attr-defined]

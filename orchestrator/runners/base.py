@@ -907,9 +907,13 @@ class Runner(Generic[DB]):
 
     def stats(self) -> dict[str, int]:
         """Counts since construction: claimed, unlocked, relocked, advanced, retrying,
-        failed, lost, released, extended, timed_out, ticks, tick_failures, ..."""
+        failed, lost, released, extended, timed_out, ticks, tick_failures, listener_errors
+        (calls of a listener that raised), ..."""
         with self._cv:
-            return dict(self._stats)
+            counts = dict(self._stats)
+        if self._events.errors:
+            counts["listener_errors"] = self._events.errors
+        return counts
 
     def _log(
         self,
