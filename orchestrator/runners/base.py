@@ -517,7 +517,7 @@ class Runner(Generic[DB]):
                 self.settings.horizon,
                 handler.name,
                 queries.claim_update(now, until, token, self.settings.replica_id),
-                # How long it was due is read from its fields before the claim, when heard.
+                # How long it was due is read from its fields before the claim, if listened to.
                 (lambda before: due.append(queries.due_since(before)))
                 if self._events.active
                 else None,
