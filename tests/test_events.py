@@ -240,3 +240,19 @@ def test_how_long_a_document_was_due_is_read_from_its_fields(
     before: dict[str, Any], due: datetime | None
 ) -> None:
     assert queries.due_since(before) == due
+
+
+def test_a_claim_applies_its_update_to_the_document_it_read() -> None:
+    before = {"_id": 1, "phase": "P", "lockedUntil": EPOCH}
+    now = datetime(2026, 1, 1, 0, 0, 0, 123456, tzinfo=UTC)
+    after = queries.claimed(before, queries.claim_update(now, now, "t", "pod-1"))
+    assert after == {
+        "_id": 1,
+        "phase": "P",
+        "lockedUntil": datetime(2026, 1, 1, 0, 0, 0, 123000, tzinfo=UTC),  # as stored
+        "lockedAt": datetime(2026, 1, 1, 0, 0, 0, 123000, tzinfo=UTC),
+        "lockToken": "t",
+        "lockedBy": "pod-1",
+    }
+    with pytest.raises(ConfigError, match="only sets fields"):
+        queries.claimed({}, {"$set": {}, "$inc": {"claims": 1}})

@@ -106,6 +106,8 @@ def claimed(before: dict[str, Any], update: Mapping[str, Any]) -> dict[str, Any]
     """The document as a claim left it, from the document as it was before (the claim
     asks for that, to learn how long the document was due) and ``claim_update``'s
     ``$set``: its dates as the store reads them, aware UTC. ``before`` is changed in place."""
+    if update.keys() != {"$set"}:
+        raise ConfigError(f"a claim's update only sets fields, not {sorted(update)}")
     for key, value in update["$set"].items():
         before[key] = as_utc(value) if isinstance(value, datetime) else value
     return before
