@@ -6,7 +6,13 @@ command line's output come with extras, and a missing one is named, never a trac
 
 DISTRIBUTION = "mongo-orchestrator"
 
-EXTRA_OF_MODULE = {"mongomock": "testing", "rich": "cli", "click": "cli"}
+EXTRA_OF_MODULE = {
+    "mongomock": "testing",
+    "rich": "cli",
+    "click": "cli",
+    "prometheus_client": "metrics",
+    "opentelemetry": "tracing",
+}
 """The extra that installs each optional module."""
 
 
