@@ -31,6 +31,7 @@ from rich.table import Table
 from rich.text import Text
 
 from orchestrator.core.errors import ConfigError
+from orchestrator.core.settings import DEFAULT_DATABASE
 from orchestrator.mongo import connect
 from orchestrator.mongo.common import Document
 from orchestrator.tools.status import Status, collect
@@ -51,7 +52,7 @@ class DemoOptions:
     fail_rate: float = 0.02
     seed: int = 1
     uri: str | None = None
-    database: str = "orchestrator_demo"
+    database: str = DEFAULT_DATABASE
     tick: float = 0.05
     lock_timeout: float = 5.0
     timeout: float = 120.0
