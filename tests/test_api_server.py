@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
 import socket
@@ -19,13 +20,25 @@ from fastapi import FastAPI
 from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.database import Database
 
-from examples.api_server import create_app
+from examples.api_server import LOGGERS, create_app
 from orchestrator.testing import FakeClock
 from tests.worker_process import read_until
 
 ROOT = Path(__file__).resolve().parent.parent
 
 Replicas = list[tuple[FastAPI, httpx.AsyncClient]]
+
+
+@pytest.fixture(autouse=True)
+def logger_levels() -> Iterator[None]:
+    """The app's lifespan sets its loggers' levels (``configure_logging``): put them back,
+    so no other test runs with them."""
+    loggers = [logging.getLogger(name) for name in LOGGERS]
+    saved = [(lg.level, list(lg.handlers)) for lg in loggers]
+    yield
+    for lg, (level, handlers) in zip(loggers, saved, strict=True):
+        lg.setLevel(level)
+        lg.handlers[:] = handlers
 
 
 def replica_app(adb: AsyncDatabase[Any], clock: FakeClock, replica_id: str) -> FastAPI:

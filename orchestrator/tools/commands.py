@@ -149,7 +149,7 @@ _DEMO = DemoOptions()
     "--replicas",
     type=click.IntRange(1, 32),
     default=_DEMO.replicas,
-    help="Replicas, as threads of this process.",
+    help="Replicas, as AsyncOrchestrators on this process's event loop.",
 )
 @click.option(
     "--processes",
