@@ -21,6 +21,7 @@ from pydantic import (
 
 from orchestrator.core.backoff import BackoffPolicy, ExponentialBackoff, ProgressiveBackoff
 from orchestrator.core.errors import ConfigError
+from orchestrator.core.validation import explain
 
 DAY = 86_400.0
 MAX_LOCK_TIMEOUT = DAY
@@ -138,7 +139,7 @@ class Settings(BaseModel):
         try:
             return cls(**values)
         except ValidationError as exc:
-            raise ConfigError(f"invalid orchestrator settings: {exc}") from exc
+            raise ConfigError(explain(exc, "orchestrator settings", cls)) from exc
 
 
 class HandlerOptions(BaseModel):
