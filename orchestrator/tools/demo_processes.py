@@ -2,9 +2,9 @@
 
 ``orchestrator demo --processes N`` (with a real server) starts N copies of this module,
 each one replica of the gateway workflow, an ``AsyncOrchestrator`` run by ``asyncio.run``
-(the workflow is written once, async). They share nothing but
-the database: each publishes its step counts (and, when it stops, its certificate relock
-waits) to the ``demoReplicas`` collection, where the demo's display and report read them.
+(the workflow is written once, async). They share nothing but the database: each
+publishes its step counts (and, when it stops, its certificate relock waits) to the
+``demoReplicas`` collection, where the demo's display and report read them.
 SIGTERM stops a replica as ``orchestrator run`` does, through the loop's signal handler.
 The server's URI reaches them in ``MONGODB_URI``, never on a command line that ``ps`` shows.
 """
