@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.worker_process import read_until, worker_process
+from tests.worker_process import python_process, read_until, worker_process
 
 ASYNC_WORKER = """
 import asyncio
@@ -103,3 +103,21 @@ def test_an_async_target_fails_within_its_connect_timeout_with_the_reason(tmp_pa
     assert "cannot reach MongoDB within 0.2s" in err
     assert "[Errno 111]" in err  # the reason (the async driver words it its own way)
     assert "hunter2" not in err
+
+
+def test_the_shipped_gateway_worker_runs_under_orchestrator_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``orchestrator run examples.gateway:worker``: the async workflow, on its own store
+    without MONGODB_URI, started and stopped by a signal like any async target."""
+    monkeypatch.delenv("MONGODB_URI", raising=False)
+    with python_process(
+        tmp_path, "unused", "", "-m", "orchestrator", "run", "examples.gateway:worker"
+    ) as proc:
+        read_until(proc, "running 6 handlers")
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)  # a bound on a hang, not a measured time
+    assert proc.returncode == 0, err
+    assert "0 step(s) still running" in out.strip().splitlines()[-1]
+    assert "MONGODB_URI is not set" in err
+    assert "Traceback" not in err
