@@ -212,17 +212,30 @@ def run(
 
 
 async def _run(options: DemoOptions, console: Console, monotonic: Callable[[], float]) -> int:
-    # The workflow ships in the package (orchestrator.tools.workflows); it needs the in-memory
-    # store's mongomock, which only the demo extra installs, hence imported here.
+    # The in-memory store needs mongomock, which only the demo extra installs (as does the
+    # workflow, which ships in the package): imported here, so a missing extra is named.
     from orchestrator.testing import async_memory_database  # noqa: PLC0415
+
+    if not options.uri:
+        db = async_memory_database(options.database)
+        return await _demo(options, console, monotonic, db, "the embedded in-memory store")
+    db = await connect_async(options.uri, options.database, timeout=options.connect_timeout)
+    try:
+        return await _demo(options, console, monotonic, db, f"MongoDB database {db.name!r}")
+    finally:
+        await db.client.close()
+
+
+async def _demo(
+    options: DemoOptions,
+    console: Console,
+    monotonic: Callable[[], float],
+    db: AsyncDatabase[Document],
+    store_name: str,
+) -> int:
+    """The run itself, on ``db``, whose client the caller closes."""
     from orchestrator.tools.workflows.gateway import Faults, build  # noqa: PLC0415
 
-    if options.uri:
-        db = await connect_async(options.uri, options.database, timeout=options.connect_timeout)
-        store_name = f"MongoDB database {db.name!r}"
-    else:
-        db = async_memory_database(options.database)
-        store_name = "the embedded in-memory store"
     waits = _Waits()
     settings: dict[str, Any] = {
         "cert_delay": options.cert_delay,
