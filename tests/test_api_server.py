@@ -20,7 +20,7 @@ from fastapi import FastAPI
 from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.database import Database
 
-from examples.api_server import LOGGERS, create_app
+from examples.api_server import LOGGERS, configure_logging, create_app
 from orchestrator.testing import FakeClock
 from tests.worker_process import read_until
 
@@ -39,6 +39,31 @@ def logger_levels() -> Iterator[None]:
     for lg, (level, handlers) in zip(loggers, saved, strict=True):
         lg.setLevel(level)
         lg.handlers[:] = handlers
+
+
+def test_logging_is_configured_once_and_only_where_the_application_did_not() -> None:
+    """As under uvicorn (no handler on the root logger), the orchestrator's logger gets one
+    handler at INFO however many apps start; where the root logger has a handler (the
+    application configured logging), no handler is added, so no line shows twice."""
+    root, library = logging.getLogger(), logging.getLogger("orchestrator")
+    saved = list(root.handlers)
+    try:
+        root.handlers[:] = []
+        library.handlers[:] = []
+        library.setLevel(logging.NOTSET)
+        configure_logging()
+        configure_logging()  # a second app in the process
+        assert len(library.handlers) == 1
+        assert library.level == logging.INFO
+
+        root.handlers[:] = [logging.NullHandler()]
+        library.handlers[:] = []
+        library.setLevel(logging.WARNING)  # the application's choice
+        configure_logging()
+        assert library.handlers == []
+        assert library.level == logging.WARNING
+    finally:
+        root.handlers[:] = saved
 
 
 def replica_app(adb: AsyncDatabase[Any], clock: FakeClock, replica_id: str) -> FastAPI:
