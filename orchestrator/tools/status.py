@@ -5,14 +5,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any
 
+from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.database import Database
 
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.queries import as_utc
-from orchestrator.mongo import Store
+from orchestrator.mongo import AsyncStore, Store
 from orchestrator.mongo.common import Document
+from orchestrator.runners.base import Plan, adrive, drive
 
 
 @dataclass(frozen=True)
@@ -75,27 +78,44 @@ def collect(
     """Phase counts of ``collections`` (by default every collection holding phased
     documents) and their latest ``errors`` errors each, judged by the server's clock
     against each lease's own expiry (so the replicas' lock timeouts need not be known)."""
-    store = Store(db)
-    present = store.collection_names()
+    return drive(_collect(Store(db), db.name, collections, errors))
+
+
+async def collect_async(
+    db: AsyncDatabase[Document],
+    *,
+    collections: Sequence[str] | None = None,
+    errors: int = 5,
+) -> Status:
+    """``collect`` with the async driver, for an async application (the API server)."""
+    return await adrive(_collect(AsyncStore(db), db.name, collections, errors))
+
+
+def _collect(
+    store: Store | AsyncStore, name: str, collections: Sequence[str] | None, errors: int
+) -> Plan[Status]:
+    """The status report, as a plan either store carries out (``runners.base``)."""
+    present: list[str] = yield store.collection_names
     if collections:
         unknown = [c for c in collections if c not in present]
         if unknown:
             known = ", ".join(present) or "none"
             raise ConfigError(
                 f"unknown collection {', '.join(map(repr, unknown))} in database "
-                f"{db.name!r} (it has: {known})"
+                f"{name!r} (it has: {known})"
             )
         names = list(collections)
     else:
         names = present
-    server = store.server_time()
+    server: datetime | None = yield store.server_time
     now = server or datetime.now(UTC)
     status = Status(at=now, server_time=server is not None)
-    for name in names:
-        for row in store.phase_summary(name, now):
+    for collection in names:
+        rows: list[Document] = yield partial(store.phase_summary, collection, now)
+        for row in rows:
             status.phases.append(
                 PhaseCount(
-                    collection=name,
+                    collection=collection,
                     phase=str(row["_id"]),
                     count=row["count"],
                     leased=row["leased"],
@@ -105,7 +125,8 @@ def collect(
                 )
             )
         if errors > 0:
-            status.errors.extend(_error(name, doc) for doc in store.latest_errors(name, errors))
+            latest: list[Document] = yield partial(store.latest_errors, collection, errors)
+            status.errors.extend(_error(collection, doc) for doc in latest)
     return status
 
 
