@@ -13,6 +13,7 @@ import pytest
 from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.database import Database
 
+from orchestrator import ConfigError
 from orchestrator.testing import FakeClock
 from orchestrator.tools.workflows.gateway import (
     CREATE_ORDER,
@@ -212,3 +213,21 @@ async def test_three_replicas_share_forty_gateways_and_no_side_effect_runs_twice
     busy = [w for w in replicas if w.orch.stats().get("claimed", 0) > 0]
     assert len(busy) > 1, "the work should be shared between replicas"
     assert sum(w.orch.stats().get("retrying", 0) for w in replicas) > 0  # faults were retried
+
+
+async def test_the_demo_never_drops_gateways_it_did_not_make(
+    adb: AsyncDatabase[Any], replica: MakeWorkflow
+) -> None:
+    workflow = await replica()
+    # The default database is shared: an API server's gateway is already there.
+    await adb.gateways.insert_one({"name": "prod-1", "phase": "Created"})
+    with pytest.raises(ConfigError, match=r"holds gateways, which the demo did not make.*--db"):
+        await workflow.platform.reset()
+    assert await adb.gateways.count_documents({}) == 1
+
+    # A database the demo made (its mark left) is reset as often as it runs.
+    await adb.gateways.drop()
+    await workflow.platform.reset()
+    await adb.gateways.insert_one({"name": "gw-000", "phase": "Created"})
+    await workflow.platform.reset()
+    assert await adb.gateways.count_documents({}) == 0

@@ -36,7 +36,7 @@ from pymongo import AsyncMongoClient
 from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.errors import DuplicateKeyError
 
-from orchestrator import DEFAULT_DATABASE, AsyncLease, AsyncOrchestrator, Resource
+from orchestrator import DEFAULT_DATABASE, AsyncLease, AsyncOrchestrator, ConfigError, Resource
 from orchestrator.testing import async_memory_database
 from orchestrator.tools.workflows.certificates import (
     CERTIFICATES,
@@ -60,6 +60,8 @@ STOP_WANTED = {"state": "Stopped", "stopped": {"$ne": True}}
 START_WANTED = {"state": "Running", "stopped": True}
 ARCHIVE = "gatewaysArchive"
 LEDGER = "sideEffects"
+DEMO_MARK = "orchestratorDemo"
+"""Its presence says the demo made this database's workflow collections (and may drop them)."""
 
 
 class Gateway(Resource):
@@ -237,8 +239,25 @@ class Platform:
         return await self.db[ARCHIVE].count_documents({})
 
     async def reset(self) -> None:
-        """Drop every collection of the workflow: a demo starts from nothing."""
-        for name in (Gateway.collection, ARCHIVE, LEDGER, *CREATE_ORDER, CERTIFICATES, INGRESSES):
+        """Drop every collection of the workflow: a demo starts from nothing.
+
+        Only in a database the demo has run in before (it leaves a mark) or that holds none
+        of these collections: the default database is shared with the API server and
+        ``orchestrator run``, whose gateways a demo must never drop.
+        """
+        names = (Gateway.collection, ARCHIVE, LEDGER, *CREATE_ORDER, CERTIFICATES, INGRESSES)
+        present = set(await self.db.list_collection_names())
+        theirs = sorted(present.intersection(names))
+        if theirs and DEMO_MARK not in present:
+            raise ConfigError(
+                f"database {self.db.name!r} holds {', '.join(theirs)}, which the demo did"
+                " not make, and the demo drops them before it runs: give it another"
+                " database (--db)"
+            )
+        await self.db[DEMO_MARK].update_one(
+            {"_id": "demo"}, {"$set": {"note": "orchestrator demo data"}}, upsert=True
+        )
+        for name in names:
             await self.db.drop_collection(name)
 
     async def audit(self, kept: list[str], deleted: list[str]) -> list[str]:
