@@ -13,6 +13,8 @@ EXTRA_OF_MODULE = {
     "starlette": "web",
     "jinja2": "web",
     "uvicorn": "web",
+    "prometheus_client": "metrics",
+    "opentelemetry": "tracing",
 }
 """The extra that installs each optional module."""
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any
 
 from pymongo.asynchronous.database import AsyncDatabase
@@ -14,6 +15,7 @@ from orchestrator.core.errors import ConfigError
 from orchestrator.core.queries import as_utc
 from orchestrator.mongo import AsyncStore, Store
 from orchestrator.mongo.common import Document
+from orchestrator.runners.base import Plan, adrive, drive
 
 
 @dataclass(frozen=True)
@@ -76,15 +78,7 @@ def collect(
     """Phase counts of ``collections`` (by default every collection holding phased
     documents) and their latest ``errors`` errors each, judged by the server's clock
     against each lease's own expiry (so the replicas' lock timeouts need not be known)."""
-    store = Store(db)
-    names = _chosen(db.name, store.collection_names(), collections)
-    server = store.server_time()
-    status = _started(server)
-    for name in names:
-        _add_phases(status, name, store.phase_summary(name, status.at))
-        if errors > 0:
-            _add_errors(status, name, store.latest_errors(name, errors))
-    return status
+    return drive(_collect(Store(db), db.name, collections, errors))
 
 
 async def collect_async(
@@ -93,55 +87,47 @@ async def collect_async(
     collections: Sequence[str] | None = None,
     errors: int = 5,
 ) -> Status:
-    """``collect`` through the async driver, for an async application (the operator's
-    page): the same reads, the same report."""
-    store = AsyncStore(db)
-    names = _chosen(db.name, await store.collection_names(), collections)
-    server = await store.server_time()
-    status = _started(server)
-    for name in names:
-        _add_phases(status, name, await store.phase_summary(name, status.at))
+    """``collect`` with the async driver, for an async application (the API server)."""
+    return await adrive(_collect(AsyncStore(db), db.name, collections, errors))
+
+
+def _collect(
+    store: Store | AsyncStore, name: str, collections: Sequence[str] | None, errors: int
+) -> Plan[Status]:
+    """The status report, as a plan either store carries out (``runners.base``)."""
+    present: list[str] = yield store.collection_names
+    if collections:
+        unknown = [c for c in collections if c not in present]
+        if unknown:
+            known = ", ".join(present) or "none"
+            raise ConfigError(
+                f"unknown collection {', '.join(map(repr, unknown))} in database "
+                f"{name!r} (it has: {known})"
+            )
+        names = list(collections)
+    else:
+        names = present
+    server: datetime | None = yield store.server_time
+    now = server or datetime.now(UTC)
+    status = Status(at=now, server_time=server is not None)
+    for collection in names:
+        rows: list[Document] = yield partial(store.phase_summary, collection, now)
+        for row in rows:
+            status.phases.append(
+                PhaseCount(
+                    collection=collection,
+                    phase=str(row["_id"]),
+                    count=row["count"],
+                    leased=row["leased"],
+                    overdue=row["overdue"],
+                    waiting=row["waiting"],
+                    failed=row["failed"],
+                )
+            )
         if errors > 0:
-            _add_errors(status, name, await store.latest_errors(name, errors))
+            latest: list[Document] = yield partial(store.latest_errors, collection, errors)
+            status.errors.extend(_error(collection, doc) for doc in latest)
     return status
-
-
-def _chosen(db_name: str, present: list[str], collections: Sequence[str] | None) -> list[str]:
-    if not collections:
-        return present
-    unknown = [c for c in collections if c not in present]
-    if unknown:
-        known = ", ".join(present) or "none"
-        raise ConfigError(
-            f"unknown collection {', '.join(map(repr, unknown))} in database "
-            f"{db_name!r} (it has: {known})"
-        )
-    return list(collections)
-
-
-def _started(server: datetime | None) -> Status:
-    return Status(at=server or datetime.now(UTC), server_time=server is not None)
-
-
-def _add_phases(status: Status, name: str, rows: list[Document]) -> None:
-    status.phases.extend(phase_count(name, row) for row in rows)
-
-
-def _add_errors(status: Status, name: str, docs: list[Document]) -> None:
-    status.errors.extend(_error(name, doc) for doc in docs)
-
-
-def phase_count(collection: str, row: Document) -> PhaseCount:
-    """One row of ``queries.status_pipeline`` as a ``PhaseCount``."""
-    return PhaseCount(
-        collection=collection,
-        phase=str(row["_id"]),
-        count=row["count"],
-        leased=row["leased"],
-        overdue=row["overdue"],
-        waiting=row["waiting"],
-        failed=row["failed"],
-    )
 
 
 def _error(collection: str, doc: Document) -> RecentError:
