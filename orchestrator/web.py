@@ -2,7 +2,7 @@
 
 from orchestrator.web import operator_app
 
-app.mount("/ops", operator_app(async_client["platform"]))
+app.mount("/ops", operator_app(async_client["orchestrator"]))
 """
 
 from orchestrator.tools.web import operator_app

@@ -550,7 +550,7 @@ def web(
 
     \b
     Example:
-      orchestrator web --uri mongodb://localhost:27017/platform --port 8080
+      orchestrator web --uri mongodb://localhost:27017/orchestrator --port 8080
     """
     # The web extra, imported here so that its absence is named, not a traceback.
     from orchestrator.tools.web.serve import WebOptions, serve  # noqa: PLC0415

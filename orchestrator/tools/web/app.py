@@ -3,7 +3,7 @@
 Mount it in your own FastAPI or Starlette application, so that it sits behind that
 application's authentication::
 
-    app.mount("/ops", operator_app(client["platform"]))  # an AsyncMongoClient's database
+    app.mount("/ops", operator_app(client["orchestrator"]))  # an AsyncMongoClient's database
 
 or run it alone with ``orchestrator web --uri ...`` (loopback by default). It reads with
 ``AsyncStore`` and ``tools.status.collect_async`` (the counts are the status command's,
