@@ -53,6 +53,7 @@ class AsyncOrchestrator(Runner[AsyncDatabase[Document]]):
     Settings and ``clock`` are ``Orchestrator``'s.
     """
 
+    _engine = "async"
     _store_type = AsyncStore
     _lease_type = AsyncLease
     _measure = staticmethod(measure)
@@ -212,6 +213,7 @@ class AsyncOrchestrator(Runner[AsyncDatabase[Document]]):
         await measure(self.clock, self._store)  # raises if the server's clock cannot be read
         loop = asyncio.get_running_loop()
         self._serve(AsyncIOScheduler(event_loop=loop, timezone=UTC, job_defaults=TIMER_DEFAULTS))
+        await adrive(self._refresh_replica())
 
     async def _background_tick(self) -> None:
         with self._cv:
@@ -228,6 +230,7 @@ class AsyncOrchestrator(Runner[AsyncDatabase[Document]]):
         if self._pool is not None:
             self._pool.close()  # a thread step still running keeps its (daemon) thread
             self._pool = None
+        await adrive(self._forget_replica())
         return self._stop_report()
 
 

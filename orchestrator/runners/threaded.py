@@ -45,6 +45,7 @@ class Orchestrator(Runner[Database[Document]]):
     ``Settings``; ``clock`` is this replica's local clock (tests pass a ``FakeClock``).
     """
 
+    _engine = "threaded"
     _store_type = Store
     _lease_type = Lease
     _measure = staticmethod(measure)
@@ -180,6 +181,7 @@ class Orchestrator(Runner[Database[Document]]):
         self.ensure_indexes()
         measure(self.clock, self._store)  # raises if the server's clock cannot be read
         self._serve(BackgroundScheduler(timezone=UTC, job_defaults=TIMER_DEFAULTS))
+        drive(self._refresh_replica())
 
     def _background_tick(self) -> None:
         with self._cv:
@@ -196,4 +198,5 @@ class Orchestrator(Runner[Database[Document]]):
                 if remaining <= 0:
                     break
                 self._settled.wait(remaining)
+        drive(self._forget_replica())
         return self._stop_report()

@@ -11,6 +11,12 @@ from pymongo.database import Database
 
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.queries import as_utc
+from orchestrator.core.replicas import (
+    REPLICAS_COLLECTION,
+    Disagreement,
+    ReplicaRecord,
+    disagreements,
+)
 from orchestrator.mongo import Store
 from orchestrator.mongo.common import Document
 
@@ -44,12 +50,15 @@ class RecentError:
 @dataclass(frozen=True)
 class Status:
     """``server_time``: False when the server reported no time and this machine's clock
-    judged the leases (then ``leased``/``overdue`` are only as right as that clock)."""
+    judged the leases (then ``leased``/``overdue`` are only as right as that clock).
+    ``replicas``: the live replicas; ``disagreements``: the settings they differ on."""
 
     at: datetime
     server_time: bool
     phases: list[PhaseCount] = field(default_factory=list)
     errors: list[RecentError] = field(default_factory=list)
+    replicas: list[ReplicaRecord] = field(default_factory=list)
+    disagreements: list[Disagreement] = field(default_factory=list)
 
     def counts(self) -> dict[str, dict[str, int]]:
         """``{collection: {phase: count}}``."""
@@ -59,8 +68,16 @@ class Status:
         return out
 
     def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["at"] = self.at.isoformat()
+        data: dict[str, Any] = {
+            "at": self.at.isoformat(),
+            "server_time": self.server_time,
+            "phases": [asdict(row) for row in self.phases],
+            "errors": [asdict(error) for error in self.errors],
+            "replicas": [
+                {**r.to_dict(), "seen_ago": round(r.seen_ago(self.at), 3)} for r in self.replicas
+            ],
+            "disagreements": [d.to_dict() for d in self.disagreements],
+        }
         for error in data["errors"]:
             error["at"] = error["at"].isoformat() if error["at"] is not None else None
         return data
@@ -71,10 +88,12 @@ def collect(
     *,
     collections: Sequence[str] | None = None,
     errors: int = 5,
+    replicas_collection: str = REPLICAS_COLLECTION,
 ) -> Status:
     """Phase counts of ``collections`` (by default every collection holding phased
     documents) and their latest ``errors`` errors each, judged by the server's clock
-    against each lease's own expiry (so the replicas' lock timeouts need not be known)."""
+    against each lease's own expiry (so the replicas' lock timeouts need not be known),
+    and the replicas live in ``replicas_collection`` with the settings they disagree on."""
     store = Store(db)
     present = store.collection_names()
     if collections:
@@ -87,10 +106,13 @@ def collect(
             )
         names = list(collections)
     else:
-        names = present
+        names = [name for name in present if name != replicas_collection]
     server = store.server_time()
     now = server or datetime.now(UTC)
-    status = Status(at=now, server_time=server is not None)
+    live = store.live_replicas(now, replicas_collection)
+    status = Status(
+        at=now, server_time=server is not None, replicas=live, disagreements=disagreements(live)
+    )
     for name in names:
         for row in store.phase_summary(name, now):
             status.phases.append(
