@@ -14,7 +14,7 @@ import pytest
 from pymongo import AsyncMongoClient
 from pymongo.database import Database
 
-from orchestrator import AsyncOrchestrator, Orchestrator
+from orchestrator import AsyncOrchestrator, ConfigError, Orchestrator, Settings
 from orchestrator.core import queries
 from orchestrator.core.extras import library_version
 from orchestrator.core.replicas import (
@@ -379,3 +379,9 @@ def test_status_says_when_no_replica_is_live(
     assert code == 0
     assert "no live replicas" in out
     assert "warning" not in out
+
+
+@pytest.mark.parametrize("name", ["", "system.replicas", "ops.$replicas", "a\x00b", "r" * 121])
+def test_the_replicas_collection_must_be_a_usable_name(name: str) -> None:
+    with pytest.raises(ConfigError, match="replicas_collection"):
+        Settings.build(replicas_collection=name)

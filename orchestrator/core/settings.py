@@ -22,6 +22,7 @@ from pydantic import (
 from orchestrator.core.backoff import BackoffPolicy, ExponentialBackoff, ProgressiveBackoff
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.replicas import REPLICAS_COLLECTION
+from orchestrator.core.validation import explain
 
 DAY = 86_400.0
 MAX_LOCK_TIMEOUT = DAY
@@ -115,7 +116,7 @@ class Settings(BaseModel):
     @classmethod
     def _collection_name(cls, value: str) -> str:
         if value.startswith("system.") or "$" in value or "\x00" in value:
-            raise ValueError(f"{value!r} is not a collection name the orchestrator may use")
+            raise ValueError("a collection name has no '$' or NUL and is not system.*")
         return value
 
     @model_validator(mode="after")
@@ -149,7 +150,7 @@ class Settings(BaseModel):
         try:
             return cls(**values)
         except ValidationError as exc:
-            raise ConfigError(f"invalid orchestrator settings: {exc}") from exc
+            raise ConfigError(explain(exc, "orchestrator settings", cls)) from exc
 
 
 class HandlerOptions(BaseModel):

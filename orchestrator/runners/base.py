@@ -40,6 +40,7 @@ from orchestrator.core.registry import Handler, Registry, Target, options, resol
 from orchestrator.core.resource import Resource
 from orchestrator.core.scheduler import Claim, Probe, Scheduler
 from orchestrator.core.settings import Settings
+from orchestrator.core.validation import explain
 from orchestrator.mongo.common import Document
 
 logger = logging.getLogger("orchestrator")
@@ -304,7 +305,7 @@ class Runner(Generic[DB]):
         try:
             return model.model_validate(doc).model_dump(by_alias=True, exclude_unset=True)
         except ValidationError as exc:
-            raise ConfigError(f"submit: invalid {model.__name__}: {exc}") from exc
+            raise ConfigError(explain(exc, f"{model.__name__} to submit", model)) from exc
 
     def _ensure_indexes(self) -> Plan[None]:
         """The claim index on every registered collection, and the unique keys of submit."""
@@ -500,7 +501,8 @@ class Runner(Generic[DB]):
             try:
                 lease.resource = handler.model.model_validate(lease.doc)
             except ValidationError as exc:
-                return (yield from self._settle(lease, "ValidationError", str(exc), True))
+                why = explain(exc, handler.model.__name__, handler.model)
+                return (yield from self._settle(lease, "ValidationError", why, True))
         try:
             result = yield partial(self._call_handler, step)
         except Exception as exc:

@@ -53,7 +53,7 @@ _HELLO = frozenset({"hello", "isMaster", "ismaster"})
 MAX_BSON_SIZE = 16 * 1024 * 1024
 """The largest document a server stores (``BSONObjMaxUserSize``)."""
 
-_WRITES = frozenset(
+DOCUMENT_WRITES = frozenset(
     {
         "insert_one",
         "insert_many",
@@ -66,12 +66,11 @@ _WRITES = frozenset(
         "find_one_and_replace",
         "find_one_and_delete",
         "bulk_write",
-        "create_index",
-        "create_indexes",
-        "drop_index",
-        "drop_indexes",
     }
 )
+"""Collection methods that change documents (and nothing else)."""
+INDEX_WRITES = frozenset({"create_index", "create_indexes", "drop_index", "drop_indexes"})
+_WRITES = DOCUMENT_WRITES | INDEX_WRITES
 """Collection methods that write, and so wait for their write concern."""
 
 _RETURNS_DOCUMENTS = frozenset(
