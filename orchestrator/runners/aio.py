@@ -192,8 +192,9 @@ class AsyncOrchestrator(Runner[AsyncDatabase[Document]]):
     # -- long steps -----------------------------------------------------------------------
 
     async def heartbeat(self) -> int:
-        """Extend the leases of steps running past half the lock timeout, and take back
-        those past ``step_timeout``. The loop calls this on its own; returns leases extended."""
+        """Extend the leases of steps running past half the lock timeout, take back those
+        past ``step_timeout``, and refresh this replica's record while it is started. The
+        loop calls this on its own; returns leases extended."""
         return await adrive(self._heartbeat())
 
     async def _safe_heartbeat(self) -> None:

@@ -595,8 +595,8 @@ class Runner(Generic[DB]):
     # -- long steps -----------------------------------------------------------------------
 
     def _heartbeat(self) -> Plan[int]:
-        """Extend the leases of steps running past half the lock timeout, and take back
-        those past ``step_timeout``; returns the leases extended."""
+        """Extend the leases of steps running past half the lock timeout, take back those
+        past ``step_timeout``, and refresh the replica's record; returns the leases extended."""
         yield from self._measure_if_due()
         with self._cv:
             steps = list(self._running.values())

@@ -162,8 +162,9 @@ class Orchestrator(Runner[Database[Document]]):
     # -- long steps -----------------------------------------------------------------------
 
     def heartbeat(self) -> int:
-        """Extend the leases of steps running past half the lock timeout, and take back
-        those past ``step_timeout``. The loop calls this on its own; returns leases extended."""
+        """Extend the leases of steps running past half the lock timeout, take back those
+        past ``step_timeout``, and refresh this replica's record while it is started. The
+        loop calls this on its own; returns leases extended."""
         return drive(self._heartbeat())
 
     def _safe_heartbeat(self) -> None:
