@@ -4,6 +4,7 @@ flag the settings they disagree on, and no trouble with the record touches the s
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 import threading
@@ -237,7 +238,7 @@ async def test_a_dead_replica_is_not_listed_past_its_expiry(
 @pytest.mark.parametrize("engine", ["threaded", "async"])
 async def test_a_failing_replica_write_does_not_break_steps(engine: str, clock: FakeClock) -> None:
     db = memory_database(clock=clock)
-    faults = Faults(rates={"replace_one": 1.0}, clock=clock)  # the record's write, only
+    faults = Faults(rates={"find_one_and_replace": 1.0}, clock=clock)  # the record's write, only
     replica = new_replica(
         engine, 0, faults.wrap(db), faults.wrap(async_view(db)), clock, "pod-1", clock_refresh=1e6
     )
@@ -264,12 +265,37 @@ async def test_a_failing_replica_write_does_not_break_steps(engine: str, clock: 
         assert Store(db).live_replicas(replica.clock.now()) == []
         assert sorted(d["_id"] for d in db.jobs.find({"phase": "Done"})) == ["j0", "j1", "j2"]
 
-        faults.rates["replace_one"] = 0.0  # the next heartbeat writes it
+        faults.rates["find_one_and_replace"] = 0.0  # the next heartbeat writes it
         await replica.heartbeat()
         assert [r.replica_id for r in Store(db).live_replicas(replica.clock.now())] == ["pod-1"]
     finally:
         await replica.stop()
     assert Store(db).live_replicas(replica.clock.now()) == []
+
+
+def test_two_processes_with_one_replica_id_are_told(
+    make: MakeReplica, db: Database[Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Leases name their holder by replica id: two live processes sharing one is a
+    mistake each of them logs, the first time the other's record replaced its own."""
+    first, second = make("pod-1"), make("pod-1")
+    first.start()
+    first._timer.pause()  # only this test's heartbeats: the counts below are exact
+    first.heartbeat()
+    second.start()  # replaces a record of its namesake's: its own first, nothing to tell
+    second._timer.pause()
+    assert "replica_namesakes" not in second.stats()
+    with caplog.at_level(logging.WARNING, logger="orchestrator"):
+        first.heartbeat()
+    assert first.stats()["replica_namesakes"] == 1
+    assert "another live process records itself as replica 'pod-1'" in caplog.text
+    first.heartbeat()  # its own record this time
+    assert first.stats()["replica_namesakes"] == 1
+    second.heartbeat()
+    assert second.stats()["replica_namesakes"] == 1
+    first.stop()
+    [left] = Store(db).live_replicas(second.clock.now())
+    assert left.instance == second._instance  # the stopping one removed only its own
 
 
 async def test_sync_and_async_replicas_with_mixed_settings_are_flagged(clock: FakeClock) -> None:

@@ -116,7 +116,7 @@ COMMANDS = {
     "drop_index": "dropIndexes: dropIndex (an earlier version's index of the same name)",
     "list_collections": "listCollections: the default collation, when an index has one",
     "delete_one": "delete: remove",
-    "replace_one": "update: update, insert (a replica's record, upserted)",
+    "find_one_and_replace": "findAndModify: find, update, insert (a replica's record)",
 }
 
 
@@ -152,6 +152,6 @@ def test_a_full_lifecycle_sends_only_the_documented_commands(
         "update_one",
         "create_index",
         "command",
-        "replace_one",
+        "find_one_and_replace",
         "delete_one",
     } <= set(faults.operations)

@@ -392,6 +392,10 @@ def replica_document(record: ReplicaRecord) -> dict[str, Any]:
     }
 
 
+REPLICA_INSTANCE_PROJECTION: dict[str, Any] = {"_id": 0, "instance": 1}
+"""What a refresh reads back of the record it replaces: who wrote it."""
+
+
 def replica_filter(replica_id: str) -> dict[str, Any]:
     return {"_id": replica_id}
 

@@ -186,6 +186,7 @@ class Runner(Generic[DB]):
         self._instance = secrets.token_hex(8)  # this process's record, not a namesake's
         self._started_at: datetime | None = None
         self._replica_index = False  # the records' TTL index was made
+        self._recorded = False  # the record was written since start()
         self._setup()
 
     def _setup(self) -> None:
@@ -677,7 +678,8 @@ class Runner(Generic[DB]):
             if not self._replica_index:
                 yield partial(self._store.ensure_replica_index, name)
                 self._replica_index = True
-            yield partial(self._store.record_replica, self._replica_record(self.clock.now()), name)
+            record = self._replica_record(self.clock.now())
+            previous = yield partial(self._store.record_replica, record, name)
         except OrchestratorError as exc:
             with self._cv:
                 self._stats["replica_errors"] += 1
@@ -689,6 +691,18 @@ class Runner(Generic[DB]):
         with self._cv:
             self._stats["replica_records"] += 1
             stopped = not self._recording
+            # Another process wrote under this replica id since this one's last record
+            # (a dead namesake cannot: its record is only there before the first write).
+            namesake = self._recorded and previous not in (None, self._instance)
+            self._recorded = True
+            if namesake:
+                self._stats["replica_namesakes"] += 1
+        if namesake:
+            logger.warning(
+                f"another live process records itself as replica {self.replica_id!r}: give "
+                "each replica its own replica_id (leases name their holder by it)",
+                extra={**self._log_base, "outcome": "replica-namesake"},
+            )
         if stopped:  # stop() removed the record while this write was on its way
             yield from self._remove_replica()
 
@@ -818,6 +832,7 @@ class Runner(Generic[DB]):
             self._timer = timer
             self._serving = True
             self._recording = True
+            self._recorded = False
             self._started_at = self.clock.now()
             self._released_on_stop.clear()
             self._sched.resume()

@@ -322,14 +322,21 @@ class AsyncStore:
             expire_after=queries.REPLICA_INDEX_EXPIRY,
         )
 
-    async def record_replica(self, record: ReplicaRecord, name: str = REPLICAS_COLLECTION) -> None:
-        """Write this replica's record, replacing its last one whole (or creating it)."""
+    async def record_replica(
+        self, record: ReplicaRecord, name: str = REPLICAS_COLLECTION
+    ) -> str | None:
+        """Write this replica's record, replacing its last one whole (or creating it).
+        Returns the ``instance`` of the record it replaced (None if there was none), so a
+        replica can tell that another process wrote under its replica id meanwhile."""
         with driver_errors(f"record replica {record.replica_id} in {name}"):
-            await self.collection(name).replace_one(
+            before = await self.collection(name).find_one_and_replace(
                 queries.replica_filter(record.replica_id),
                 queries.replica_document(record),
+                projection=queries.REPLICA_INSTANCE_PROJECTION,
                 upsert=True,
+                return_document=ReturnDocument.BEFORE,
             )
+        return None if before is None else str(before.get("instance"))
 
     async def remove_replica(
         self, replica_id: str, instance: str, name: str = REPLICAS_COLLECTION
