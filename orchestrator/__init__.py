@@ -8,6 +8,16 @@ progressive backoff) or ``advance`` (next phase).
 from orchestrator.core.backoff import BackoffPolicy, ExponentialBackoff, ProgressiveBackoff
 from orchestrator.core.clock import Clock, SystemClock
 from orchestrator.core.errors import ConfigError, LeaseLost, OrchestratorError, StoreError
+from orchestrator.core.events import (
+    AttemptFailedEvent,
+    ClockMeasuredEvent,
+    IdleProbeEvent,
+    LeaseExtendedEvent,
+    LeaseLostEvent,
+    Listener,
+    StepClaimedEvent,
+    StepFinishedEvent,
+)
 from orchestrator.core.lease import Outcome
 from orchestrator.core.resource import EPOCH, ErrorRecord, Resource
 from orchestrator.core.settings import Settings
@@ -20,19 +30,27 @@ __all__ = [
     "EPOCH",
     "AsyncLease",
     "AsyncOrchestrator",
+    "AttemptFailedEvent",
     "BackoffPolicy",
     "Clock",
+    "ClockMeasuredEvent",
     "ConfigError",
     "ErrorRecord",
     "ExponentialBackoff",
+    "IdleProbeEvent",
     "Lease",
+    "LeaseExtendedEvent",
     "LeaseLost",
+    "LeaseLostEvent",
+    "Listener",
     "Orchestrator",
     "OrchestratorError",
     "Outcome",
     "ProgressiveBackoff",
     "Resource",
     "Settings",
+    "StepClaimedEvent",
+    "StepFinishedEvent",
     "StepTimeout",
     "StopReport",
     "StoreError",

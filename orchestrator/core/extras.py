@@ -9,7 +9,13 @@ from importlib.metadata import PackageNotFoundError, version
 
 DISTRIBUTION = "mongo-orchestrator"
 
-EXTRA_OF_MODULE = {"mongomock": "testing", "rich": "cli", "click": "cli"}
+EXTRA_OF_MODULE = {
+    "mongomock": "testing",
+    "rich": "cli",
+    "click": "cli",
+    "prometheus_client": "metrics",
+    "opentelemetry": "tracing",
+}
 """The extra that installs each optional module."""
 
 

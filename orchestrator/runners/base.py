@@ -15,6 +15,7 @@ timers. The scheduling decisions themselves are ``orchestrator.core.scheduler``'
 from __future__ import annotations
 
 import inspect
+import itertools
 import logging
 import os
 import secrets
@@ -33,6 +34,17 @@ from pydantic import BaseModel, ValidationError
 from orchestrator.core import queries, replicas, scheduler
 from orchestrator.core.clock import Clock, ServerClock, SystemClock
 from orchestrator.core.errors import ConfigError, LeaseLost, OrchestratorError, StoreError
+from orchestrator.core.events import (
+    AttemptFailedEvent,
+    ClockMeasuredEvent,
+    IdleProbeEvent,
+    LeaseExtendedEvent,
+    LeaseLostEvent,
+    Listener,
+    Listeners,
+    StepClaimedEvent,
+    StepFinishedEvent,
+)
 from orchestrator.core.extras import library_version
 from orchestrator.core.lease import Outcome
 from orchestrator.core.redact import RedactingFilter
@@ -113,9 +125,17 @@ class StepTimeout(OrchestratorError):
 
 @dataclass
 class Step:
-    """A claimed lease and its step (``task``: the asyncio runner's task running it)."""
+    """A claimed lease and its step (``task``: the asyncio runner's task running it).
+
+    ``number`` names it in this replica's events, ``started`` is the local monotonic time
+    of its claim, ``latency`` how long its document had been due (when known), ``wait``
+    the wait its outcome set (a relock's, a retry's)."""
 
     lease: Any  # Lease or AsyncLease
+    number: int = 0
+    started: float = 0.0
+    latency: float | None = None
+    wait: float | None = None
     abandoned: bool = False
     task: Any = None
 
@@ -150,11 +170,14 @@ class Runner(Generic[DB]):
         settings: Settings | None = None,
         *,
         clock: Clock | None = None,
+        listeners: Iterable[Listener] = (),
         **given: Any,
     ) -> None:
         if settings is not None and given:
             raise ConfigError("pass either a Settings object or keyword settings, not both")
         self.settings = settings if settings is not None else Settings.build(**given)
+        self._events = Listeners(self.settings.replica_id, listeners)
+        self._step_numbers = itertools.count(1)
         self.db = db
         """The database this replica works on (``orchestrator run`` checks it is reachable)."""
         self._store = self._store_type(db, self.settings.write_concern, self.settings.write_timeout)
@@ -164,6 +187,7 @@ class Runner(Generic[DB]):
             self.settings.clock_refresh,
             self.settings.skew_tolerance,
             on_fallback=self._clock_fallback,
+            on_measured=self._clock_measured,
         )
         self._registry = Registry(self.settings)
         lock = threading.RLock()
@@ -199,6 +223,10 @@ class Runner(Generic[DB]):
     @property
     def handlers(self) -> list[Handler]:
         return list(self._registry.handlers)
+
+    def add_listener(self, listener: Listener) -> None:
+        """Receive this replica's events from now on (``orchestrator.Listener``)."""
+        self._events.add(listener)
 
     def _notify(self, *, more_work: bool, everyone: bool = False) -> None:
         """Something happened (the caller holds ``_cv``): ``more_work``, there may be work
@@ -329,6 +357,16 @@ class Runner(Generic[DB]):
         (nothing while the server reports its time), so no skew steals a live lease."""
         return self.clock.now() - timedelta(seconds=self.clock.uncertainty)
 
+    def _clock_measured(self, clock: ServerClock, round_trip: float) -> None:
+        if self._events.active:
+            event = ClockMeasuredEvent(
+                self.settings.replica_id,
+                clock.offset.total_seconds(),
+                round_trip,
+                clock.server_time,
+            )
+            self._events.emit("clock_measured", event)
+
     def _clock_fallback(self) -> None:
         with self._cv:
             self._stats["clock_fallback"] += 1
@@ -368,6 +406,7 @@ class Runner(Generic[DB]):
 
     def _probe(self, probe: Probe) -> Plan[None]:
         found: bool | None = None  # on a StoreError the claims meet it too and report it
+        started = self._local.monotonic()
         try:
             found = yield partial(
                 self._store.has_claimable,
@@ -382,24 +421,46 @@ class Runner(Generic[DB]):
             with self._cv:
                 self._sched.probed(probe, found)
                 self._notify(more_work=found is not False)
+        if self._events.active:
+            event = IdleProbeEvent(
+                self.settings.replica_id,
+                probe.collection,
+                tuple(h.name for h in probe.handlers),
+                found,
+                self._local.monotonic() - started,
+            )
+            self._events.emit("idle_probe", event)
 
     def _claim_and_run(self, claim: Claim) -> Plan[bool]:
         try:
-            lease = yield from self._claim(claim.handler)
+            step = yield from self._claim(claim.handler)
         except BaseException:
             with self._cv:
                 self._sched.claimed(claim, None)
             raise
         with self._cv:
-            throttled = self._sched.claimed(claim, None if lease is None else str(lease.id))
-            if lease is not None:
-                lease.throttled = throttled
-                step = Step(lease)
-                self._running[lease.token] = step
+            throttled = self._sched.claimed(claim, None if step is None else str(step.lease.id))
+            if step is not None:
+                step.lease.throttled = throttled
+                self._running[step.lease.token] = step
                 stopping = self._sched.stopping
-            self._notify(more_work=lease is not None)
-        if lease is None:
+            self._notify(more_work=step is not None)
+        if step is None:
             return True
+        lease = step.lease
+        if self._events.active:
+            self._events.emit(
+                "step_claimed",
+                StepClaimedEvent(
+                    self.settings.replica_id,
+                    lease.collection,
+                    lease.id,
+                    lease.phase,
+                    lease.handler.name,
+                    step.number,
+                    step.latency,
+                ),
+            )
         outcome: str | None = yield partial(self._run_step, step, stopping)
         with self._cv:
             if outcome is None:  # cancelled by step_timeout, which counted it
@@ -410,7 +471,28 @@ class Runner(Generic[DB]):
             del self._running[lease.token]
             self._sched.finished(outcome)
             self._notify(more_work=False)  # this worker takes the next action itself
+        if self._events.active:
+            self._step_finished(step, outcome)
         return True
+
+    def _step_finished(self, step: Step, outcome: str) -> None:
+        """The one ``StepFinishedEvent`` of a claimed step (the caller checked for
+        listeners): from its worker, or from the time-out that took it back."""
+        lease = step.lease
+        self._events.emit(
+            "step_finished",
+            StepFinishedEvent(
+                self.settings.replica_id,
+                lease.collection,
+                lease.id,
+                lease.phase,
+                lease.handler.name,
+                step.number,
+                outcome,
+                self._local.monotonic() - step.started,
+                step.wait,
+            ),
+        )
 
     def _run_step(self, step: Step, stopping: bool) -> Any:
         """Run ``_step(step, stopping)`` in a step's context; returns its outcome (or an
@@ -430,10 +512,12 @@ class Runner(Generic[DB]):
         )
         return "interrupted"
 
-    def _claim(self, handler: Handler) -> Plan[Any]:
+    def _claim(self, handler: Handler) -> Plan[Step | None]:
+        """Claim a document for ``handler``: its step, not started, or None."""
         token = secrets.token_hex(8)
         now = self.clock.now()
         until = now + timedelta(seconds=self.settings.lock_timeout)
+        due: list[datetime | None] = []
         try:
             doc = yield partial(
                 self._store.claim,
@@ -443,6 +527,10 @@ class Runner(Generic[DB]):
                 self.settings.horizon,
                 handler.name,
                 queries.claim_update(now, until, token, self.settings.replica_id),
+                # How long it was due is read from its fields before the claim, if listened to.
+                (lambda before: due.append(queries.due_since(before)))
+                if self._events.active
+                else None,
             )
         except StoreError as exc:
             # The database is unreachable (or the reply was lost after the claim applied:
@@ -457,9 +545,10 @@ class Runner(Generic[DB]):
             return None
         if doc is None:
             return None
+        started = self._local.monotonic()
         with self._cv:
             self._stats["claimed"] += 1
-        return self._lease_type(
+        lease = self._lease_type(
             store=self._store,
             clock=self.clock,
             settings=self.settings,
@@ -469,6 +558,10 @@ class Runner(Generic[DB]):
             claimed_at=now,
             expires_at=until,
         )
+        since = due[0] if due else None
+        # A lockedUntil ahead of now is a bogus lease the claim took as free: no latency.
+        latency = (now - since).total_seconds() if since is not None and since <= now else None
+        return Step(lease, next(self._step_numbers), started, latency)
 
     # -- a step ---------------------------------------------------------------------------
 
@@ -503,16 +596,16 @@ class Runner(Generic[DB]):
                 lease.resource = handler.model.model_validate(lease.doc)
             except ValidationError as exc:
                 why = explain(exc, handler.model.__name__, handler.model)
-                return (yield from self._settle(lease, "ValidationError", why, True))
+                return (yield from self._settle(step, "ValidationError", why, True))
         try:
             result = yield partial(self._call_handler, step)
         except Exception as exc:
             # Judged by the step's own lease, not by the exception: a LeaseLost raised by
             # another lease object, or by a second outcome, is the handler's error.
             if lease.lost:
-                self._log(logging.WARNING, f"lease lost: {_describe(exc)}", lease, "lost")
+                self._lost(f"lease lost: {_describe(exc)}", lease)
                 return "lost"
-            return (yield from self._settle(lease, type(exc).__name__, _describe(exc), exc=exc))
+            return (yield from self._settle(step, type(exc).__name__, _describe(exc), exc=exc))
         if result is not None and not (isinstance(result, Outcome) and result.token == lease.token):
             what = (
                 "another lease's outcome" if isinstance(result, Outcome) else type(result).__name__
@@ -521,12 +614,12 @@ class Runner(Generic[DB]):
                 f"{handler.name} returned {what}; a handler returns its own lease's "
                 "unlock(), relock(), advance(...), fail(...), remove() or None"
             )
-            return (yield from self._settle(lease, "TypeError", message))
+            return (yield from self._settle(step, "TypeError", message))
         if lease.held:
             try:
                 result = yield lease.unlock
             except LeaseLost as exc:
-                self._log(logging.WARNING, f"lease lost: {exc}", lease, "lost")
+                self._lost(f"lease lost: {exc}", lease)
                 return "lost"
             except StoreError as exc:
                 self._log(
@@ -542,11 +635,12 @@ class Runner(Generic[DB]):
             self._log(logging.DEBUG, "step done; its lease was already released", lease, "done")
             return "done"
         self._log(logging.DEBUG, "step done", lease, result.action, wait=result.wait)
+        step.wait = result.wait
         return str(result.action)
 
     def _settle(
         self,
-        lease: Any,
+        step: Step,
         kind: str,
         message: str,
         permanent: bool = False,
@@ -554,13 +648,12 @@ class Runner(Generic[DB]):
         exc: BaseException | None = None,
     ) -> Plan[str]:
         """Record a failed step on its document; never raises."""
+        lease = step.lease
         try:
             outcome = yield partial(lease.record_error, kind, message, permanent=permanent)
         except LeaseLost as lost:
-            self._log(
-                logging.WARNING, f"{kind} in step, and the lease was lost: {lost}", lease, "lost"
-            )
-            return "lost"
+            self._lost(f"{kind} in step, and the lease was lost: {lost}", lease)
+            action = "lost"
         except Exception as inner:
             self._log(
                 logging.ERROR,
@@ -569,23 +662,62 @@ class Runner(Generic[DB]):
                 lease,
                 "unrecorded",
             )
-            return "unrecorded"
-        level = logging.ERROR if outcome.action == "failed" else logging.WARNING
-        self._log(
-            level,
-            f"step raised {kind}: {message}",
-            lease,
-            outcome.action,
-            wait=outcome.wait,
-            exc_info=exc,
-        )
-        return str(outcome.action)
+            action = "unrecorded"
+        else:
+            action = str(outcome.action)
+            step.wait = outcome.wait
+            level = logging.ERROR if action == "failed" else logging.WARNING
+            self._log(
+                level,
+                f"step raised {kind}: {message}",
+                lease,
+                action,
+                wait=outcome.wait,
+                exc_info=exc,
+            )
+        if self._events.active:
+            event = AttemptFailedEvent(
+                self.settings.replica_id,
+                lease.collection,
+                lease.id,
+                lease.phase,
+                lease.handler.name,
+                kind,
+                message,
+                action,
+                step.wait,
+                action == "failed",
+            )
+            self._events.emit("attempt_failed", event)
+        return action
+
+    def _lost(self, message: str, lease: Any) -> None:
+        """A write found ``lease`` lost: logged, and reported to the listeners."""
+        self._log(logging.WARNING, message, lease, "lost")
+        if self._events.active:
+            event = LeaseLostEvent(
+                self.settings.replica_id,
+                lease.collection,
+                lease.id,
+                lease.phase,
+                lease.handler.name,
+                message,
+                self._held_for(lease),
+            )
+            self._events.emit("lease_lost", event)
+
+    def _held_for(self, lease: Any) -> float:
+        """Seconds since ``lease`` was claimed, by the server clock's estimate."""
+        return float((self.clock.now() - lease.claimed_at).total_seconds())
 
     def _hand_back(self, lease: Any, why: str) -> Plan[str]:
         """Release a lease whose step will not run; counters untouched."""
         try:
             yield lease.release
-        except (LeaseLost, StoreError) as exc:
+        except LeaseLost as exc:
+            self._lost(f"could not hand back an unstarted lease: {exc}", lease)
+            return "lost"
+        except StoreError as exc:
             self._log(
                 logging.WARNING, f"could not hand back an unstarted lease: {exc}", lease, "lost"
             )
@@ -622,9 +754,22 @@ class Runner(Generic[DB]):
             elif decision == "extend":
                 try:
                     yield lease.extend
-                    extended += 1
-                except (LeaseLost, StoreError) as exc:
+                except LeaseLost as exc:
+                    self._lost(f"heartbeat failed: {exc}", lease)
+                except StoreError as exc:
                     self._log(logging.WARNING, f"heartbeat failed: {exc}", lease, "lost")
+                else:
+                    extended += 1
+                    if self._events.active:
+                        event = LeaseExtendedEvent(
+                            self.settings.replica_id,
+                            lease.collection,
+                            lease.id,
+                            lease.phase,
+                            lease.handler.name,
+                            self._held_for(lease),
+                        )
+                        self._events.emit("lease_extended", event)
         if extended:
             with self._cv:
                 self._stats["extended"] += extended
@@ -730,7 +875,7 @@ class Runner(Generic[DB]):
         """A step that never returns must not hold its document forever: count the attempt,
         release the lease (its late writes will then raise LeaseLost) and free its slot."""
         message = f"step ran longer than step_timeout ({self.settings.step_timeout:g}s)"
-        yield from self._settle(step.lease, StepTimeout.__name__, message)
+        yield from self._settle(step, StepTimeout.__name__, message)
         with self._cv:
             if step.abandoned or step.lease.token not in self._running:
                 return
@@ -740,6 +885,8 @@ class Runner(Generic[DB]):
             self._sched.finished("timed_out")
             self._abandon(step)
             self._notify(more_work=True)
+        if self._events.active:
+            self._step_finished(step, "timed_out")
 
     def _abandon(self, step: Step) -> None:
         """Let go of a timed-out step's worker (the caller holds ``_cv``)."""
@@ -872,9 +1019,13 @@ class Runner(Generic[DB]):
 
     def stats(self) -> dict[str, int]:
         """Counts since construction: claimed, unlocked, relocked, advanced, retrying,
-        failed, lost, released, extended, timed_out, ticks, tick_failures, ..."""
+        failed, lost, released, extended, timed_out, ticks, tick_failures, listener_errors
+        (calls of a listener that raised), ..."""
         with self._cv:
-            return dict(self._stats)
+            counts = dict(self._stats)
+        if self._events.errors:
+            counts["listener_errors"] = self._events.errors
+        return counts
 
     def _log(
         self,

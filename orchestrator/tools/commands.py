@@ -185,6 +185,14 @@ _DEMO = DemoOptions()
     callback=_check_log_file,
     help="Write the replicas' logs here.",
 )
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(0, 65535),
+    default=None,
+    metavar="PORT",
+    help="Serve the replicas' Prometheus metrics at http://127.0.0.1:PORT/metrics during "
+    "the run (0: a free port, printed).",
+)
 @database_options(default_db=_DEMO.database)
 def demo(
     gateways: int,
@@ -196,6 +204,7 @@ def demo(
     seed: int,
     timeout: float,
     log_file: Path | None,
+    metrics_port: int | None,
     uri: str | None,
     db: str,
     connect_timeout: float,
@@ -221,6 +230,7 @@ def demo(
         log_file=log_file,
         processes=processes,
         connect_timeout=connect_timeout,
+        metrics_port=metrics_port,
     )
     return run_demo(options, Console())
 

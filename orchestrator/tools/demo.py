@@ -60,6 +60,9 @@ class DemoOptions:
     log_file: Path | None = None
     processes: int = 0
     """Replicas as this many OS processes (needs ``uri``); 0: ``replicas`` threads here."""
+    metrics_port: int | None = None
+    """Serve the replicas' Prometheus metrics on this port of 127.0.0.1 while the demo
+    runs (0: a free port, printed); None: no metrics."""
 
     def check(self) -> None:
         if self.gateways < 1:
@@ -78,6 +81,13 @@ class DemoOptions:
             raise ConfigError("--cert-delay must be >= 0 seconds")
         if not 0.0 <= self.fail_rate < 0.5:
             raise ConfigError("--fail-rate must be in [0, 0.5)")
+        if self.metrics_port is not None:
+            if not 0 <= self.metrics_port <= 65535:
+                raise ConfigError("--metrics-port must be between 0 and 65535")
+            if self.processes:
+                raise ConfigError(
+                    "--metrics-port serves the replicas of this process: not with --processes"
+                )
 
 
 @dataclass
@@ -198,16 +208,53 @@ class _Threads:
             return sorted(self._waits.values)
 
 
+@contextmanager
+def _metrics(
+    options: DemoOptions, db: Database[Document], console: Console
+) -> Iterator[tuple[list[Any], str | None]]:
+    """With ``metrics_port``: the listener to register on every replica, and the URL of
+    the /metrics endpoint serving it until the demo is over."""
+    if options.metrics_port is None:
+        yield [], None
+        return
+    # The metrics extra, which the demo extra includes; imported only when asked for.
+    from prometheus_client import CollectorRegistry, start_http_server  # noqa: PLC0415
+
+    from orchestrator.monitoring.prometheus import PrometheusListener  # noqa: PLC0415
+
+    registry = CollectorRegistry()
+    # Document counts at most once a second: the live display already queries each 0.2 s.
+    listener = PrometheusListener(registry, status=db, status_max_age=1.0)
+    try:
+        server, thread = start_http_server(options.metrics_port, "127.0.0.1", registry)
+    except OSError as exc:
+        raise ConfigError(
+            f"--metrics-port {options.metrics_port}: cannot listen: {exc.strerror or exc}"
+        ) from exc
+    url = f"http://127.0.0.1:{server.server_port}/metrics"
+    console.print(f"Prometheus metrics: {url}", highlight=False, soft_wrap=True)
+    try:
+        yield [listener], url
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
 def run(
-    options: DemoOptions, console: Console, monotonic: Callable[[], float] = time.monotonic
+    options: DemoOptions,
+    console: Console,
+    monotonic: Callable[[], float] = time.monotonic,
+    serving: Callable[[str], None] | None = None,
 ) -> int:
     """Run the demo; 0 when every invariant holds, 1 otherwise. ``monotonic`` measures
-    the run against ``options.timeout`` (a test passes a clock it moves)."""
+    the run against ``options.timeout`` (a test passes a clock it moves). With
+    ``metrics_port``, ``serving`` is called with the metrics URL once the report is
+    printed, while the endpoint still serves (a test scrapes the final values)."""
     options.check()
     # The workflow ships in the package (orchestrator.tools.workflows); it needs the in-memory
     # store's mongomock, which only the demo extra installs, hence imported here.
     from orchestrator.testing import memory_database  # noqa: PLC0415
-    from orchestrator.tools.workflows.gateway import Faults, build  # noqa: PLC0415
 
     if options.uri:
         db = connect(options.uri, options.database, timeout=options.connect_timeout)
@@ -215,6 +262,23 @@ def run(
     else:
         db = memory_database(options.database)
         store_name = "the embedded in-memory store"
+    with _metrics(options, db, console) as (listeners, url):
+        code = _run(options, console, monotonic, db, store_name, listeners)
+        if url is not None and serving is not None:
+            serving(url)
+    return code
+
+
+def _run(
+    options: DemoOptions,
+    console: Console,
+    monotonic: Callable[[], float],
+    db: Database[Document],
+    store_name: str,
+    listeners: list[Any],
+) -> int:
+    from orchestrator.tools.workflows.gateway import Faults, build  # noqa: PLC0415
+
     waits = _Waits()
     settings: dict[str, Any] = {
         "cert_delay": options.cert_delay,
@@ -230,7 +294,10 @@ def run(
         fleet = Processes(build(db, replica_id="demo-users", **settings).platform, options)
     else:
         fleet = _Threads(
-            [build(db, replica_id=f"replica-{n + 1}", **settings) for n in range(options.replicas)],
+            [
+                build(db, replica_id=f"replica-{n + 1}", listeners=listeners, **settings)
+                for n in range(options.replicas)
+            ],
             waits,
         )
     fleet.platform.reset()

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -130,21 +130,30 @@ class AsyncStore:
         horizon: float,
         handler: str | None,
         update: Mapping[str, Any],
+        seen: Callable[[Document], None] | None = None,
     ) -> Document | None:
         """One atomic find-and-modify: the longest-free document ``match`` selects whose
-        lease is free at ``judged_at``, taken with ``update``; None when there is none.
+        lease is free at ``judged_at``, taken with ``update`` (``claim_update``); None when
+        there is none.
 
         Atomic, so that of replicas claiming at once exactly one gets each document; in
         ``CLAIM_SORT`` order, so that a document waiting longest is served first and none
-        starves behind fresher ones.
+        starves behind fresher ones. The server returns the document as it was, and the
+        claim's ``$set`` is applied here: ``seen``, when given, gets that document first
+        (its lease fields say how long it was due: the events' claim latency).
         """
         with driver_errors(f"claim on {name}"):
-            return await self.collection(name).find_one_and_update(
+            before = await self.collection(name).find_one_and_update(
                 queries.claim_filter(match, judged_at, horizon, handler),
                 dict(update),
                 sort=queries.CLAIM_SORT,
-                return_document=ReturnDocument.AFTER,
+                return_document=ReturnDocument.BEFORE,
             )
+        if before is None:
+            return None
+        if seen is not None:
+            seen(before)
+        return queries.claimed(before, update)
 
     async def has_claimable(
         self,
