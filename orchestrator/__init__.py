@@ -20,13 +20,14 @@ from orchestrator.core.events import (
 )
 from orchestrator.core.lease import Outcome
 from orchestrator.core.resource import EPOCH, ErrorRecord, Resource
-from orchestrator.core.settings import Settings
+from orchestrator.core.settings import DEFAULT_DATABASE, Settings
 from orchestrator.mongo import AsyncLease, Lease
 from orchestrator.runners.aio import AsyncOrchestrator, ThreadLease
 from orchestrator.runners.base import StepTimeout, StopReport
 from orchestrator.runners.threaded import Orchestrator
 
 __all__ = [
+    "DEFAULT_DATABASE",
     "EPOCH",
     "AsyncLease",
     "AsyncOrchestrator",

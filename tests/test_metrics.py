@@ -3,6 +3,7 @@ bounded rate, and the extra named when it is missing."""
 
 from __future__ import annotations
 
+import asyncio
 import io
 import logging
 import re
@@ -21,7 +22,7 @@ from rich.console import Console
 
 from orchestrator import ConfigError
 from orchestrator.monitoring.prometheus import PrometheusListener, StatusCollector
-from orchestrator.testing import FakeClock
+from orchestrator.testing import FakeClock, async_memory_database
 from orchestrator.tools import cli, demo
 from orchestrator.tools.demo import DemoOptions
 from orchestrator.tools.status import PhaseCount, Status
@@ -143,6 +144,28 @@ def test_documents_are_counted_at_most_once_per_max_age(
     clock.advance(5)
     assert value(registry, "orchestrator_documents_leased", **leased) == 2
     assert collector.computations == 3
+
+
+def test_an_async_database_is_counted_on_its_own_loop_and_never_blocks_it() -> None:
+    db = async_memory_database("metrics")
+    with pytest.raises(ConfigError, match="event loop that owns its client"):
+        StatusCollector(db)  # no running loop: no client would answer the scrape
+
+    async def main() -> tuple[float | None, float | None, float | None]:
+        await db.jobs.insert_one({"phase": "Running"})
+        registry = CollectorRegistry()
+        registry.register(StatusCollector(db, max_age=0))
+        # A scrape from another thread (prometheus_client's server) waits for the count,
+        # which runs on this loop meanwhile.
+        counted = await asyncio.to_thread(
+            value, registry, "orchestrator_documents", collection="jobs", phase="Running"
+        )
+        up = await asyncio.to_thread(value, registry, "orchestrator_status_up")
+        # A scrape on the loop itself cannot wait for it: said as down, not a deadlock.
+        blocked = value(registry, "orchestrator_status_up")
+        return counted, up, blocked
+
+    assert asyncio.run(main()) == (1, 1, 0)
 
 
 def test_importing_orchestrator_needs_no_extra_and_the_listeners_name_theirs() -> None:

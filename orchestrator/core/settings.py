@@ -31,6 +31,10 @@ MAX_LOCK_TIMEOUT = DAY
 with other settings. A longer step keeps its lease with the heartbeat."""
 MAX_DURATION = 30 * DAY
 """Longest wait or step: keeps every date the library computes far inside datetime's range."""
+DEFAULT_DATABASE = "orchestrator"
+"""The database every tool uses when none is named (a URI without a path, no ``--db``): the
+CLI, the demo, the worker, the example API server, the in-memory stores and the quickstart
+all default to this one name, so each finds what another wrote."""
 
 
 def default_replica_id() -> str:

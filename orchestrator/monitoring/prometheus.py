@@ -11,6 +11,8 @@ every ``status_max_age`` seconds whatever the scrape rate.
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import logging
 import threading
 import time
@@ -30,8 +32,10 @@ except ModuleNotFoundError as exc:  # pragma: no cover - the metrics extra is mi
         name="prometheus_client",
     ) from exc
 
+from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.database import Database
 
+from orchestrator.core.errors import ConfigError
 from orchestrator.core.events import (
     AttemptFailedEvent,
     ClockMeasuredEvent,
@@ -43,7 +47,7 @@ from orchestrator.core.events import (
     StepFinishedEvent,
 )
 from orchestrator.mongo.common import Document
-from orchestrator.tools.status import Status, collect
+from orchestrator.tools.status import Status, collect, collect_async
 
 __all__ = ["DURATION_BUCKETS", "PrometheusListener", "StatusCollector"]
 
@@ -81,7 +85,8 @@ class PrometheusListener(Listener):
 
     ``registry``: where the metrics go (prometheus_client's default registry unless
     given; two listeners on one registry collide). ``status``: a database to count
-    documents in on scrape (or a function returning a ``Status``); ``collections`` limits
+    documents in on scrape (or a function returning a ``Status``), an ``AsyncDatabase``
+    included (then build the listener on the loop that owns its client); ``collections`` limits
     the count, ``status_max_age`` bounds how often it is computed, ``monotonic`` is the
     clock that ages it (tests pass a fake one).
     """
@@ -90,7 +95,7 @@ class PrometheusListener(Listener):
         self,
         registry: CollectorRegistry | None = None,
         *,
-        status: Database[Document] | Callable[[], Status] | None = None,
+        status: Database[Document] | AsyncDatabase[Document] | Callable[[], Status] | None = None,
         collections: Sequence[str] | None = None,
         status_max_age: float = 15.0,
         monotonic: Callable[[], float] = time.monotonic,
@@ -221,32 +226,62 @@ _DOCUMENT_GAUGES = (
 )
 
 
+def _on_its_loop(db: AsyncDatabase[Document], names: list[str] | None) -> Callable[[], Status]:
+    """Scrapes arrive on the metrics server's thread; an async client belongs to one loop,
+    so the count runs there and the scrape waits for it."""
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        raise ConfigError(
+            "status=<an AsyncDatabase>: build the listener on the event loop that owns its"
+            " client (e.g. in the application's lifespan)"
+        ) from None
+
+    def fetch() -> Status:
+        if threading.get_ident() == loop_thread:
+            # Waiting here would block the very loop that must run the count.
+            raise RuntimeError(
+                "a scrape on the database's own event loop cannot wait for the count: serve"
+                " /metrics from another thread (prometheus_client.start_http_server)"
+            )
+        count = collect_async(db, collections=names, errors=0)
+        return asyncio.run_coroutine_threadsafe(count, loop).result(timeout=60)
+
+    loop_thread = threading.get_ident()
+    return fetch
+
+
 class StatusCollector(Collector):
     """Document counts per collection and phase, computed when Prometheus scrapes, from
     ``orchestrator status``'s aggregation (one round trip per collection), at most once
     every ``max_age`` seconds: scrapes in between get the counts already computed, so a
-    scrape storm costs the database nothing. ``source`` is a sync ``Database`` or a
-    function returning a ``Status`` (an async application may run its own query).
+    scrape storm costs the database nothing. ``source`` is a ``Database``, an
+    ``AsyncDatabase`` (counted on the event loop its client belongs to: the one running
+    when the collector is built) or a function returning a ``Status``.
     A failed computation reports ``orchestrator_status_up`` 0 and no counts, and is not
     retried before ``max_age`` either.
     """
 
     def __init__(
         self,
-        source: Database[Document] | Callable[[], Status],
+        source: Database[Document] | AsyncDatabase[Document] | Callable[[], Status],
         *,
         collections: Sequence[str] | None = None,
         max_age: float = 15.0,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
-        if callable(getattr(source, "list_collection_names", None)):
+        self._fetch: Callable[[], Status]
+        lister = getattr(source, "list_collection_names", None)
+        if inspect.iscoroutinefunction(lister):
+            self._fetch = _on_its_loop(source, list(collections) if collections else None)  # type: ignore[arg-type]
+        elif callable(lister):
             db: Database[Document] = source  # type: ignore[assignment]  # or a look-alike
             names = list(collections) if collections else None
 
             def fetch() -> Status:
                 return collect(db, collections=names, errors=0)
 
-            self._fetch: Callable[[], Status] = fetch
+            self._fetch = fetch
         else:
             self._fetch = source  # type: ignore[assignment]
         self._max_age = max_age

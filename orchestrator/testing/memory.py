@@ -42,6 +42,7 @@ from pymongo.errors import (
 from pymongo.write_concern import WriteConcern
 
 from orchestrator.core.clock import Clock, SystemClock
+from orchestrator.core.settings import DEFAULT_DATABASE
 
 if TYPE_CHECKING:
     from pymongo.database import Database
@@ -87,7 +88,7 @@ _RETURNS_DOCUMENTS = frozenset(
 
 
 def memory_database(
-    name: str = "orchestrator",
+    name: str = DEFAULT_DATABASE,
     *,
     clock: Clock | None = None,
     server_time: bool = True,

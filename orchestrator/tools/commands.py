@@ -8,6 +8,7 @@ choices. ``orchestrator.tools.cli.main`` runs it and turns every error into one 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import signal
@@ -31,18 +32,23 @@ from orchestrator.core import queries
 from orchestrator.core.extras import DISTRIBUTION
 from orchestrator.core.redact import redact
 from orchestrator.core.replicas import REPLICAS_COLLECTION, ReplicaRecord
-from orchestrator.mongo import Store, check_reachable, connect
+from orchestrator.core.settings import DEFAULT_DATABASE
+from orchestrator.mongo import Store, check_reachable, check_reachable_async, connect
 from orchestrator.mongo.common import Document
+from orchestrator.runners.aio import AsyncOrchestrator
+from orchestrator.runners.base import StopReport
+from orchestrator.runners.threaded import Orchestrator
 from orchestrator.tools.demo import DemoOptions
 from orchestrator.tools.demo import run as run_demo
 from orchestrator.tools.graph import mermaid
-from orchestrator.tools.loading import CommandError, load_orchestrator
+from orchestrator.tools.loading import CommandError, Engine, load_orchestrator
 from orchestrator.tools.status import Status, collect
 
 EXIT_FAILED = 1  # the command ran and found something wrong (demo invariants)
 EXIT_ERROR = 2  # the command could not run: bad input, unreachable database
 
 DEFAULT_CONNECT_TIMEOUT = 5.0
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 EPILOG = """\b
@@ -103,7 +109,7 @@ def database_options(default_db: str | None) -> Callable[[F], F]:
         command = click.option(
             "--db",
             default=default_db,
-            show_default=True if default_db else "the URI's database, else 'orchestrator'",
+            show_default=True if default_db else f"the URI's database, else {DEFAULT_DATABASE!r}",
             help="Database name.",
         )(command)
         return click.option(
@@ -145,7 +151,7 @@ _DEMO = DemoOptions()
     "--replicas",
     type=click.IntRange(1, 32),
     default=_DEMO.replicas,
-    help="Replicas, as threads of this process.",
+    help="Replicas, as AsyncOrchestrators on this process's event loop.",
 )
 @click.option(
     "--processes",
@@ -261,8 +267,9 @@ def demo(
 def run_worker(target: str, stop_timeout: float, log_level: str, connect_timeout: float) -> int:
     """Run one replica as a standalone worker until SIGTERM or Ctrl-C.
 
-    TARGET is module:attribute, an Orchestrator or a function of no arguments returning
-    one; the current directory is importable.
+    TARGET is module:attribute, an Orchestrator or AsyncOrchestrator, or a function of no
+    arguments returning one; the current directory is importable. An AsyncOrchestrator
+    runs on an event loop of its own (asyncio.run).
 
     \b
     Example:
@@ -282,6 +289,26 @@ def run_worker(target: str, stop_timeout: float, log_level: str, connect_timeout
     logging.basicConfig(level=level, handlers=[to_stderr])
     # APScheduler logs every job run at INFO: chatter about the orchestrator's own tick.
     logging.getLogger("apscheduler").setLevel(logging.DEBUG if level == "DEBUG" else "WARNING")
+    if isinstance(orch, AsyncOrchestrator):
+        report = asyncio.run(_serve_async(orch, stop_timeout, connect_timeout))
+    else:
+        report = _serve_threaded(orch, stop_timeout, connect_timeout)
+    click.echo(
+        f"replica {orch.replica_id} stopped: {len(report.released)} unstarted lease(s) "
+        f"handed back, {len(report.still_running)} step(s) still running"
+    )
+    return 0 if not report.still_running else EXIT_FAILED
+
+
+def _running(orch: Engine) -> None:
+    click.echo(
+        f"replica {orch.replica_id} running {len(orch.handlers)} handlers; "
+        "SIGTERM or Ctrl-C stops it"
+    )
+
+
+def _serve_threaded(orch: Orchestrator, stop_timeout: float, connect_timeout: float) -> StopReport:
+    """Until SIGTERM or SIGINT, which only set events (all a signal handler may do)."""
     check_reachable(orch.db, connect_timeout)
     stop = threading.Event()
 
@@ -289,24 +316,38 @@ def run_worker(target: str, stop_timeout: float, log_level: str, connect_timeout
         orch.request_stop()  # safe in a signal handler: sets two events
         stop.set()
 
-    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    previous = {sig: signal.signal(sig, on_signal) for sig in STOP_SIGNALS}
     try:
         orch.start()
-        click.echo(
-            f"replica {orch.replica_id} running {len(orch.handlers)} handlers; "
-            "SIGTERM or Ctrl-C stops it"
-        )
+        _running(orch)
         while not stop.wait(1.0):
             pass
-        report = orch.stop(stop_timeout)
+        return orch.stop(stop_timeout)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    click.echo(
-        f"replica {orch.replica_id} stopped: {len(report.released)} unstarted lease(s) "
-        f"handed back, {len(report.still_running)} step(s) still running"
-    )
-    return 0 if not report.still_running else EXIT_FAILED
+
+
+async def _serve_async(
+    orch: AsyncOrchestrator, stop_timeout: float, connect_timeout: float
+) -> StopReport:
+    """Until SIGTERM or SIGINT, received by the loop itself (``add_signal_handler``), so
+    the stop runs on the loop the orchestrator's tasks run on. A step still running after
+    the stop timeout is cancelled when ``asyncio.run`` ends (an ``async def`` step) or
+    left on its daemon thread (a ``def`` step); either way its lease is left to expire."""
+    await check_reachable_async(orch.db, connect_timeout)
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in STOP_SIGNALS:
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await orch.start()
+        _running(orch)
+        await stop.wait()
+        return await orch.stop(stop_timeout)
+    finally:
+        for sig in STOP_SIGNALS:
+            loop.remove_signal_handler(sig)
 
 
 # -- status, unlock, retry -------------------------------------------------------------------
@@ -538,7 +579,8 @@ def retry(
 def graph(target: str) -> int:
     """The registered phases and transitions as a Mermaid stateDiagram-v2.
 
-    TARGET is module:attribute, an Orchestrator or a function of no arguments returning one.
+    TARGET is module:attribute, an Orchestrator or AsyncOrchestrator, or a function of no
+    arguments returning one.
 
     \b
     Example:

@@ -5,8 +5,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any
 
+from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.database import Database
 
 from orchestrator.core.errors import ConfigError
@@ -17,8 +19,9 @@ from orchestrator.core.replicas import (
     ReplicaRecord,
     disagreements,
 )
-from orchestrator.mongo import Store
+from orchestrator.mongo import AsyncStore, Store
 from orchestrator.mongo.common import Document
+from orchestrator.runners.base import Plan, adrive, drive
 
 
 @dataclass(frozen=True)
@@ -94,30 +97,52 @@ def collect(
     documents) and their latest ``errors`` errors each, judged by the server's clock
     against each lease's own expiry (so the replicas' lock timeouts need not be known),
     and the replicas live in ``replicas_collection`` with the settings they disagree on."""
-    store = Store(db)
-    present = store.collection_names()
+    return drive(_collect(Store(db), db.name, collections, errors, replicas_collection))
+
+
+async def collect_async(
+    db: AsyncDatabase[Document],
+    *,
+    collections: Sequence[str] | None = None,
+    errors: int = 5,
+    replicas_collection: str = REPLICAS_COLLECTION,
+) -> Status:
+    """``collect`` with the async driver, for an async application (the API server)."""
+    return await adrive(_collect(AsyncStore(db), db.name, collections, errors, replicas_collection))
+
+
+def _collect(
+    store: Store | AsyncStore,
+    name: str,
+    collections: Sequence[str] | None,
+    errors: int,
+    replicas_collection: str,
+) -> Plan[Status]:
+    """The status report, as a plan either store carries out (``runners.base``)."""
+    present: list[str] = yield store.collection_names
     if collections:
         unknown = [c for c in collections if c not in present]
         if unknown:
             known = ", ".join(present) or "none"
             raise ConfigError(
                 f"unknown collection {', '.join(map(repr, unknown))} in database "
-                f"{db.name!r} (it has: {known})"
+                f"{name!r} (it has: {known})"
             )
         names = list(collections)
     else:
-        names = [name for name in present if name != replicas_collection]
-    server = store.server_time()
+        names = [collection for collection in present if collection != replicas_collection]
+    server: datetime | None = yield store.server_time
     now = server or datetime.now(UTC)
-    live = store.live_replicas(now, replicas_collection)
+    live: list[ReplicaRecord] = yield partial(store.live_replicas, now, replicas_collection)
     status = Status(
         at=now, server_time=server is not None, replicas=live, disagreements=disagreements(live)
     )
-    for name in names:
-        for row in store.phase_summary(name, now):
+    for collection in names:
+        rows: list[Document] = yield partial(store.phase_summary, collection, now)
+        for row in rows:
             status.phases.append(
                 PhaseCount(
-                    collection=name,
+                    collection=collection,
                     phase=str(row["_id"]),
                     count=row["count"],
                     leased=row["leased"],
@@ -127,7 +152,8 @@ def collect(
                 )
             )
         if errors > 0:
-            status.errors.extend(_error(name, doc) for doc in store.latest_errors(name, errors))
+            latest: list[Document] = yield partial(store.latest_errors, collection, errors)
+            status.errors.extend(_error(collection, doc) for doc in latest)
     return status
 
 

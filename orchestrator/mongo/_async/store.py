@@ -40,6 +40,7 @@ from orchestrator.core.errors import ConfigError, LeaseLost, StoreError
 from orchestrator.core.queries import as_utc
 from orchestrator.core.redact import redact
 from orchestrator.core.replicas import REPLICAS_COLLECTION, ReplicaRecord
+from orchestrator.core.settings import DEFAULT_DATABASE
 from orchestrator.mongo import common
 from orchestrator.mongo.common import COMMAND_NOT_FOUND, Document, driver_errors
 
@@ -425,7 +426,7 @@ async def connect_async(
     except (PyMongoError, ValueError) as exc:  # a malformed port is a bare ValueError
         raise StoreError(f"invalid MongoDB URI {where}: {redact(str(exc))}") from exc
     try:
-        db = client[database] if database else client.get_default_database("orchestrator")
+        db = client[database] if database else client.get_default_database(DEFAULT_DATABASE)
         await db.command("ping")
     except ServerSelectionTimeoutError as exc:
         await client.close()

@@ -41,6 +41,7 @@ from orchestrator.core.errors import ConfigError, LeaseLost, StoreError
 from orchestrator.core.queries import as_utc
 from orchestrator.core.redact import redact
 from orchestrator.core.replicas import REPLICAS_COLLECTION, ReplicaRecord
+from orchestrator.core.settings import DEFAULT_DATABASE
 from orchestrator.mongo import common
 from orchestrator.mongo.common import COMMAND_NOT_FOUND, Document, driver_errors
 
@@ -418,7 +419,7 @@ def connect(uri: str, database: str | None = None, *, timeout: float = 5.0) -> D
     except (PyMongoError, ValueError) as exc:  # a malformed port is a bare ValueError
         raise StoreError(f"invalid MongoDB URI {where}: {redact(str(exc))}") from exc
     try:
-        db = client[database] if database else client.get_default_database("orchestrator")
+        db = client[database] if database else client.get_default_database(DEFAULT_DATABASE)
         db.command("ping")
     except ServerSelectionTimeoutError as exc:
         client.close()
