@@ -212,9 +212,9 @@ class AsyncOrchestrator(Runner[AsyncDatabase[Document]]):
         self._refuse_restart()
         await self.ensure_indexes()
         await measure(self.clock, self._store)  # raises if the server's clock cannot be read
+        await adrive(self._begin_record())
         loop = asyncio.get_running_loop()
         self._serve(AsyncIOScheduler(event_loop=loop, timezone=UTC, job_defaults=TIMER_DEFAULTS))
-        await adrive(self._refresh_replica())
 
     async def _background_tick(self) -> None:
         with self._cv:

@@ -807,6 +807,15 @@ class Runner(Generic[DB]):
             steps=steps,
         )
 
+    def _begin_record(self) -> Plan[None]:
+        """``start()``'s first record, written before the first tick: a started replica is
+        listed before it runs any step."""
+        with self._cv:
+            self._recording = True
+            self._recorded = False
+            self._started_at = self.clock.now()
+        yield from self._refresh_replica()
+
     def _refresh_replica(self) -> Plan[None]:
         """Write this replica's record (while it serves: ``start()`` until ``stop()``).
 
@@ -978,9 +987,6 @@ class Runner(Generic[DB]):
                 raise OrchestratorError("this orchestrator is already started")
             self._timer = timer
             self._serving = True
-            self._recording = True
-            self._recorded = False
-            self._started_at = self.clock.now()
             self._released_on_stop.clear()
             self._sched.resume()
             self._tick()

@@ -181,8 +181,8 @@ class Orchestrator(Runner[Database[Document]]):
         self._refuse_restart()
         self.ensure_indexes()
         measure(self.clock, self._store)  # raises if the server's clock cannot be read
+        drive(self._begin_record())
         self._serve(BackgroundScheduler(timezone=UTC, job_defaults=TIMER_DEFAULTS))
-        drive(self._refresh_replica())
 
     def _background_tick(self) -> None:
         with self._cv:
