@@ -21,6 +21,7 @@ from pydantic import (
 
 from orchestrator.core.backoff import BackoffPolicy, ExponentialBackoff, ProgressiveBackoff
 from orchestrator.core.errors import ConfigError
+from orchestrator.core.replicas import REPLICAS_COLLECTION
 from orchestrator.core.validation import explain
 
 DAY = 86_400.0
@@ -105,8 +106,22 @@ class Settings(BaseModel):
         le=MAX_DURATION,
         description="Floor of a relock's wait; defaults to one tick, so none spins.",
     )
+    replicas_collection: str = Field(
+        REPLICAS_COLLECTION,
+        min_length=1,
+        max_length=120,
+        description="Where each replica records itself while it runs (orchestrator status"
+        " lists them); every replica of a deployment, and its tools, must name the same one.",
+    )
     relock_policy: BackoffPolicy = Field(default_factory=ProgressiveBackoff)
     retry_policy: BackoffPolicy = Field(default_factory=ExponentialBackoff)
+
+    @field_validator("replicas_collection")
+    @classmethod
+    def _collection_name(cls, value: str) -> str:
+        if value.startswith("system.") or "$" in value or "\x00" in value:
+            raise ValueError("a collection name has no '$' or NUL and is not system.*")
+        return value
 
     @model_validator(mode="after")
     def _coherent(self) -> Self:

@@ -17,7 +17,9 @@ from __future__ import annotations
 import inspect
 import itertools
 import logging
+import os
 import secrets
+import socket
 import threading
 from collections import Counter
 from collections.abc import Callable, Generator, Iterable, Mapping
@@ -29,7 +31,7 @@ from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from orchestrator.core import queries, scheduler
+from orchestrator.core import queries, replicas, scheduler
 from orchestrator.core.clock import Clock, ServerClock, SystemClock
 from orchestrator.core.errors import ConfigError, LeaseLost, OrchestratorError, StoreError
 from orchestrator.core.events import (
@@ -43,6 +45,7 @@ from orchestrator.core.events import (
     StepClaimedEvent,
     StepFinishedEvent,
 )
+from orchestrator.core.extras import library_version
 from orchestrator.core.lease import Outcome
 from orchestrator.core.redact import RedactingFilter
 from orchestrator.core.registry import Handler, Registry, Target, options, resolve
@@ -153,6 +156,8 @@ class Runner(Generic[DB]):
     ``_cv`` guards the scheduler and the counters; only the threaded runner waits on it.
     """
 
+    _engine: str
+    """What the replica records as its engine: "threaded" or "async"."""
     _store_type: Callable[..., Any]
     _lease_type: Callable[..., Any]
     _measure: Callable[..., Any]
@@ -201,6 +206,11 @@ class Runner(Generic[DB]):
         self._errors: list[BaseException] = []  # what workers met during run_once
         self._timer: Any = None  # the APScheduler of ticks and heartbeats, while started
         self._log_base = {"replica": self.settings.replica_id}
+        self._recording = False  # the replica's record is kept (start() until stop())
+        self._instance = secrets.token_hex(8)  # this process's record, not a namesake's
+        self._started_at: datetime | None = None
+        self._replica_index = False  # the records' TTL index was made
+        self._recorded = False  # the record was written since start()
         self._setup()
 
     def _setup(self) -> None:
@@ -718,12 +728,12 @@ class Runner(Generic[DB]):
     # -- long steps -----------------------------------------------------------------------
 
     def _heartbeat(self) -> Plan[int]:
-        """Extend the leases of steps running past half the lock timeout, and take back
-        those past ``step_timeout``; returns the leases extended."""
+        """Extend the leases of steps running past half the lock timeout, take back those
+        past ``step_timeout``, and refresh the replica's record; returns the leases extended."""
         yield from self._measure_if_due()
         with self._cv:
             steps = list(self._running.values())
-        if not steps or not self.clock.measured:
+        if not self.clock.measured:
             return 0
         now = self.clock.now()
         extended = 0
@@ -763,7 +773,112 @@ class Runner(Generic[DB]):
         if extended:
             with self._cv:
                 self._stats["extended"] += extended
+        yield from self._refresh_replica()
         return extended
+
+    # -- the replica's record -------------------------------------------------------------
+
+    def _replica_record(self, now: datetime) -> replicas.ReplicaRecord:
+        """This replica as it records itself at ``now``, with the steps it runs."""
+        with self._cv:
+            steps = [
+                replicas.RunningStep(
+                    collection=step.lease.collection,
+                    id=str(step.lease.id),
+                    phase=step.lease.phase,
+                    since=step.lease.claimed_at,
+                )
+                for step in self._running.values()
+            ]
+            started = self._started_at or now
+        settings = self.settings
+        return replicas.new_record(
+            replica_id=settings.replica_id,
+            instance=self._instance,
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            version=library_version(),
+            engine=self._engine,
+            started=started,
+            now=now,
+            lock_timeout=settings.lock_timeout,
+            tick=settings.tick,
+            max_concurrency=settings.max_concurrency,
+            steps=steps,
+        )
+
+    def _begin_record(self) -> Plan[None]:
+        """``start()``'s first record, written before the first tick: a started replica is
+        listed before it runs any step."""
+        with self._cv:
+            self._recording = True
+            self._recorded = False
+            self._started_at = self.clock.now()
+        yield from self._refresh_replica()
+
+    def _refresh_replica(self) -> Plan[None]:
+        """Write this replica's record (while it serves: ``start()`` until ``stop()``).
+
+        Never raises: the record is for operators, and a replica that cannot write it
+        still runs its steps. A failure is logged and counted (``replica_errors``), and
+        the next heartbeat writes again.
+        """
+        with self._cv:
+            recording = self._recording
+        if not recording or not self.clock.measured:
+            return
+        name = self.settings.replicas_collection
+        try:
+            if not self._replica_index:
+                yield partial(self._store.ensure_replica_index, name)
+                self._replica_index = True
+            record = self._replica_record(self.clock.now())
+            previous = yield partial(self._store.record_replica, record, name)
+        except OrchestratorError as exc:
+            with self._cv:
+                self._stats["replica_errors"] += 1
+            logger.warning(
+                f"could not record this replica in {name} (the next heartbeat tries again): {exc}",
+                extra={**self._log_base, "outcome": "replica-unrecorded"},
+            )
+            return
+        with self._cv:
+            self._stats["replica_records"] += 1
+            stopped = not self._recording
+            # Another process wrote under this replica id since this one's last record
+            # (a dead namesake cannot: its record is only there before the first write).
+            namesake = self._recorded and previous not in (None, self._instance)
+            self._recorded = True
+            if namesake:
+                self._stats["replica_namesakes"] += 1
+        if namesake:
+            logger.warning(
+                f"another live process records itself as replica {self.replica_id!r}: give "
+                "each replica its own replica_id (leases name their holder by it)",
+                extra={**self._log_base, "outcome": "replica-namesake"},
+            )
+        if stopped:  # stop() removed the record while this write was on its way
+            yield from self._remove_replica()
+
+    def _forget_replica(self) -> Plan[None]:
+        """Stop keeping the record, and delete it: a stopped replica is not listed."""
+        with self._cv:
+            if not self._recording:
+                return
+            self._recording = False
+        yield from self._remove_replica()
+
+    def _remove_replica(self) -> Plan[None]:
+        name, replica_id = self.settings.replicas_collection, self.settings.replica_id
+        try:
+            yield partial(self._store.remove_replica, replica_id, self._instance, name)
+        except OrchestratorError as exc:
+            with self._cv:
+                self._stats["replica_errors"] += 1
+            logger.warning(
+                f"could not remove this replica's record from {name}; it expires on its own: {exc}",
+                extra={**self._log_base, "outcome": "replica-unrecorded"},
+            )
 
     def _time_out(self, step: Step) -> Plan[None]:
         """A step that never returns must not hold its document forever: count the attempt,
@@ -862,7 +977,10 @@ class Runner(Generic[DB]):
         than its interval is never run twice at once, and missed runs are not made up."""
         timer.add_job(self._background_tick, "interval", seconds=self.settings.tick, id="tick")
         timer.add_job(
-            self._safe_heartbeat, "interval", seconds=self.settings.lock_timeout / 6, id="heartbeat"
+            self._safe_heartbeat,
+            "interval",
+            seconds=replicas.refresh_interval(self.settings.lock_timeout),
+            id="heartbeat",
         )
         with self._cv:
             if self._timer is not None:

@@ -25,11 +25,13 @@ from pymongo.database import Database
 from pymongo.errors import ConfigurationError, InvalidURI
 from pymongo.uri_parser import parse_uri
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from orchestrator.core import queries
 from orchestrator.core.extras import DISTRIBUTION
 from orchestrator.core.redact import redact
+from orchestrator.core.replicas import REPLICAS_COLLECTION, ReplicaRecord
 from orchestrator.core.settings import DEFAULT_DATABASE
 from orchestrator.mongo import Store, check_reachable, check_reachable_async, connect
 from orchestrator.mongo.common import Document
@@ -364,6 +366,11 @@ async def _serve_async(
 @click.option(
     "--errors", type=click.IntRange(min=0), default=5, help="Latest errors per collection."
 )
+@click.option(
+    "--replicas-collection",
+    default=REPLICAS_COLLECTION,
+    help="Where the replicas record themselves (their replicas_collection setting).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def status(
     uri: str | None,
@@ -371,16 +378,29 @@ def status(
     connect_timeout: float,
     collections: tuple[str, ...],
     errors: int,
+    replicas_collection: str,
     as_json: bool,
 ) -> int:
-    """Documents per collection and phase: leased, overdue, waiting, failed; latest errors.
+    """Documents per collection and phase: leased, overdue, waiting, failed; latest errors;
+    the live replicas.
+
+    Each replica records itself while it runs (refreshed every few seconds with its
+    heartbeat) and is listed until its record expires (at most 40 s after it was killed).
+    Replicas whose lock timeout, tick, concurrency or library version differ are flagged
+    with a warning line; the exit status stays 0, since a rolling upgrade differs on
+    purpose for a while (--json lists them under "disagreements" for scripts).
 
     \b
     Example:
       MONGODB_URI=mongodb://localhost:27017/platform orchestrator status -c gateways
     """
     database = open_database(uri, db, connect_timeout)
-    report = collect(database, collections=list(collections) or None, errors=errors)
+    report = collect(
+        database,
+        collections=list(collections) or None,
+        errors=errors,
+        replicas_collection=replicas_collection,
+    )
     if as_json:
         click.echo(json.dumps(report.to_dict(), indent=2))
         return 0
@@ -427,6 +447,46 @@ def _print_status(name: str, status: Status) -> None:
                 f"{error.type}: {error.message}"[:200],
             )
         console.print(errors)
+    _print_replicas(console, status)
+
+
+def _print_replicas(console: Console, status: Status) -> None:
+    if not status.replicas:
+        console.print("no live replicas (none has recorded itself within its expiry)")
+        return
+    table = Table(title="live replicas")
+    for column in ("replica", "host", "pid", "engine", "version", "last seen"):
+        table.add_column(column, justify="right" if column in {"pid", "last seen"} else "left")
+    for column in ("lock timeout", "tick", "concurrency"):
+        table.add_column(column, justify="right")
+    table.add_column("steps now")
+    for replica in status.replicas:
+        table.add_row(
+            escape(replica.replica_id),  # written by whoever can write the collection
+            escape(replica.host),
+            str(replica.pid),
+            escape(replica.engine),
+            escape(replica.version),
+            f"{replica.seen_ago(status.at):.0f}s ago",
+            f"{replica.lock_timeout:g}s",
+            f"{replica.tick:g}s",
+            str(replica.max_concurrency),
+            _steps_now(replica, status.at),
+        )
+    console.print(table)
+    for disagreement in status.disagreements:
+        console.print(f"[yellow]warning:[/] {escape(disagreement.message)}", soft_wrap=True)
+
+
+def _steps_now(replica: ReplicaRecord, now: datetime) -> str:
+    """How many steps it ran at its last refresh, and the first few of them."""
+    shown = [
+        f"{s.collection}/{s.id} ({s.phase or '-'}, {max((now - s.since).total_seconds(), 0):.0f}s)"
+        for s in replica.steps[:3]
+    ]
+    more = len(replica.steps) - len(shown)
+    text = ", ".join(shown) + (f", +{more} more" if more else "")
+    return escape(f"{len(replica.steps)}: {text}" if shown else "0")
 
 
 def _warn(value: int) -> str:

@@ -13,6 +13,12 @@ from pymongo.database import Database
 
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.queries import as_utc
+from orchestrator.core.replicas import (
+    REPLICAS_COLLECTION,
+    Disagreement,
+    ReplicaRecord,
+    disagreements,
+)
 from orchestrator.mongo import AsyncStore, Store
 from orchestrator.mongo.common import Document
 from orchestrator.runners.base import Plan, adrive, drive
@@ -47,12 +53,15 @@ class RecentError:
 @dataclass(frozen=True)
 class Status:
     """``server_time``: False when the server reported no time and this machine's clock
-    judged the leases (then ``leased``/``overdue`` are only as right as that clock)."""
+    judged the leases (then ``leased``/``overdue`` are only as right as that clock).
+    ``replicas``: the live replicas; ``disagreements``: the settings they differ on."""
 
     at: datetime
     server_time: bool
     phases: list[PhaseCount] = field(default_factory=list)
     errors: list[RecentError] = field(default_factory=list)
+    replicas: list[ReplicaRecord] = field(default_factory=list)
+    disagreements: list[Disagreement] = field(default_factory=list)
 
     def counts(self) -> dict[str, dict[str, int]]:
         """``{collection: {phase: count}}``."""
@@ -62,8 +71,16 @@ class Status:
         return out
 
     def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["at"] = self.at.isoformat()
+        data: dict[str, Any] = {
+            "at": self.at.isoformat(),
+            "server_time": self.server_time,
+            "phases": [asdict(row) for row in self.phases],
+            "errors": [asdict(error) for error in self.errors],
+            "replicas": [
+                {**r.to_dict(), "seen_ago": round(r.seen_ago(self.at), 3)} for r in self.replicas
+            ],
+            "disagreements": [d.to_dict() for d in self.disagreements],
+        }
         for error in data["errors"]:
             error["at"] = error["at"].isoformat() if error["at"] is not None else None
         return data
@@ -74,11 +91,13 @@ def collect(
     *,
     collections: Sequence[str] | None = None,
     errors: int = 5,
+    replicas_collection: str = REPLICAS_COLLECTION,
 ) -> Status:
     """Phase counts of ``collections`` (by default every collection holding phased
     documents) and their latest ``errors`` errors each, judged by the server's clock
-    against each lease's own expiry (so the replicas' lock timeouts need not be known)."""
-    return drive(_collect(Store(db), db.name, collections, errors))
+    against each lease's own expiry (so the replicas' lock timeouts need not be known),
+    and the replicas live in ``replicas_collection`` with the settings they disagree on."""
+    return drive(_collect(Store(db), db.name, collections, errors, replicas_collection))
 
 
 async def collect_async(
@@ -86,13 +105,18 @@ async def collect_async(
     *,
     collections: Sequence[str] | None = None,
     errors: int = 5,
+    replicas_collection: str = REPLICAS_COLLECTION,
 ) -> Status:
     """``collect`` with the async driver, for an async application (the API server)."""
-    return await adrive(_collect(AsyncStore(db), db.name, collections, errors))
+    return await adrive(_collect(AsyncStore(db), db.name, collections, errors, replicas_collection))
 
 
 def _collect(
-    store: Store | AsyncStore, name: str, collections: Sequence[str] | None, errors: int
+    store: Store | AsyncStore,
+    name: str,
+    collections: Sequence[str] | None,
+    errors: int,
+    replicas_collection: str,
 ) -> Plan[Status]:
     """The status report, as a plan either store carries out (``runners.base``)."""
     present: list[str] = yield store.collection_names
@@ -106,10 +130,13 @@ def _collect(
             )
         names = list(collections)
     else:
-        names = present
+        names = [collection for collection in present if collection != replicas_collection]
     server: datetime | None = yield store.server_time
     now = server or datetime.now(UTC)
-    status = Status(at=now, server_time=server is not None)
+    live: list[ReplicaRecord] = yield partial(store.live_replicas, now, replicas_collection)
+    status = Status(
+        at=now, server_time=server is not None, replicas=live, disagreements=disagreements(live)
+    )
     for collection in names:
         rows: list[Document] = yield partial(store.phase_summary, collection, now)
         for row in rows:
