@@ -1,20 +1,24 @@
 """What the operator's page tests share: a seeded database and a reader of the page's HTML.
 
 ``seed`` makes one document in each state an operator meets: done, failed, held by a
-live lease, held by a dead replica (overdue), and waiting out a relock.
+live lease, held by a dead replica (overdue), and waiting out a relock; and the records of
+three live replicas (one running a step, one with another lock timeout) and a dead one.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from html.parser import HTMLParser
 from typing import Any
 
 from pymongo.database import Database
 
 from orchestrator import Lease, Orchestrator
+from orchestrator.core.extras import library_version
 from orchestrator.core.queries import bson_time
+from orchestrator.core.replicas import ReplicaRecord, RunningStep, new_record
+from orchestrator.mongo import Store
 from orchestrator.testing import FakeClock
 
 
@@ -72,7 +76,42 @@ def seed(db: Database[Any], clock: FakeClock, *, replica_id: str = "pod-1") -> S
             },
         ]
     )
+    store = Store(db)
+    for replica in replica_records(now):
+        store.record_replica(replica)
     return seeded
+
+
+def replica_records(now: datetime) -> list[ReplicaRecord]:
+    """pod-1 and pod-2 alike (pod-2 runs gw-held's step), pod-3 with a lock timeout of
+    300 s, and pod-9, which died: its record expired, though the TTL monitor has not
+    deleted it yet."""
+
+    def made(replica_id: str, seen: datetime, **settings: Any) -> ReplicaRecord:
+        values: dict[str, Any] = {
+            "instance": f"i-{replica_id}",
+            "host": f"web-{replica_id[-1]}",
+            "pid": 7,
+            "version": library_version(),
+            "engine": "threaded",
+            "started": now - timedelta(hours=2),
+            "lock_timeout": 30.0,
+            "tick": 1.0,
+            "max_concurrency": 4,
+        }
+        values.update(settings)
+        return new_record(replica_id=replica_id, now=seen, **values)
+
+    return [
+        made("pod-1", now - timedelta(seconds=2)),
+        made(
+            "pod-2",
+            now - timedelta(seconds=1),
+            steps=[RunningStep("gateways", "gw-held", "Provisioning", now)],
+        ),
+        made("pod-3", now - timedelta(seconds=4), engine="async", lock_timeout=300.0),
+        made("pod-9", now - timedelta(minutes=5)),
+    ]
 
 
 class Page(HTMLParser):

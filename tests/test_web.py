@@ -11,6 +11,7 @@ import signal
 import socket
 import threading
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -27,7 +28,9 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 
 from orchestrator import ConfigError
+from orchestrator.core.replicas import RunningStep
 from orchestrator.core.resource import EPOCH
+from orchestrator.mongo import Store
 from orchestrator.testing import FakeClock, async_view, memory_database
 from orchestrator.testing.memory import MemoryDatabase
 from orchestrator.tools import cli, commands
@@ -35,7 +38,7 @@ from orchestrator.tools.status import collect
 from orchestrator.tools.web import serve as web_serve
 from orchestrator.web import operator_app
 from tests.conftest import MONGODB_URI
-from tests.operator_page import Page, seed
+from tests.operator_page import Page, replica_records, seed
 
 XSS = '<script>alert("x")</script>\'"><img src=x onerror=alert(1)>'
 
@@ -114,6 +117,27 @@ def test_a_document_is_opened_by_its_id_from_a_page_that_does_not_reload(
     assert 'http-equiv="refresh"' in page.get("/ops/").text
 
 
+def test_the_page_lists_the_live_replicas_and_flags_their_disagreement(
+    db: Database[Any], clock: FakeClock, page: TestClient
+) -> None:
+    seed(db, clock)
+    shown = read(page.get("/ops/"))
+    replicas = {row[0]: row for row in shown.rows("replicas")}
+    assert sorted(replicas) == ["pod-1", "pod-2", "pod-3"]  # pod-9's record expired
+    assert replicas["pod-3"][3] == "async"
+    assert [replicas[name][7] for name in ("pod-1", "pod-3")] == ["30s", "300s"]
+    assert replicas["pod-1"][10] == "none"
+    assert replicas["pod-2"][10].startswith("gateways/gw-held (Provisioning, for")
+    assert "replicas disagree on lock_timeout: 30s (pod-1, pod-2); 300s (pod-3)" in shown.text
+    assert "disagree on tick" not in shown.text
+    held = read(page.get(shown.links["gateways/gw-held"]))  # the step it runs, opened
+    assert held.field("lockedBy") == "pod-2"
+    # The replicas' own collection is no collection of documents to open.
+    finder = read(page.get("/ops/document"))
+    assert "orchestrator.replicas" not in finder.text
+    assert "gateways" in finder.text
+
+
 def test_links_and_forms_stay_under_the_mount_point(
     db: Database[Any], clock: FakeClock, page: TestClient
 ) -> None:
@@ -178,6 +202,17 @@ def test_every_value_taken_from_a_document_is_escaped(
             "nested": {"deep": [XSS]},
         }
     )
+    [hostile] = replica_records(now)[:1]
+    Store(db).record_replica(
+        replace(
+            hostile,
+            replica_id=XSS,
+            host=XSS,
+            engine=XSS,
+            version=XSS,
+            steps=(RunningStep("gateways", XSS, XSS, now),),
+        )
+    )
     pages = {
         "overview": page.get("/ops/"),
         "document": page.get("/ops/document", params={"c": "gateways", "id": XSS}),
@@ -199,6 +234,9 @@ def test_every_value_taken_from_a_document_is_escaped(
         assert XSS in shown.text, name  # shown to the operator as the text it is
     document = Page(pages["document"].text)
     assert document.field("lockedBy") == XSS
+    replica = Page(pages["overview"].text).rows("replicas")[0]
+    assert replica[:2] == [XSS, XSS]
+    assert replica[10].startswith(f"gateways/{XSS} ({XSS}, for")
     # The hostile values round-trip through the confirmation form unchanged: the retry
     # applies to that document and no other.
     target, fields = confirm(page, "retry", XSS)

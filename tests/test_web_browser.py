@@ -153,6 +153,12 @@ def test_an_operator_sees_the_counts_opens_a_failed_document_retries_it_and_sees
         expect(provisioning.nth(5)).to_have_text("1")  # waiting out a relock
         expect(counts.locator("tr[data-phase='Ready'] td").nth(2)).to_have_text("3")
         expect(page.locator("#errors")).to_contain_text("certificate authority unreachable")
+        # The live replicas, the step each runs, and the setting they disagree on.
+        expect(page.locator("#replicas tbody tr")).to_have_count(3)
+        expect(page.locator("#replicas tr[data-replica='pod-2']")).to_contain_text("gw-held")
+        expect(page.get_by_role("alert")).to_have_text(
+            "replicas disagree on lock_timeout: 30s (pod-1, pod-2); 300s (pod-3)"
+        )
         shoot(page, "web-overview.png")
 
         # 2. The failed document, from the latest errors: its lease fields and its error.

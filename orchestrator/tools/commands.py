@@ -587,6 +587,11 @@ def retry(
     "--errors", type=click.IntRange(0, 1000), default=10, help="Latest errors per collection."
 )
 @click.option(
+    "--replicas-collection",
+    default=REPLICAS_COLLECTION,
+    help="Where the replicas record themselves (their replicas_collection setting).",
+)
+@click.option(
     "--log-level",
     type=click.Choice(LOG_LEVELS, case_sensitive=False),
     default="WARNING",
@@ -600,10 +605,11 @@ def web(
     port: int,
     refresh: float,
     errors: int,
+    replicas_collection: str,
     log_level: str,
 ) -> int:
-    """Serve the operator's page: counts per collection and phase, latest errors, a
-    document's lease and error, and unlock and retry (each confirmed first).
+    """Serve the operator's page: counts per collection and phase, the live replicas, the
+    latest errors, a document's lease and error, and unlock and retry (each confirmed first).
 
     Runs until Ctrl-C. To put it behind your application's authentication instead, mount
     it: app.mount("/ops", orchestrator.web.operator_app(database)).
@@ -625,6 +631,7 @@ def web(
         connect_timeout=connect_timeout,
         refresh=refresh,
         errors=errors,
+        replicas_collection=replicas_collection,
         log_level=log_level,
     )
     serve(options, _serving)

@@ -48,6 +48,7 @@ from starlette.routing import Route
 
 from orchestrator.core import queries
 from orchestrator.core.errors import ConfigError, StoreError
+from orchestrator.core.replicas import REPLICAS_COLLECTION
 from orchestrator.core.resource import EPOCH, LEASE_FIELDS
 from orchestrator.mongo import AsyncStore
 from orchestrator.mongo.common import Document
@@ -99,14 +100,19 @@ SHOWN_FIELDS = frozenset({"_id", "updatedAt", *(name for name, _ in LEASE_ROWS),
 
 
 def operator_app(
-    database: AsyncDatabase[Document], *, refresh: float = 5.0, errors: int = 10
+    database: AsyncDatabase[Document],
+    *,
+    refresh: float = 5.0,
+    errors: int = 10,
+    replicas_collection: str = REPLICAS_COLLECTION,
 ) -> Starlette:
     """The operator's page for ``database`` (an ``AsyncMongoClient``'s database), as an
     ASGI app to mount (``app.mount("/ops", operator_app(db))``) or serve alone.
 
     ``refresh``: seconds between the page's reloads of itself; ``errors``: latest errors
-    shown per collection. The page has no authentication of its own: mount it behind
-    your application's, or serve it on loopback (``orchestrator web``).
+    shown per collection; ``replicas_collection``: where the replicas record themselves
+    (their ``replicas_collection`` setting). The page has no authentication of its own:
+    mount it behind your application's, or serve it on loopback (``orchestrator web``).
     """
     if (
         not isinstance(refresh, int | float)
@@ -117,7 +123,7 @@ def operator_app(
         raise ConfigError(f"refresh must be between 1 and 3600 seconds, not {refresh!r}")
     if not isinstance(errors, int) or isinstance(errors, bool) or not 0 <= errors <= 1000:
         raise ConfigError(f"errors must be an integer between 0 and 1000, not {errors!r}")
-    page = _Page(database, refresh=refresh, errors=errors)
+    page = _Page(database, refresh=refresh, errors=errors, replicas=replicas_collection)
     return Starlette(
         routes=[
             Route("/", page.endpoint(page.overview)),
@@ -169,11 +175,14 @@ def _id_param(doc_id: Any) -> dict[str, str]:
 
 
 class _Page:
-    def __init__(self, database: AsyncDatabase[Document], *, refresh: float, errors: int) -> None:
+    def __init__(
+        self, database: AsyncDatabase[Document], *, refresh: float, errors: int, replicas: str
+    ) -> None:
         self.database = database
         self.store = AsyncStore(database)
         self.refresh = refresh
         self.errors = errors
+        self.replicas = replicas
         self.templates = Environment(
             loader=PackageLoader("orchestrator.tools.web", "templates"),
             autoescape=True,
@@ -183,6 +192,8 @@ class _Page:
         )
         self.templates.filters["when"] = _when
         self.templates.filters["text"] = _text
+        self.templates.filters["seconds"] = _seconds
+        self.templates.filters["ago"] = _ago
 
     def endpoint(
         self, handler: Callable[[Request, _Links], Awaitable[Response]]
@@ -217,7 +228,9 @@ class _Page:
     # -- pages ----------------------------------------------------------------------------
 
     async def overview(self, request: Request, links: _Links) -> Response:
-        status = await collect_async(self.database, errors=self.errors)
+        status = await collect_async(
+            self.database, errors=self.errors, replicas_collection=self.replicas
+        )
         latest = sorted(
             status.errors,
             key=lambda e: e.at or datetime.min.replace(tzinfo=UTC),
@@ -231,6 +244,7 @@ class _Page:
             status=status,
             totals=_totals(status),
             latest=latest,
+            disagree={d.setting for d in status.disagreements},
         )
 
     async def document(self, request: Request, links: _Links) -> Response:
@@ -335,7 +349,8 @@ class _Page:
     # -- reads ----------------------------------------------------------------------------
 
     async def _collections(self) -> list[str]:
-        return await self.store.collection_names()
+        """The database's collections but the replicas' own (no document to open there)."""
+        return [name for name in await self.store.collection_names() if name != self.replicas]
 
     async def _collection(self, name: str | None) -> str:
         if not name:
@@ -494,6 +509,16 @@ def _when(value: Any, now: datetime | None = None) -> str:
         return f"{shown} (now)"
     span = _span(abs(seconds))
     return f"{shown} (in {span})" if seconds > 0 else f"{shown} ({span} ago)"
+
+
+def _seconds(value: float) -> str:
+    """A duration setting as the status command shows it: ``30s``, ``0.5s``."""
+    return f"{value:g}s"
+
+
+def _ago(value: datetime, now: datetime) -> str:
+    """How long ago ``value`` was, by the server's time: ``12 s``, ``3 min``."""
+    return _span(max((now - value).total_seconds(), 0.0))
 
 
 def _span(seconds: float) -> str:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import uvicorn
 
+from orchestrator.core.replicas import REPLICAS_COLLECTION
 from orchestrator.mongo import connect_async
 from orchestrator.tools.loading import CommandError
 from orchestrator.tools.web.app import operator_app
@@ -30,6 +31,7 @@ class WebOptions:
     connect_timeout: float = 5.0
     refresh: float = 5.0
     errors: int = 10
+    replicas_collection: str = REPLICAS_COLLECTION
     log_level: str = "warning"
 
 
@@ -65,7 +67,12 @@ async def _serve(
 ) -> None:
     database = await connect_async(options.uri, options.database, timeout=options.connect_timeout)
     try:
-        app = operator_app(database, refresh=options.refresh, errors=options.errors)
+        app = operator_app(
+            database,
+            refresh=options.refresh,
+            errors=options.errors,
+            replicas_collection=options.replicas_collection,
+        )
         config = uvicorn.Config(
             app,
             log_level=options.log_level.lower(),
