@@ -13,6 +13,9 @@ EXTRA_OF_MODULE = {
     "mongomock": "testing",
     "rich": "cli",
     "click": "cli",
+    "starlette": "web",
+    "jinja2": "web",
+    "uvicorn": "web",
     "prometheus_client": "metrics",
     "opentelemetry": "tracing",
 }

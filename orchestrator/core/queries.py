@@ -338,10 +338,13 @@ ERRORS_SORT: list[tuple[str, int]] = [("lastError.at", -1)]
 """Latest failure first."""
 
 
-def status_pipeline(now: datetime) -> list[dict[str, Any]]:
+def status_pipeline(now: datetime, match: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
     """Per phase: documents, leases held now, leases held past their expiry (the holder
     died or is stuck), documents waiting out a relock or retry, and documents whose latest
-    attempt failed. Every lease carries its expiry, so no lock timeout is needed here."""
+    attempt failed. Every lease carries its expiry, so no lock timeout is needed here.
+
+    ``match`` narrows it to some documents (the operator's page judges one document's
+    lease with it), so one judgement serves the counts and a single document alike."""
     at = bson_time(now)
     token = {"$ifNull": ["$lockToken", None]}
     held, free = {"$gt": [token, None]}, {"$lte": [token, None]}
@@ -354,7 +357,7 @@ def status_pipeline(now: datetime) -> list[dict[str, Any]]:
 
     return [
         # Documents without a lockedUntil count too: the claim treats them as free.
-        {"$match": {"phase": {"$exists": True}}},
+        {"$match": {**(match or {}), "phase": {"$exists": True}}},
         {
             "$group": {
                 "_id": "$phase",
@@ -377,10 +380,30 @@ ERRORS_PROJECTION = {"phase": 1, "lastError": 1, "attempts": 1}
 
 
 def id_filter(raw: str) -> dict[str, Any]:
-    """An id typed by an operator: an ObjectId's hex form matches the ObjectId or the string."""
+    """An id typed by an operator (or shown as text): an ObjectId's hex form matches the
+    ObjectId or the string, an integer's digits the integer or the string."""
     if ObjectId.is_valid(raw) and len(raw) == 24:
         return {"_id": {"$in": [ObjectId(raw), raw]}}
+    if raw.lstrip("-").isdigit() and str(int(raw)) == raw and -(2**63) <= int(raw) < 2**63:
+        return {"_id": {"$in": [int(raw), raw]}}
     return {"_id": raw}
+
+
+def operator_guard(doc_id: Any, phase: Any, token: Any = _ANY) -> dict[str, Any]:
+    """Matches the document only while it is as the operator saw it: in ``phase`` (and,
+    when ``token`` is given, held by that lease, or by none for None), so an action
+    confirmed on one state is not applied to another. ``$eq``: the values were read from
+    a document (or a form), and a value is never taken for an operator."""
+    query: dict[str, Any] = {**exact_id_filter(doc_id), "phase": {"$eq": phase}}
+    if token is not _ANY:
+        query["lockToken"] = {"$eq": token}
+    return query
+
+
+def exact_id_filter(doc_id: Any) -> dict[str, Any]:
+    """The document whose ``_id`` equals ``doc_id``, whatever its type (``$eq``: an
+    embedded document id is a value, never an operator)."""
+    return {"_id": {"$eq": doc_id}}
 
 
 def operator_retry_update(phase: str, now: datetime) -> dict[str, Any]:

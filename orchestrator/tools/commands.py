@@ -42,6 +42,7 @@ from orchestrator.tools.demo import DemoOptions
 from orchestrator.tools.demo import run as run_demo
 from orchestrator.tools.graph import mermaid
 from orchestrator.tools.loading import CommandError, Engine, load_orchestrator
+from orchestrator.tools.operations import error_phase, plan_retry
 from orchestrator.tools.status import Status, collect
 
 EXIT_FAILED = 1  # the command ran and found something wrong (demo invariants)
@@ -53,8 +54,8 @@ LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 EPILOG = """\b
 Environment:
-  MONGODB_URI  the server's URI, when --uri is not given (status, unlock, retry;
-               demo: a real server instead of the in-memory store)
+  MONGODB_URI  the server's URI, when --uri is not given (status, unlock, retry,
+               web; demo: a real server instead of the in-memory store)
 \b
 Exit status:
   0    success
@@ -536,21 +537,16 @@ def retry(
       orchestrator retry gw-01 -c gateways --phase Deleting
     """
     store = _operator_store(uri, db, connect_timeout, collection)
-    query = queries.id_filter(doc_id)
-    doc = store.find_one(collection, query)
+    doc = store.find_one(collection, queries.id_filter(doc_id))
     if doc is None:
         raise CommandError(f"no document {doc_id!r} in collection {collection!r}")
     if phase is None:
-        error = doc.get("lastError")
-        phase = error.get("phase") if isinstance(error, dict) else None
-        if not isinstance(phase, str) or not phase:
+        phase = error_phase(doc)
+        if phase is None:
             raise CommandError(
                 f"{collection}/{doc['_id']} has no recorded error phase; pass --phase"
             )
-    if phase.startswith("$"):
-        raise CommandError(f"{phase!r} is not a phase name")
-    # updatedAt starts the phase's clock for the replicas' backoff: the server's time, as
-    # every lease time is, not this machine's.
+    plan = plan_retry(collection, doc["_id"], doc.get("phase"), phase)
     now = store.server_time()
     if now is None:
         now = datetime.now(UTC)
@@ -560,15 +556,97 @@ def retry(
             err=True,
         )
     # Only if nobody moved it meanwhile: the phase read above is still the phase.
-    guarded = {"_id": doc["_id"], "phase": doc.get("phase")}
-    updated = store.operator_update(collection, guarded, queries.operator_retry_update(phase, now))
-    if updated is None:
+    if store.operator_update(collection, plan.guard, plan.update(now)) is None:
         raise CommandError(f"{collection}/{doc['_id']} changed meanwhile; run retry again")
     click.echo(
-        f"retrying {collection}/{doc['_id']}: {doc.get('phase')} -> {phase}, "
+        f"retrying {collection}/{doc['_id']}: {plan.source} -> {plan.target}, "
         "attempts reset, claimable now"
     )
     return 0
+
+
+# -- web -------------------------------------------------------------------------------------
+
+
+@main.command(epilog=EPILOG, short_help="Serve the operator's web page.")
+@database_options(default_db=None)
+@click.option(
+    "--host",
+    default="127.0.0.1",
+    help="Address to listen on. The page has no authentication of its own: keep it on "
+    "loopback, or mount orchestrator.web.operator_app in an app that authenticates.",
+)
+@click.option("--port", type=click.IntRange(0, 65535), default=8080, help="Port; 0: any free port.")
+@click.option(
+    "--refresh",
+    type=click.FloatRange(1, 3600),
+    default=5.0,
+    help="Seconds between the page's reloads of itself.",
+)
+@click.option(
+    "--errors", type=click.IntRange(0, 1000), default=10, help="Latest errors per collection."
+)
+@click.option(
+    "--replicas-collection",
+    default=REPLICAS_COLLECTION,
+    help="Where the replicas record themselves (their replicas_collection setting).",
+)
+@click.option(
+    "--log-level",
+    type=click.Choice(LOG_LEVELS, case_sensitive=False),
+    default="WARNING",
+    help="The web server's log level (each request logged at DEBUG).",
+)
+def web(
+    uri: str | None,
+    db: str | None,
+    connect_timeout: float,
+    host: str,
+    port: int,
+    refresh: float,
+    errors: int,
+    replicas_collection: str,
+    log_level: str,
+) -> int:
+    """Serve the operator's page: counts per collection and phase, the live replicas, the
+    latest errors, a document's lease and error, and unlock and retry (each confirmed first).
+
+    Runs until Ctrl-C. To put it behind your application's authentication instead, mount
+    it: app.mount("/ops", orchestrator.web.operator_app(database)).
+
+    \b
+    Example:
+      orchestrator web --uri mongodb://localhost:27017/orchestrator --port 8080
+    """
+    # The web extra, imported here so that its absence is named, not a traceback.
+    from orchestrator.tools.web.serve import WebOptions, serve  # noqa: PLC0415
+
+    if not uri:
+        raise CommandError("no database: set MONGODB_URI or pass --uri")
+    options = WebOptions(
+        uri=uri,
+        database=db,
+        host=host,
+        port=port,
+        connect_timeout=connect_timeout,
+        refresh=refresh,
+        errors=errors,
+        replicas_collection=replicas_collection,
+        log_level=log_level,
+    )
+    serve(options, _serving)
+    return 0
+
+
+def _serving(url: str, database: str, loopback: bool) -> None:
+    """Say where the page is, and warn when more than this machine can reach it."""
+    click.echo(f"serving the operator's page for database {database!r} at {url} (Ctrl-C stops it)")
+    if not loopback:
+        click.echo(
+            f"orchestrator web: warning: {url} is reachable from other machines and the page "
+            "has no authentication of its own: anyone who reaches it can unlock and retry",
+            err=True,
+        )
 
 
 # -- graph -----------------------------------------------------------------------------------

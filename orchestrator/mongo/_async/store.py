@@ -379,11 +379,14 @@ class AsyncStore:
             names = await self._db.list_collection_names()
         return sorted(n for n in names if not n.startswith("system."))
 
-    async def phase_summary(self, name: str, now: datetime) -> list[Document]:
+    async def phase_summary(
+        self, name: str, now: datetime, match: Mapping[str, Any] | None = None
+    ) -> list[Document]:
         """One aggregation counting documents per phase and lease state at ``now`` (the
-        server's time), so a status report costs one round trip whatever the collection."""
+        server's time), so a status report costs one round trip whatever the collection;
+        ``match`` narrows it (to one document, for the operator's page)."""
         with driver_errors(f"summarise {name}"):
-            cursor = await self.collection(name).aggregate(queries.status_pipeline(now))
+            cursor = await self.collection(name).aggregate(queries.status_pipeline(now, match))
             return await cursor.to_list()
 
     async def latest_errors(self, name: str, limit: int) -> list[Document]:
