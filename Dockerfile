@@ -27,4 +27,4 @@ HEALTHCHECK --interval=5s --timeout=3s --start-period=10s --retries=5 \
     CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/healthz', timeout=2)"]
 
 # MONGODB_URI comes from the environment (docker-compose.yml sets it).
-CMD ["python", "-m", "examples.api_server", "--host", "0.0.0.0", "--port", "8000"]
+CMD ["uvicorn", "examples.api_server:app", "--host", "0.0.0.0", "--port", "8000"]

@@ -1,9 +1,11 @@
 """``uv run python -m bench [--size tiny|small|full] [--out docs/benchmarks.md]``
 
 Runs the figures side by side against the classic pattern (and figures 1, 2, 8 and 9 for
-both engines, the threaded ``Orchestrator`` and the ``AsyncOrchestrator``) and writes the
-Markdown table (``--out``), the JSON results and the PNG plot next to it. ``full`` (the default)
-takes a few minutes; set MONGODB_URI to add the real-server figure (7).
+both engines, the threaded ``Orchestrator`` and the ``AsyncOrchestrator``) and prints the
+Markdown table. Only with ``--out`` does it write files: the table there, the JSON results
+and the PNG plot next to it (the committed ones are ``--size full --out docs/benchmarks.md``,
+run on a quiet machine). ``full`` (the default) takes a few minutes; set MONGODB_URI to add
+the real-server figure (7).
 """
 
 from __future__ import annotations
@@ -101,15 +103,21 @@ NOTES = [
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     parser.add_argument("--size", choices=sorted(figures.SIZES), default="full")
-    parser.add_argument("--out", type=Path, default=Path("docs/benchmarks.md"))
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="write the table here and the .json/.png beside it (default: print only)",
+    )
     args = parser.parse_args(argv)
     results = run(args.size)
-    out: Path = args.out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    report.write_json(results, out.with_suffix(".json"))
-    report.plot(results, out.with_suffix(".png"))
     text = report.markdown(results, NOTES)
-    out.write_text(text)
+    out: Path | None = args.out
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        report.write_json(results, out.with_suffix(".json"))
+        report.plot(results, out.with_suffix(".png"))
+        out.write_text(text)
     sys.stdout.write(text)
     return 0
 

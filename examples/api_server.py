@@ -4,7 +4,11 @@ Each replica serves requests and, in the background, runs the gateway workflow's
 the leases decide which replica runs which step. Requests only record what users want
 (a new gateway, a desired state); the handlers do the work.
 
-    python -m examples.api_server --port 8000            # MONGODB_URI, else in-memory
+It is async throughout: one ``AsyncMongoClient`` serves the requests and the
+``AsyncOrchestrator``, which runs on the app's event loop, started and stopped in the
+lifespan; requests ``await`` the workflow's own calls.
+
+    uvicorn examples.api_server:app --port 8000          # MONGODB_URI, else in-memory
     python -m examples.api_server --memory --port 8000   # its own in-memory store
 """
 
@@ -15,24 +19,27 @@ import logging
 import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import FastAPI, HTTPException, Request
+from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
-from pymongo import MongoClient
-from pymongo.database import Database
+from pymongo import AsyncMongoClient
+from pymongo.asynchronous.database import AsyncDatabase
 
-from examples.gateway import build
-from orchestrator import StoreError
+from examples.gateway import Platform, Workflow, build
+from orchestrator import DEFAULT_DATABASE, StoreError
 from orchestrator.core.redact import redact
-from orchestrator.testing import memory_database
-from orchestrator.tools.status import collect
+from orchestrator.testing import async_memory_database
+from orchestrator.tools.status import collect_async
 
 logger = logging.getLogger("examples.api_server")
 
 NAME = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
 HOST = r"^([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)+[a-z]{2,63}$"
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+LOGGERS = ("orchestrator", "examples")
+"""The library's logger, and this example's own (and its workflow's)."""
 
 
 class GatewayIn(BaseModel):
@@ -76,45 +83,84 @@ def _view(doc: dict[str, Any]) -> dict[str, Any]:
     return view.model_dump(by_alias=True)
 
 
-def database_from_env() -> Database[dict[str, Any]]:
-    """``MONGODB_URI`` (its database, else "platform"); without it, an in-memory store."""
+def configure_logging() -> None:
+    """The orchestrator's lines at INFO beside the server's own.
+
+    uvicorn configures only its own loggers, so without this the orchestrator's INFO
+    lines (started, stopped, the workflow's side effects) go nowhere. Where the
+    application already configured logging (a handler on the root logger, or on one of
+    ``LOGGERS``), its choice stands and no handler is added: a line is never printed
+    twice, however many apps a process starts. A level already set is kept too.
+    """
+    for name in LOGGERS:
+        named = logging.getLogger(name)
+        if named.level == logging.NOTSET:
+            named.setLevel(logging.INFO)
+        if named.handlers or logging.getLogger().handlers:
+            continue
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter(LOG_FORMAT))
+        named.addHandler(handler)
+
+
+def database_from_env() -> tuple[AsyncDatabase[dict[str, Any]], AsyncMongoClient[Any] | None]:
+    """``MONGODB_URI``'s database (else ``DEFAULT_DATABASE``) and the client to close at
+    shutdown; without it, an in-memory store (and no client). Read when the app starts,
+    on its event loop, which the async client then belongs to."""
     uri = os.environ.get("MONGODB_URI")
     if not uri:
         logger.warning("MONGODB_URI is not set: in-memory store, shared with no other replica")
-        return memory_database("platform")
-    client: MongoClient[dict[str, Any]] = MongoClient(uri)
+        return async_memory_database(), None
+    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(uri)
     logger.info("database %s", redact(uri))
-    return client.get_default_database("platform")
+    return client.get_default_database(DEFAULT_DATABASE), client
 
 
-def create_app(db: Database[dict[str, Any]] | None = None, **settings: Any) -> FastAPI:
-    """The app of one replica. ``settings`` go to the workflow's ``build``: orchestrator
-    settings (``tick``, ``lock_timeout``, ``clock`` ...), ``cert_delay`` and ``faults``."""
-    workflow = build(db if db is not None else database_from_env(), **settings)
-    orch, platform = workflow.orch, workflow.platform
+def _workflow(request: Request) -> Workflow:
+    workflow: Workflow = request.app.state.workflow
+    return workflow
+
+
+WorkflowDep = Annotated[Workflow, Depends(_workflow)]
+
+
+def create_app(db: AsyncDatabase[dict[str, Any]] | None = None, **settings: Any) -> FastAPI:
+    """The app of one replica, on ``db`` (by default ``MONGODB_URI``'s, opened when the app
+    starts). ``settings`` go to the workflow's ``build``: orchestrator settings (``tick``,
+    ``lock_timeout``, ``clock`` ...), ``cert_delay`` and ``faults``."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        orch.start()
+        configure_logging()
+        client = None
+        database = db
+        if database is None:
+            database, client = database_from_env()
+        workflow = build(database, **settings)
+        app.state.workflow = workflow
         try:
-            yield
+            await workflow.orch.start()
+            try:
+                yield
+            finally:
+                await workflow.orch.stop(timeout=10)
         finally:
-            orch.stop(timeout=10)
+            if client is not None:
+                await client.close()
 
     app = FastAPI(title="gateways", lifespan=lifespan)
-    app.state.workflow = workflow
 
     @app.exception_handler(StoreError)
     async def store_unavailable(request: Request, exc: StoreError) -> JSONResponse:
         return JSONResponse({"detail": f"database unavailable: {exc}"}, status_code=503)
 
     @app.get("/healthz")
-    def health() -> dict[str, str]:
-        return {"status": "ok", "replica": orch.replica_id}
+    async def health(workflow: WorkflowDep) -> dict[str, str]:
+        return {"status": "ok", "replica": workflow.orch.replica_id}
 
     @app.post("/gateways", status_code=202)
-    def create_gateway(body: GatewayIn) -> dict[str, Any]:
-        doc = platform.create_gateway(body.name, body.custom_domain)
+    async def create_gateway(body: GatewayIn, workflow: WorkflowDep) -> dict[str, Any]:
+        doc = await workflow.platform.create_gateway(body.name, body.custom_domain)
         if doc.get("state") == "Deleted":
             raise HTTPException(409, f"gateway {body.name} is being deleted")
         if doc.get("customDomain") != body.custom_domain:
@@ -122,26 +168,31 @@ def create_app(db: Database[dict[str, Any]] | None = None, **settings: Any) -> F
         return _view(doc)
 
     @app.delete("/gateways/{name}", status_code=202)
-    def delete_gateway(name: str) -> dict[str, Any]:
-        platform.set_state(name, "Deleted")
-        doc = platform.gateway(name)
-        if doc is None:
-            raise HTTPException(404, f"no gateway {name}")
-        return _view(doc)
+    async def delete_gateway(name: str, workflow: WorkflowDep) -> dict[str, Any]:
+        await workflow.platform.set_state(name, "Deleted")
+        return await _existing(workflow.platform, name)
 
     @app.get("/gateways/{name}")
-    def read_gateway(name: str) -> dict[str, Any]:
-        doc = platform.gateway(name)
-        if doc is None:
-            raise HTTPException(404, f"no gateway {name}")
-        return _view(doc)
+    async def read_gateway(name: str, workflow: WorkflowDep) -> dict[str, Any]:
+        return await _existing(workflow.platform, name)
 
     @app.get("/phases")
-    def phases() -> dict[str, Any]:
-        status = collect(platform.db, errors=0)
-        return {"replica": orch.replica_id, "phases": status.counts()}
+    async def phases(workflow: WorkflowDep) -> dict[str, Any]:
+        status = await collect_async(workflow.platform.db, errors=0)
+        return {"replica": workflow.orch.replica_id, "phases": status.counts()}
 
     return app
+
+
+async def _existing(platform: Platform, name: str) -> dict[str, Any]:
+    doc = await platform.gateway(name)
+    if doc is None:
+        raise HTTPException(404, f"no gateway {name}")
+    return _view(doc)
+
+
+app = create_app()
+"""For ``uvicorn examples.api_server:app``: nothing is opened until the app starts."""
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -155,15 +206,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--lock-timeout", type=float, default=30.0)
     parser.add_argument("--cert-delay", type=float, default=5.0)
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    logging.getLogger("apscheduler").setLevel(logging.WARNING)  # a line per tick otherwise
-    app = create_app(
-        memory_database("platform") if args.memory else None,
+    server_app = create_app(
+        async_memory_database() if args.memory else None,
         tick=args.tick,
         lock_timeout=args.lock_timeout,
         cert_delay=args.cert_delay,
     )
-    uvicorn.run(app, host=args.host, port=args.port, log_level="info")
+    uvicorn.run(server_app, host=args.host, port=args.port, log_level="info")
 
 
 if __name__ == "__main__":

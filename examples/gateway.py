@@ -2,8 +2,9 @@
 
 Its code ships inside the package, in ``orchestrator/tools/workflows/gateway.py`` and
 ``certificates.py`` (so the demo works wherever the package is installed); this module is
-the name examples use: ``orchestrator run examples.gateway:worker`` from a clone, and the
-API server example's ``build``.
+the name examples use: ``orchestrator run examples.gateway:worker`` from a clone (an
+``AsyncOrchestrator``, which ``orchestrator run`` runs with ``asyncio.run``), and the API
+server example's ``build``. The workflow is async, written once for all of them.
 """
 
 from orchestrator.tools.workflows.gateway import Platform, Workflow, build, worker

@@ -15,7 +15,7 @@ from typing import Any
 from pymongo import MongoClient
 from pymongo.database import Database
 
-from orchestrator import Lease, Orchestrator, Resource
+from orchestrator import DEFAULT_DATABASE, Lease, Orchestrator, Resource
 from orchestrator.testing import memory_database
 
 CHILDREN = ("triggers", "functions", "stages")
@@ -49,9 +49,14 @@ def build(db: Database[Any], replica_id: str) -> Orchestrator:
     return orch
 
 
-def main() -> int:
+def database() -> Database[Any]:
+    """``MONGODB_URI``'s server (the default database, as every tool), else in memory."""
     uri = os.environ.get("MONGODB_URI")
-    db: Database[Any] = MongoClient(uri)["quickstart"] if uri else memory_database()
+    return MongoClient(uri)[DEFAULT_DATABASE] if uri else memory_database()
+
+
+def main() -> int:
+    db = database()
     replicas = [build(db, f"pod-{n}") for n in range(1, 4)]
     for n in range(30):
         name = f"gw-{n}"

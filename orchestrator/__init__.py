@@ -8,31 +8,50 @@ progressive backoff) or ``advance`` (next phase).
 from orchestrator.core.backoff import BackoffPolicy, ExponentialBackoff, ProgressiveBackoff
 from orchestrator.core.clock import Clock, SystemClock
 from orchestrator.core.errors import ConfigError, LeaseLost, OrchestratorError, StoreError
+from orchestrator.core.events import (
+    AttemptFailedEvent,
+    ClockMeasuredEvent,
+    IdleProbeEvent,
+    LeaseExtendedEvent,
+    LeaseLostEvent,
+    Listener,
+    StepClaimedEvent,
+    StepFinishedEvent,
+)
 from orchestrator.core.lease import Outcome
 from orchestrator.core.resource import EPOCH, ErrorRecord, Resource
-from orchestrator.core.settings import Settings
+from orchestrator.core.settings import DEFAULT_DATABASE, Settings
 from orchestrator.mongo import AsyncLease, Lease
 from orchestrator.runners.aio import AsyncOrchestrator, ThreadLease
 from orchestrator.runners.base import StepTimeout, StopReport
 from orchestrator.runners.threaded import Orchestrator
 
 __all__ = [
+    "DEFAULT_DATABASE",
     "EPOCH",
     "AsyncLease",
     "AsyncOrchestrator",
+    "AttemptFailedEvent",
     "BackoffPolicy",
     "Clock",
+    "ClockMeasuredEvent",
     "ConfigError",
     "ErrorRecord",
     "ExponentialBackoff",
+    "IdleProbeEvent",
     "Lease",
+    "LeaseExtendedEvent",
     "LeaseLost",
+    "LeaseLostEvent",
+    "Listener",
     "Orchestrator",
     "OrchestratorError",
     "Outcome",
     "ProgressiveBackoff",
     "Resource",
     "Settings",
+    "StepClaimedEvent",
+    "StepFinishedEvent",
     "StepTimeout",
     "StopReport",
     "StoreError",

@@ -25,6 +25,7 @@ from typing import Any
 
 import pytest
 from pymongo import AsyncMongoClient, MongoClient
+from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.database import Database
 from pymongo.errors import PyMongoError
 
@@ -151,4 +152,18 @@ async def replicas(
     for replica in made:
         await replica.stop(timeout=5)
     if client is not None:
+        await client.close()
+
+
+@pytest.fixture
+async def adb(db: Database[Any]) -> AsyncIterator[AsyncDatabase[Any]]:
+    """``db`` behind PyMongo's async API: its async view in memory, an async client of the
+    same database on a server (so a test reads with ``db`` what async code wrote)."""
+    if isinstance(db, MemoryDatabase):
+        yield async_view(db)
+        return
+    client: AsyncMongoClient[Any] = AsyncMongoClient(MONGODB_URI, serverSelectionTimeoutMS=5000)
+    try:
+        yield client[db.name]
+    finally:
         await client.close()

@@ -21,7 +21,9 @@ from orchestrator import Settings
 from tests.conftest import MONGODB_URI
 
 
-def test_the_benchmark_writes_its_table_results_and_plot(tmp_path: Path) -> None:
+def test_the_benchmark_writes_its_table_results_and_plot(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     out = tmp_path / "benchmarks.md"
     assert main(["--size", "tiny", "--out", str(out)]) == 0
 
@@ -88,6 +90,15 @@ def test_the_benchmark_writes_its_table_results_and_plot(tmp_path: Path) -> None
     assert any(r.startswith("| 9. I/O-bound") for r in lines)
     assert results["meta"]["machine"]["python"] in table
     assert out.with_suffix(".png").read_bytes().startswith(b"\x89PNG")
+
+    # Without --out it prints the same table and writes nothing: the committed docs/ stay.
+    elsewhere = tmp_path / "elsewhere"
+    (elsewhere / "docs").mkdir(parents=True)
+    monkeypatch.chdir(elsewhere)
+    monkeypatch.setattr("bench.__main__.run", lambda size: results)
+    assert main(["--size", "tiny"]) == 0
+    assert table in capsys.readouterr().out
+    assert list(elsewhere.rglob("*")) == [elsewhere / "docs"]
 
 
 @pytest.fixture

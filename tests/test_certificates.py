@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.database import Database
 
 from orchestrator.core.queries import as_utc
@@ -14,12 +15,14 @@ from orchestrator.testing import FakeClock
 from orchestrator.tools.workflows.certificates import RuntimeDomain
 from orchestrator.tools.workflows.gateway import LEDGER, Faults, Workflow, build
 
+pytestmark = pytest.mark.anyio
+
 
 @pytest.fixture
-def workflow(db: Database[Any], clock: FakeClock) -> Iterator[Workflow]:
+async def workflow(adb: AsyncDatabase[Any], clock: FakeClock) -> AsyncIterator[Workflow]:
     faults = Faults()
     w = build(
-        db,
+        adb,
         replica_id="pod-1",
         clock=clock,
         lock_timeout=30,
@@ -28,13 +31,13 @@ def workflow(db: Database[Any], clock: FakeClock) -> Iterator[Workflow]:
         cert_delay=60.0,
         faults=faults,
     )
-    w.orch.measure_clock()  # before any clock.advance: see tests/conftest.py
+    await w.orch.measure_clock()  # before any clock.advance: see tests/conftest.py
     yield w
-    w.orch.stop(timeout=5)
+    await w.orch.stop(timeout=5)
 
 
-def submit_domain(w: Workflow, custom: str | None = "shop.example.com") -> None:
-    w.orch.submit(
+async def submit_domain(w: Workflow, custom: str | None = "shop.example.com") -> None:
+    await w.orch.submit(
         RuntimeDomain,
         RuntimeDomain(
             gateway_id="g1",
@@ -52,16 +55,16 @@ def next_claimable(db: Database[Any]) -> Any:
     return as_utc(doc["lockedUntil"])
 
 
-def test_the_step_relocks_with_growing_waits_until_the_certificate_is_ready(
+async def test_the_step_relocks_with_growing_waits_until_the_certificate_is_ready(
     workflow: Workflow, db: Database[Any], clock: FakeClock, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger="orchestrator.tools.workflows.certificates")
     server = workflow.orch.clock  # lease times are the server's: compare with its estimate
-    submit_domain(workflow)
+    await submit_domain(workflow)
     start = server.now()
     waits: list[tuple[float, float]] = []  # (seconds in phase, wait chosen)
     for _ in range(200):
-        workflow.orch.run_once()
+        await workflow.orch.run_once()
         doc = db.runtimeDomains.find_one({})
         if doc["phase"] == "Created":
             break
@@ -84,22 +87,23 @@ def test_the_step_relocks_with_growing_waits_until_the_certificate_is_ready(
     assert len(waits) < 60
     logged = [r.wait for r in caplog.records if getattr(r, "outcome", None) == "relocked"]
     assert logged == pytest.approx(seen, abs=0.002)
-    assert "next check in" in caplog.records[-1].getMessage()
+    certificates = [r for r in caplog.records if r.name.endswith(".certificates")]
+    assert "next check in" in certificates[-1].getMessage()
 
     cert = db.certificates.find_one({"_id": "shop.example.com"})
     assert cert["status"] == "Ready"
     ingress = db.ingresses.find_one({"_id": "shop.apps.example.net"})
     assert ingress["tls"] is True
-    assert workflow.platform.repeats() == 0
+    assert await workflow.platform.repeats() == 0
 
 
-def test_a_failed_certificate_is_discarded_and_requested_again(
+async def test_a_failed_certificate_is_discarded_and_requested_again(
     workflow: Workflow, db: Database[Any], clock: FakeClock
 ) -> None:
     workflow.platform.faults.schedule("certificate")
-    submit_domain(workflow)
+    await submit_domain(workflow)
     for _ in range(300):
-        workflow.orch.run_once()
+        await workflow.orch.run_once()
         if db.runtimeDomains.find_one({})["phase"] == "Created":
             break
         clock.advance(1.0)
@@ -111,14 +115,14 @@ def test_a_failed_certificate_is_discarded_and_requested_again(
     assert workflow.orch.stats()["retrying"] == 1
     ledger = {e["_id"].split(":", 1)[1] for e in db[LEDGER].find()}
     assert ledger == {"certificate:0", "certificate:1", "ingress"}
-    assert workflow.platform.repeats() == 0
+    assert await workflow.platform.repeats() == 0
 
 
-def test_a_domain_without_custom_domain_needs_no_certificate(
+async def test_a_domain_without_custom_domain_needs_no_certificate(
     workflow: Workflow, db: Database[Any]
 ) -> None:
-    submit_domain(workflow, custom=None)
-    workflow.orch.run_once()
+    await submit_domain(workflow, custom=None)
+    await workflow.orch.run_once()
     assert db.runtimeDomains.find_one({})["phase"] == "Created"
     assert db.certificates.count_documents({}) == 0
     assert db.ingresses.find_one({})["tls"] is False

@@ -35,6 +35,56 @@ def test_invalid_settings_raise_a_clear_error_at_construction(
         Orchestrator(memory_database(), **options)
 
 
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"lock_timeout": -1}, "invalid orchestrator settings: lock_timeout=-1: must be > 0"),
+        (
+            {"tick": "soon"},
+            "invalid orchestrator settings: tick='soon': must be a valid number",
+        ),
+        (
+            {"max_concurrency": 0, "max_wait": 10**9},
+            "invalid orchestrator settings: max_concurrency=0: must be >= 1;"
+            " max_wait=1000000000: must be <= 2592000",
+        ),
+        (
+            {"lock_timout": 30},
+            "invalid orchestrator settings: lock_timout: no such field"
+            " (did you mean 'lock_timeout'?)",
+        ),
+        (
+            {"tick": 60, "lock_timeout": 30},
+            "invalid orchestrator settings: tick (60.0s) must not exceed lock_timeout (30.0s)",
+        ),
+    ],
+)
+def test_a_configuration_error_names_the_field_the_value_and_what_is_allowed(
+    options: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ConfigError) as caught:
+        Settings.build(**options)
+    text = str(caught.value)
+    assert text.startswith(message)
+    # One line, none of pydantic's dump: no error codes, no documentation link.
+    assert "\n" not in text and "pydantic.dev" not in text and "type=" not in text
+
+
+def test_handler_options_and_submitted_documents_are_explained_the_same_way() -> None:
+    orch = Orchestrator(memory_database())
+    with pytest.raises(ConfigError) as caught:
+
+        @orch.phase(Gateway, "Creating", max_atempts=3)
+        def create(lease: Lease[Gateway]) -> None: ...
+
+    assert str(caught.value) == (
+        "invalid handler options: max_atempts: no such field (did you mean 'max_attempts'?)"
+    )
+    with pytest.raises(ConfigError) as caught:
+        orch.submit(Gateway, {"name": 3, "phase": "Creating"})
+    assert str(caught.value) == "invalid Gateway to submit: name=3: must be a valid string"
+
+
 def test_settings_object_or_keywords_not_both() -> None:
     with pytest.raises(ConfigError, match="not both"):
         Orchestrator(memory_database(), Settings(), tick=2)

@@ -48,6 +48,7 @@ from orchestrator.core import queries
 from orchestrator.core.queries import as_utc
 from orchestrator.mongo import Store
 from orchestrator.testing import FakeClock, memory_database
+from orchestrator.testing.memory import DOCUMENT_WRITES
 
 COLLECTION = "jobs"
 FAILED = "Failed"
@@ -66,21 +67,6 @@ HANG_GUARD = 60.0  # real seconds: only a deadlock reaches it; nothing here is t
 LEASE_ONLY = frozenset({"lockedAt", "lockedUntil", "lockToken", "lockedBy"})
 START = datetime(2026, 1, 1, tzinfo=UTC)
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-WRITES = frozenset(
-    {
-        "find_one_and_update",
-        "find_one_and_replace",
-        "find_one_and_delete",
-        "update_one",
-        "update_many",
-        "replace_one",
-        "insert_one",
-        "insert_many",
-        "delete_one",
-        "delete_many",
-        "bulk_write",
-    }
-)
 
 PROFILES = {
     "ci": settings(
@@ -378,7 +364,7 @@ class RecordingCollection:
 
     def __getattr__(self, name: str) -> Any:
         attribute = getattr(self._collection, name)
-        if name in WRITES and self._collection.name == COLLECTION:
+        if name in DOCUMENT_WRITES and self._collection.name == COLLECTION:
             return partial(self._machine.record, self._collection, name, attribute)
         return attribute
 

@@ -29,7 +29,7 @@ def without(modules: tuple[str, ...], code: str) -> subprocess.CompletedProcess[
 
 def test_the_library_imports_no_extra() -> None:
     result = without(
-        ("mongomock", "rich", "click"),
+        ("mongomock", "rich", "click", "starlette", "jinja2", "uvicorn"),
         """
         import orchestrator, orchestrator.mongo, orchestrator.runners.threaded
         from orchestrator import Orchestrator, Settings
@@ -48,6 +48,15 @@ def test_the_in_memory_store_names_the_testing_extra() -> None:
     assert "pip install 'mongo-orchestrator[testing]'" in last
 
 
+@pytest.mark.parametrize("hidden", ["starlette", "jinja2"])
+def test_the_operators_page_names_the_web_extra(hidden: str) -> None:
+    result = without((hidden,), "from orchestrator.web import operator_app")
+    assert result.returncode == 1
+    last = result.stderr.strip().splitlines()[-1]
+    assert hidden in last
+    assert "pip install 'mongo-orchestrator[web]'" in last
+
+
 @pytest.mark.parametrize(
     ("hidden", "argv", "extra"),
     [
@@ -55,6 +64,8 @@ def test_the_in_memory_store_names_the_testing_extra() -> None:
         (("click",), ["--help"], "cli"),
         (("rich",), ["demo", "--gateways", "2"], "demo"),
         (("mongomock",), ["demo", "--gateways", "2"], "demo"),
+        (("starlette",), ["web", "--uri", "mongodb://127.0.0.1:1/x"], "web"),
+        (("uvicorn",), ["web", "--uri", "mongodb://127.0.0.1:1/x"], "web"),
     ],
 )
 def test_the_command_names_the_missing_extra_in_one_line(

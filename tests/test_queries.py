@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
+from bson import ObjectId
 
 from orchestrator import EPOCH, ConfigError
 from orchestrator.core import queries as q
@@ -141,3 +142,12 @@ def test_handler_filters_cannot_touch_the_lease_fields() -> None:
         q.check_match({"lockedAt": {"$gt": NOW}})
     with pytest.raises(ConfigError):
         q.check_match({})
+
+
+def test_an_id_typed_as_text_matches_the_integer_or_objectid_it_spells() -> None:
+    assert q.id_filter("42") == {"_id": {"$in": [42, "42"]}}
+    assert q.id_filter("-7") == {"_id": {"$in": [-7, "-7"]}}
+    hex_id = "65a1b2c3d4e5f60718293a4b"
+    assert q.id_filter(hex_id) == {"_id": {"$in": [ObjectId(hex_id), hex_id]}}
+    for text in ("042", "gw-1", "1e3", str(2**63), ""):
+        assert q.id_filter(text) == {"_id": text}

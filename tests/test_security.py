@@ -116,6 +116,7 @@ COMMANDS = {
     "drop_index": "dropIndexes: dropIndex (an earlier version's index of the same name)",
     "list_collections": "listCollections: the default collation, when an index has one",
     "delete_one": "delete: remove",
+    "find_one_and_replace": "findAndModify: find, update, insert (a replica's record)",
 }
 
 
@@ -142,7 +143,15 @@ def test_a_full_lifecycle_sends_only_the_documented_commands(
         orch.run_once()
         clock.advance(5)
     orch.heartbeat()
+    orch.start()  # the replica's record: written, refreshed, removed
+    orch.heartbeat()
+    orch.stop()
     assert set(faults.operations) <= set(COMMANDS), faults.operations
-    assert {"find_one_and_update", "update_one", "create_index", "command"} <= set(
-        faults.operations
-    )
+    assert {
+        "find_one_and_update",
+        "update_one",
+        "create_index",
+        "command",
+        "find_one_and_replace",
+        "delete_one",
+    } <= set(faults.operations)

@@ -57,11 +57,13 @@ class ServerClock:
         refresh: float = 60.0,
         tolerance: float = 60.0,
         on_fallback: Callable[[], None] | None = None,
+        on_measured: Callable[[ServerClock, float], None] | None = None,
     ) -> None:
         self.local = local
         self._refresh = refresh
         self._tolerance = tolerance
         self._on_fallback = on_fallback
+        self._on_measured = on_measured  # (this clock, the round trip): the replica's events
         self._anchor: datetime | None = None
         self._latest: datetime | None = None
         self._anchor_mono = 0.0
@@ -134,6 +136,8 @@ class ServerClock:
             self._server_time = not fallback
         if newly_fallback and self._on_fallback is not None:
             self._on_fallback()
+        if self._on_measured is not None:
+            self._on_measured(self, finished - started)
 
     def failed(self, started: float) -> None:
         """A measurement begun at ``started`` failed: the last estimate stands and the

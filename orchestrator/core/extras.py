@@ -4,12 +4,34 @@ The library needs only pymongo, apscheduler and pydantic; the in-memory store an
 command line's output come with extras, and a missing one is named, never a traceback.
 """
 
+from functools import cache
+from importlib.metadata import PackageNotFoundError, version
+
 DISTRIBUTION = "mongo-orchestrator"
 
-EXTRA_OF_MODULE = {"mongomock": "testing", "rich": "cli", "click": "cli"}
+EXTRA_OF_MODULE = {
+    "mongomock": "testing",
+    "rich": "cli",
+    "click": "cli",
+    "starlette": "web",
+    "jinja2": "web",
+    "uvicorn": "web",
+    "prometheus_client": "metrics",
+    "opentelemetry": "tracing",
+}
 """The extra that installs each optional module."""
 
 
 def install_hint(extra: str) -> str:
     """The command that installs ``extra``, quoted for a shell."""
     return f"pip install '{DISTRIBUTION}[{extra}]'"
+
+
+@cache
+def library_version() -> str:
+    """The installed distribution's version (each replica records it), or "unknown" when
+    the package runs from a source tree that was never installed."""
+    try:
+        return version(DISTRIBUTION)
+    except PackageNotFoundError:
+        return "unknown"

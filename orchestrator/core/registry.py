@@ -15,6 +15,7 @@ from orchestrator.core.backoff import BackoffPolicy
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.resource import Resource
 from orchestrator.core.settings import HandlerOptions, Settings
+from orchestrator.core.validation import explain
 
 HandlerFunc = Callable[[Any], Any]
 """A step: takes its lease (``Lease`` or ``AsyncLease``), returns the lease's outcome or
@@ -58,7 +59,7 @@ def options(given: Mapping[str, Any]) -> HandlerOptions:
     try:
         return HandlerOptions(**given)
     except ValidationError as exc:
-        raise ConfigError(f"invalid handler options: {exc}") from exc
+        raise ConfigError(explain(exc, "handler options", HandlerOptions)) from exc
 
 
 class Registry:

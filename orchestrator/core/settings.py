@@ -21,6 +21,8 @@ from pydantic import (
 
 from orchestrator.core.backoff import BackoffPolicy, ExponentialBackoff, ProgressiveBackoff
 from orchestrator.core.errors import ConfigError
+from orchestrator.core.replicas import REPLICAS_COLLECTION
+from orchestrator.core.validation import explain
 
 DAY = 86_400.0
 MAX_LOCK_TIMEOUT = DAY
@@ -29,6 +31,10 @@ MAX_LOCK_TIMEOUT = DAY
 with other settings. A longer step keeps its lease with the heartbeat."""
 MAX_DURATION = 30 * DAY
 """Longest wait or step: keeps every date the library computes far inside datetime's range."""
+DEFAULT_DATABASE = "orchestrator"
+"""The database every tool uses when none is named (a URI without a path, no ``--db``): the
+CLI, the demo, the worker, the example API server, the in-memory stores and the quickstart
+all default to this one name, so each finds what another wrote."""
 
 
 def default_replica_id() -> str:
@@ -100,8 +106,22 @@ class Settings(BaseModel):
         le=MAX_DURATION,
         description="Floor of a relock's wait; defaults to one tick, so none spins.",
     )
+    replicas_collection: str = Field(
+        REPLICAS_COLLECTION,
+        min_length=1,
+        max_length=120,
+        description="Where each replica records itself while it runs (orchestrator status"
+        " lists them); every replica of a deployment, and its tools, must name the same one.",
+    )
     relock_policy: BackoffPolicy = Field(default_factory=ProgressiveBackoff)
     retry_policy: BackoffPolicy = Field(default_factory=ExponentialBackoff)
+
+    @field_validator("replicas_collection")
+    @classmethod
+    def _collection_name(cls, value: str) -> str:
+        if value.startswith("system.") or "$" in value or "\x00" in value:
+            raise ValueError("a collection name has no '$' or NUL and is not system.*")
+        return value
 
     @model_validator(mode="after")
     def _coherent(self) -> Self:
@@ -134,7 +154,7 @@ class Settings(BaseModel):
         try:
             return cls(**values)
         except ValidationError as exc:
-            raise ConfigError(f"invalid orchestrator settings: {exc}") from exc
+            raise ConfigError(explain(exc, "orchestrator settings", cls)) from exc
 
 
 class HandlerOptions(BaseModel):

@@ -193,10 +193,12 @@ def index_keys(keys: Sequence[tuple[str, int]]) -> list[tuple[str, int]]:
     return [(str(k), int(d)) for k, d in keys]
 
 
-def index_options(index_name: str, unique: bool) -> dict[str, Any]:
+def index_options(index_name: str, unique: bool, expire_after: int | None = None) -> dict[str, Any]:
     options: dict[str, Any] = {"name": index_name}
     if unique:
         options["unique"] = True
+    if expire_after is not None:
+        options["expireAfterSeconds"] = expire_after
     return options
 
 
@@ -214,6 +216,7 @@ def plan_index(
     index_name: str,
     unique: bool,
     collation: Any,
+    expire_after: int | None = None,
 ) -> IndexPlan:
     """Decide from the indexes ``existing`` on ``collection`` how to get one doing the job
     of ``wanted``.
@@ -222,17 +225,18 @@ def plan_index(
     second index on the same keys: codes 85/86). One on the same keys that cannot do the
     job (not unique, partial, sparse...) is refused with a ``ConfigError`` naming it. An
     index named ``index_name`` with other keys or options is an earlier version's: it is
-    replaced.
+    replaced. ``expire_after``: a TTL index, deleting documents that many seconds after
+    the date in its key (the replicas' records).
     """
     for info in existing:
-        if index_problem(info, wanted, unique, collation) is None:
+        if index_problem(info, wanted, unique, collation, expire_after) is None:
             return IndexPlan(reuse=str(info["name"]))
     ours: str | None = None
     for info in existing:
         if info.get("name") == index_name:
             ours = index_name
         elif key_pattern(info) == wanted:
-            problem = index_problem(info, wanted, unique, collation)
+            problem = index_problem(info, wanted, unique, collation, expire_after)
             raise ConfigError(
                 f"collection {collection!r} has an index {info.get('name')!r} on "
                 f"{describe_keys(wanted)} that {problem}; the orchestrator needs "
@@ -262,7 +266,11 @@ def key_pattern(info: Mapping[str, Any]) -> list[tuple[str, Any]]:
 
 
 def index_problem(
-    info: Mapping[str, Any], wanted: list[tuple[str, int]], unique: bool, collation: Any
+    info: Mapping[str, Any],
+    wanted: list[tuple[str, int]],
+    unique: bool,
+    collation: Any,
+    expire_after: int | None = None,
 ) -> str | None:
     """Why the existing index ``info`` cannot do the job of ``wanted``; None if it can.
 
@@ -285,6 +293,8 @@ def index_problem(
             return "is sparse (it cannot serve a claim of documents missing a key)"
         if info.get("hidden"):
             return "is hidden from the query planner"
+    if expire_after is not None and info.get("expireAfterSeconds") != expire_after:
+        return f"does not expire documents {expire_after}s after their {describe_keys(wanted)}"
     if "partialFilterExpression" in info:
         return "is partial (it covers only documents matching its filter)"
     if _collation(info.get("collation")) != _collation(collation):

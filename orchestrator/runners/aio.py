@@ -53,6 +53,7 @@ class AsyncOrchestrator(Runner[AsyncDatabase[Document]]):
     Settings and ``clock`` are ``Orchestrator``'s.
     """
 
+    _engine = "async"
     _store_type = AsyncStore
     _lease_type = AsyncLease
     _measure = staticmethod(measure)
@@ -191,8 +192,9 @@ class AsyncOrchestrator(Runner[AsyncDatabase[Document]]):
     # -- long steps -----------------------------------------------------------------------
 
     async def heartbeat(self) -> int:
-        """Extend the leases of steps running past half the lock timeout, and take back
-        those past ``step_timeout``. The loop calls this on its own; returns leases extended."""
+        """Extend the leases of steps running past half the lock timeout, take back those
+        past ``step_timeout``, and refresh this replica's record while it is started. The
+        loop calls this on its own; returns leases extended."""
         return await adrive(self._heartbeat())
 
     async def _safe_heartbeat(self) -> None:
@@ -210,6 +212,7 @@ class AsyncOrchestrator(Runner[AsyncDatabase[Document]]):
         self._refuse_restart()
         await self.ensure_indexes()
         await measure(self.clock, self._store)  # raises if the server's clock cannot be read
+        await adrive(self._begin_record())
         loop = asyncio.get_running_loop()
         self._serve(AsyncIOScheduler(event_loop=loop, timezone=UTC, job_defaults=TIMER_DEFAULTS))
 
@@ -228,6 +231,7 @@ class AsyncOrchestrator(Runner[AsyncDatabase[Document]]):
         if self._pool is not None:
             self._pool.close()  # a thread step still running keeps its (daemon) thread
             self._pool = None
+        await adrive(self._forget_replica())
         return self._stop_report()
 
 

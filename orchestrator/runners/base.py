@@ -15,8 +15,11 @@ timers. The scheduling decisions themselves are ``orchestrator.core.scheduler``'
 from __future__ import annotations
 
 import inspect
+import itertools
 import logging
+import os
 import secrets
+import socket
 import threading
 from collections import Counter
 from collections.abc import Callable, Generator, Iterable, Mapping
@@ -28,15 +31,28 @@ from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from orchestrator.core import queries, scheduler
+from orchestrator.core import queries, replicas, scheduler
 from orchestrator.core.clock import Clock, ServerClock, SystemClock
 from orchestrator.core.errors import ConfigError, LeaseLost, OrchestratorError, StoreError
+from orchestrator.core.events import (
+    AttemptFailedEvent,
+    ClockMeasuredEvent,
+    IdleProbeEvent,
+    LeaseExtendedEvent,
+    LeaseLostEvent,
+    Listener,
+    Listeners,
+    StepClaimedEvent,
+    StepFinishedEvent,
+)
+from orchestrator.core.extras import library_version
 from orchestrator.core.lease import Outcome
 from orchestrator.core.redact import RedactingFilter
 from orchestrator.core.registry import Handler, Registry, Target, options, resolve
 from orchestrator.core.resource import Resource
 from orchestrator.core.scheduler import Claim, Probe, Scheduler
 from orchestrator.core.settings import Settings
+from orchestrator.core.validation import explain
 from orchestrator.mongo.common import Document
 
 logger = logging.getLogger("orchestrator")
@@ -109,9 +125,17 @@ class StepTimeout(OrchestratorError):
 
 @dataclass
 class Step:
-    """A claimed lease and its step (``task``: the asyncio runner's task running it)."""
+    """A claimed lease and its step (``task``: the asyncio runner's task running it).
+
+    ``number`` names it in this replica's events, ``started`` is the local monotonic time
+    of its claim, ``latency`` how long its document had been due (when known), ``wait``
+    the wait its outcome set (a relock's, a retry's)."""
 
     lease: Any  # Lease or AsyncLease
+    number: int = 0
+    started: float = 0.0
+    latency: float | None = None
+    wait: float | None = None
     abandoned: bool = False
     task: Any = None
 
@@ -132,6 +156,8 @@ class Runner(Generic[DB]):
     ``_cv`` guards the scheduler and the counters; only the threaded runner waits on it.
     """
 
+    _engine: str
+    """What the replica records as its engine: "threaded" or "async"."""
     _store_type: Callable[..., Any]
     _lease_type: Callable[..., Any]
     _measure: Callable[..., Any]
@@ -144,11 +170,14 @@ class Runner(Generic[DB]):
         settings: Settings | None = None,
         *,
         clock: Clock | None = None,
+        listeners: Iterable[Listener] = (),
         **given: Any,
     ) -> None:
         if settings is not None and given:
             raise ConfigError("pass either a Settings object or keyword settings, not both")
         self.settings = settings if settings is not None else Settings.build(**given)
+        self._events = Listeners(self.settings.replica_id, listeners)
+        self._step_numbers = itertools.count(1)
         self.db = db
         """The database this replica works on (``orchestrator run`` checks it is reachable)."""
         self._store = self._store_type(db, self.settings.write_concern, self.settings.write_timeout)
@@ -158,6 +187,7 @@ class Runner(Generic[DB]):
             self.settings.clock_refresh,
             self.settings.skew_tolerance,
             on_fallback=self._clock_fallback,
+            on_measured=self._clock_measured,
         )
         self._registry = Registry(self.settings)
         # One lock; the conditions wait on it. A step's path takes ``_lock`` itself: entering
@@ -178,6 +208,11 @@ class Runner(Generic[DB]):
         self._errors: list[BaseException] = []  # what workers met during run_once
         self._timer: Any = None  # the APScheduler of ticks and heartbeats, while started
         self._log_base = {"replica": self.settings.replica_id}
+        self._recording = False  # the replica's record is kept (start() until stop())
+        self._instance = secrets.token_hex(8)  # this process's record, not a namesake's
+        self._started_at: datetime | None = None
+        self._replica_index = False  # the records' TTL index was made
+        self._recorded = False  # the record was written since start()
         self._setup()
 
     def _setup(self) -> None:
@@ -190,6 +225,10 @@ class Runner(Generic[DB]):
     @property
     def handlers(self) -> list[Handler]:
         return list(self._registry.handlers)
+
+    def add_listener(self, listener: Listener) -> None:
+        """Receive this replica's events from now on (``orchestrator.Listener``)."""
+        self._events.add(listener)
 
     def _notify(self, *, more_work: bool, everyone: bool = False) -> None:
         """Something happened (the caller holds ``_cv``): ``more_work``, there may be work
@@ -297,7 +336,7 @@ class Runner(Generic[DB]):
         try:
             return model.model_validate(doc).model_dump(by_alias=True, exclude_unset=True)
         except ValidationError as exc:
-            raise ConfigError(f"submit: invalid {model.__name__}: {exc}") from exc
+            raise ConfigError(explain(exc, f"{model.__name__} to submit", model)) from exc
 
     def _ensure_indexes(self) -> Plan[None]:
         """The claim index on every registered collection, and the unique keys of submit."""
@@ -319,6 +358,16 @@ class Runner(Generic[DB]):
         """When leases are judged: the server's time, less what this estimate may be off by
         (nothing while the server reports its time), so no skew steals a live lease."""
         return self.clock.now() - timedelta(seconds=self.clock.uncertainty)
+
+    def _clock_measured(self, clock: ServerClock, round_trip: float) -> None:
+        if self._events.active:
+            event = ClockMeasuredEvent(
+                self.settings.replica_id,
+                clock.offset.total_seconds(),
+                round_trip,
+                clock.server_time,
+            )
+            self._events.emit("clock_measured", event)
 
     def _clock_fallback(self) -> None:
         with self._cv:
@@ -359,6 +408,7 @@ class Runner(Generic[DB]):
 
     def _probe(self, probe: Probe) -> Plan[None]:
         found: bool | None = None  # on a StoreError the claims meet it too and report it
+        started = self._local.monotonic()
         try:
             found = yield partial(
                 self._store.has_claimable,
@@ -373,25 +423,47 @@ class Runner(Generic[DB]):
             with self._cv:
                 self._sched.probed(probe, found)
                 self._notify(more_work=found is not False)
+        if self._events.active:
+            event = IdleProbeEvent(
+                self.settings.replica_id,
+                probe.collection,
+                tuple(h.name for h in probe.handlers),
+                found,
+                self._local.monotonic() - started,
+            )
+            self._events.emit("idle_probe", event)
 
     def _claim_and_run(self, claim: Claim) -> Plan[bool]:
         try:
-            lease = yield from self._claim(claim.handler)
+            step = yield from self._claim(claim.handler)
         except BaseException:
             with self._cv:
                 self._sched.claimed(claim, None)
             raise
         with self._lock:
-            throttled = self._sched.claimed(claim, None if lease is None else str(lease.id))
-            if lease is not None:
+            throttled = self._sched.claimed(claim, None if step is None else str(step.lease.id))
+            if step is not None:
                 self._stats["claimed"] += 1
-                lease.throttled = throttled
-                step = Step(lease)
-                self._running[lease.token] = step
+                step.lease.throttled = throttled
+                self._running[step.lease.token] = step
                 stopping = self._sched.stopping
-            self._notify(more_work=lease is not None)
-        if lease is None:
+            self._notify(more_work=step is not None)
+        if step is None:
             return True
+        lease = step.lease
+        if self._events.active:
+            self._events.emit(
+                "step_claimed",
+                StepClaimedEvent(
+                    self.settings.replica_id,
+                    lease.collection,
+                    lease.id,
+                    lease.phase,
+                    lease.handler.name,
+                    step.number,
+                    step.latency,
+                ),
+            )
         outcome: str | None = yield partial(self._run_step, step, stopping)
         with self._lock:
             if outcome is None:  # cancelled by step_timeout, which counted it
@@ -402,7 +474,28 @@ class Runner(Generic[DB]):
             del self._running[lease.token]
             self._sched.finished(outcome)
             self._notify(more_work=False)  # this worker takes the next action itself
+        if self._events.active:
+            self._step_finished(step, outcome)
         return True
+
+    def _step_finished(self, step: Step, outcome: str) -> None:
+        """The one ``StepFinishedEvent`` of a claimed step (the caller checked for
+        listeners): from its worker, or from the time-out that took it back."""
+        lease = step.lease
+        self._events.emit(
+            "step_finished",
+            StepFinishedEvent(
+                self.settings.replica_id,
+                lease.collection,
+                lease.id,
+                lease.phase,
+                lease.handler.name,
+                step.number,
+                outcome,
+                self._local.monotonic() - step.started,
+                step.wait,
+            ),
+        )
 
     def _run_step(self, step: Step, stopping: bool) -> Any:
         """Run ``_step(step, stopping)`` in a step's context; returns its outcome (or an
@@ -422,10 +515,12 @@ class Runner(Generic[DB]):
         )
         return "interrupted"
 
-    def _claim(self, handler: Handler) -> Plan[Any]:
+    def _claim(self, handler: Handler) -> Plan[Step | None]:
+        """Claim a document for ``handler``: its step, not started, or None."""
         token = secrets.token_hex(8)
         now = self.clock.now()
         until = now + timedelta(seconds=self.settings.lock_timeout)
+        due: list[datetime | None] = []
         try:
             doc = yield partial(
                 self._store.claim,
@@ -435,6 +530,10 @@ class Runner(Generic[DB]):
                 self.settings.horizon,
                 handler.name,
                 queries.claim_update(now, until, token, self.settings.replica_id),
+                # How long it was due is read from its fields before the claim, if listened to.
+                (lambda before: due.append(queries.due_since(before)))
+                if self._events.active
+                else None,
             )
         except StoreError as exc:
             # The database is unreachable (or the reply was lost after the claim applied:
@@ -449,7 +548,8 @@ class Runner(Generic[DB]):
             return None
         if doc is None:
             return None
-        return self._lease_type(
+        started = self._local.monotonic()
+        lease = self._lease_type(
             store=self._store,
             clock=self.clock,
             settings=self.settings,
@@ -459,6 +559,10 @@ class Runner(Generic[DB]):
             claimed_at=now,
             expires_at=until,
         )
+        since = due[0] if due else None
+        # A lockedUntil ahead of now is a bogus lease the claim took as free: no latency.
+        latency = (now - since).total_seconds() if since is not None and since <= now else None
+        return Step(lease, next(self._step_numbers), started, latency)
 
     # -- a step ---------------------------------------------------------------------------
 
@@ -492,16 +596,17 @@ class Runner(Generic[DB]):
             try:
                 lease.resource = handler.model.model_validate(lease.doc)
             except ValidationError as exc:
-                return (yield from self._settle(lease, "ValidationError", str(exc), True))
+                why = explain(exc, handler.model.__name__, handler.model)
+                return (yield from self._settle(step, "ValidationError", why, True))
         try:
             result = yield partial(self._call_handler, step)
         except Exception as exc:
             # Judged by the step's own lease, not by the exception: a LeaseLost raised by
             # another lease object, or by a second outcome, is the handler's error.
             if lease.lost:
-                self._log(logging.WARNING, f"lease lost: {_describe(exc)}", lease, "lost")
+                self._lost(f"lease lost: {_describe(exc)}", lease)
                 return "lost"
-            return (yield from self._settle(lease, type(exc).__name__, _describe(exc), exc=exc))
+            return (yield from self._settle(step, type(exc).__name__, _describe(exc), exc=exc))
         if result is not None and not (isinstance(result, Outcome) and result.token == lease.token):
             what = (
                 "another lease's outcome" if isinstance(result, Outcome) else type(result).__name__
@@ -510,12 +615,12 @@ class Runner(Generic[DB]):
                 f"{handler.name} returned {what}; a handler returns its own lease's "
                 "unlock(), relock(), advance(...), fail(...), remove() or None"
             )
-            return (yield from self._settle(lease, "TypeError", message))
+            return (yield from self._settle(step, "TypeError", message))
         if lease.held:
             try:
                 result = yield lease.unlock
             except LeaseLost as exc:
-                self._log(logging.WARNING, f"lease lost: {exc}", lease, "lost")
+                self._lost(f"lease lost: {exc}", lease)
                 return "lost"
             except StoreError as exc:
                 self._log(
@@ -531,11 +636,12 @@ class Runner(Generic[DB]):
             self._log(logging.DEBUG, "step done; its lease was already released", lease, "done")
             return "done"
         self._log(logging.DEBUG, "step done", lease, result.action, wait=result.wait)
+        step.wait = result.wait
         return str(result.action)
 
     def _settle(
         self,
-        lease: Any,
+        step: Step,
         kind: str,
         message: str,
         permanent: bool = False,
@@ -543,13 +649,12 @@ class Runner(Generic[DB]):
         exc: BaseException | None = None,
     ) -> Plan[str]:
         """Record a failed step on its document; never raises."""
+        lease = step.lease
         try:
             outcome = yield partial(lease.record_error, kind, message, permanent=permanent)
         except LeaseLost as lost:
-            self._log(
-                logging.WARNING, f"{kind} in step, and the lease was lost: {lost}", lease, "lost"
-            )
-            return "lost"
+            self._lost(f"{kind} in step, and the lease was lost: {lost}", lease)
+            action = "lost"
         except Exception as inner:
             self._log(
                 logging.ERROR,
@@ -558,23 +663,62 @@ class Runner(Generic[DB]):
                 lease,
                 "unrecorded",
             )
-            return "unrecorded"
-        level = logging.ERROR if outcome.action == "failed" else logging.WARNING
-        self._log(
-            level,
-            f"step raised {kind}: {message}",
-            lease,
-            outcome.action,
-            wait=outcome.wait,
-            exc_info=exc,
-        )
-        return str(outcome.action)
+            action = "unrecorded"
+        else:
+            action = str(outcome.action)
+            step.wait = outcome.wait
+            level = logging.ERROR if action == "failed" else logging.WARNING
+            self._log(
+                level,
+                f"step raised {kind}: {message}",
+                lease,
+                action,
+                wait=outcome.wait,
+                exc_info=exc,
+            )
+        if self._events.active:
+            event = AttemptFailedEvent(
+                self.settings.replica_id,
+                lease.collection,
+                lease.id,
+                lease.phase,
+                lease.handler.name,
+                kind,
+                message,
+                action,
+                step.wait,
+                action == "failed",
+            )
+            self._events.emit("attempt_failed", event)
+        return action
+
+    def _lost(self, message: str, lease: Any) -> None:
+        """A write found ``lease`` lost: logged, and reported to the listeners."""
+        self._log(logging.WARNING, message, lease, "lost")
+        if self._events.active:
+            event = LeaseLostEvent(
+                self.settings.replica_id,
+                lease.collection,
+                lease.id,
+                lease.phase,
+                lease.handler.name,
+                message,
+                self._held_for(lease),
+            )
+            self._events.emit("lease_lost", event)
+
+    def _held_for(self, lease: Any) -> float:
+        """Seconds since ``lease`` was claimed, by the server clock's estimate."""
+        return float((self.clock.now() - lease.claimed_at).total_seconds())
 
     def _hand_back(self, lease: Any, why: str) -> Plan[str]:
         """Release a lease whose step will not run; counters untouched."""
         try:
             yield lease.release
-        except (LeaseLost, StoreError) as exc:
+        except LeaseLost as exc:
+            self._lost(f"could not hand back an unstarted lease: {exc}", lease)
+            return "lost"
+        except StoreError as exc:
             self._log(
                 logging.WARNING, f"could not hand back an unstarted lease: {exc}", lease, "lost"
             )
@@ -585,12 +729,12 @@ class Runner(Generic[DB]):
     # -- long steps -----------------------------------------------------------------------
 
     def _heartbeat(self) -> Plan[int]:
-        """Extend the leases of steps running past half the lock timeout, and take back
-        those past ``step_timeout``; returns the leases extended."""
+        """Extend the leases of steps running past half the lock timeout, take back those
+        past ``step_timeout``, and refresh the replica's record; returns the leases extended."""
         yield from self._measure_if_due()
         with self._cv:
             steps = list(self._running.values())
-        if not steps or not self.clock.measured:
+        if not self.clock.measured:
             return 0
         now = self.clock.now()
         extended = 0
@@ -611,19 +755,137 @@ class Runner(Generic[DB]):
             elif decision == "extend":
                 try:
                     yield lease.extend
-                    extended += 1
-                except (LeaseLost, StoreError) as exc:
+                except LeaseLost as exc:
+                    self._lost(f"heartbeat failed: {exc}", lease)
+                except StoreError as exc:
                     self._log(logging.WARNING, f"heartbeat failed: {exc}", lease, "lost")
+                else:
+                    extended += 1
+                    if self._events.active:
+                        event = LeaseExtendedEvent(
+                            self.settings.replica_id,
+                            lease.collection,
+                            lease.id,
+                            lease.phase,
+                            lease.handler.name,
+                            self._held_for(lease),
+                        )
+                        self._events.emit("lease_extended", event)
         if extended:
             with self._cv:
                 self._stats["extended"] += extended
+        yield from self._refresh_replica()
         return extended
+
+    # -- the replica's record -------------------------------------------------------------
+
+    def _replica_record(self, now: datetime) -> replicas.ReplicaRecord:
+        """This replica as it records itself at ``now``, with the steps it runs."""
+        with self._cv:
+            steps = [
+                replicas.RunningStep(
+                    collection=step.lease.collection,
+                    id=str(step.lease.id),
+                    phase=step.lease.phase,
+                    since=step.lease.claimed_at,
+                )
+                for step in self._running.values()
+            ]
+            started = self._started_at or now
+        settings = self.settings
+        return replicas.new_record(
+            replica_id=settings.replica_id,
+            instance=self._instance,
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            version=library_version(),
+            engine=self._engine,
+            started=started,
+            now=now,
+            lock_timeout=settings.lock_timeout,
+            tick=settings.tick,
+            max_concurrency=settings.max_concurrency,
+            steps=steps,
+        )
+
+    def _begin_record(self) -> Plan[None]:
+        """``start()``'s first record, written before the first tick: a started replica is
+        listed before it runs any step."""
+        with self._cv:
+            self._recording = True
+            self._recorded = False
+            self._started_at = self.clock.now()
+        yield from self._refresh_replica()
+
+    def _refresh_replica(self) -> Plan[None]:
+        """Write this replica's record (while it serves: ``start()`` until ``stop()``).
+
+        Never raises: the record is for operators, and a replica that cannot write it
+        still runs its steps. A failure is logged and counted (``replica_errors``), and
+        the next heartbeat writes again.
+        """
+        with self._cv:
+            recording = self._recording
+        if not recording or not self.clock.measured:
+            return
+        name = self.settings.replicas_collection
+        try:
+            if not self._replica_index:
+                yield partial(self._store.ensure_replica_index, name)
+                self._replica_index = True
+            record = self._replica_record(self.clock.now())
+            previous = yield partial(self._store.record_replica, record, name)
+        except OrchestratorError as exc:
+            with self._cv:
+                self._stats["replica_errors"] += 1
+            logger.warning(
+                f"could not record this replica in {name} (the next heartbeat tries again): {exc}",
+                extra={**self._log_base, "outcome": "replica-unrecorded"},
+            )
+            return
+        with self._cv:
+            self._stats["replica_records"] += 1
+            stopped = not self._recording
+            # Another process wrote under this replica id since this one's last record
+            # (a dead namesake cannot: its record is only there before the first write).
+            namesake = self._recorded and previous not in (None, self._instance)
+            self._recorded = True
+            if namesake:
+                self._stats["replica_namesakes"] += 1
+        if namesake:
+            logger.warning(
+                f"another live process records itself as replica {self.replica_id!r}: give "
+                "each replica its own replica_id (leases name their holder by it)",
+                extra={**self._log_base, "outcome": "replica-namesake"},
+            )
+        if stopped:  # stop() removed the record while this write was on its way
+            yield from self._remove_replica()
+
+    def _forget_replica(self) -> Plan[None]:
+        """Stop keeping the record, and delete it: a stopped replica is not listed."""
+        with self._cv:
+            if not self._recording:
+                return
+            self._recording = False
+        yield from self._remove_replica()
+
+    def _remove_replica(self) -> Plan[None]:
+        name, replica_id = self.settings.replicas_collection, self.settings.replica_id
+        try:
+            yield partial(self._store.remove_replica, replica_id, self._instance, name)
+        except OrchestratorError as exc:
+            with self._cv:
+                self._stats["replica_errors"] += 1
+            logger.warning(
+                f"could not remove this replica's record from {name}; it expires on its own: {exc}",
+                extra={**self._log_base, "outcome": "replica-unrecorded"},
+            )
 
     def _time_out(self, step: Step) -> Plan[None]:
         """A step that never returns must not hold its document forever: count the attempt,
         release the lease (its late writes will then raise LeaseLost) and free its slot."""
         message = f"step ran longer than step_timeout ({self.settings.step_timeout:g}s)"
-        yield from self._settle(step.lease, StepTimeout.__name__, message)
+        yield from self._settle(step, StepTimeout.__name__, message)
         with self._cv:
             if step.abandoned or step.lease.token not in self._running:
                 return
@@ -633,6 +895,8 @@ class Runner(Generic[DB]):
             self._sched.finished("timed_out")
             self._abandon(step)
             self._notify(more_work=True)
+        if self._events.active:
+            self._step_finished(step, "timed_out")
 
     def _abandon(self, step: Step) -> None:
         """Let go of a timed-out step's worker (the caller holds ``_cv``)."""
@@ -714,7 +978,10 @@ class Runner(Generic[DB]):
         than its interval is never run twice at once, and missed runs are not made up."""
         timer.add_job(self._background_tick, "interval", seconds=self.settings.tick, id="tick")
         timer.add_job(
-            self._safe_heartbeat, "interval", seconds=self.settings.lock_timeout / 6, id="heartbeat"
+            self._safe_heartbeat,
+            "interval",
+            seconds=replicas.refresh_interval(self.settings.lock_timeout),
+            id="heartbeat",
         )
         with self._cv:
             if self._timer is not None:
@@ -759,9 +1026,13 @@ class Runner(Generic[DB]):
 
     def stats(self) -> dict[str, int]:
         """Counts since construction: claimed, unlocked, relocked, advanced, retrying,
-        failed, lost, released, extended, timed_out, ticks, tick_failures, ..."""
+        failed, lost, released, extended, timed_out, ticks, tick_failures, listener_errors
+        (calls of a listener that raised), ..."""
         with self._cv:
-            return dict(self._stats)
+            counts = dict(self._stats)
+        if self._events.errors:
+            counts["listener_errors"] = self._events.errors
+        return counts
 
     def _log(
         self,

@@ -45,6 +45,7 @@ class Orchestrator(Runner[Database[Document]]):
     ``Settings``; ``clock`` is this replica's local clock (tests pass a ``FakeClock``).
     """
 
+    _engine = "threaded"
     _store_type = Store
     _lease_type = Lease
     _measure = staticmethod(measure)
@@ -161,8 +162,9 @@ class Orchestrator(Runner[Database[Document]]):
     # -- long steps -----------------------------------------------------------------------
 
     def heartbeat(self) -> int:
-        """Extend the leases of steps running past half the lock timeout, and take back
-        those past ``step_timeout``. The loop calls this on its own; returns leases extended."""
+        """Extend the leases of steps running past half the lock timeout, take back those
+        past ``step_timeout``, and refresh this replica's record while it is started. The
+        loop calls this on its own; returns leases extended."""
         return drive(self._heartbeat())
 
     def _safe_heartbeat(self) -> None:
@@ -179,6 +181,7 @@ class Orchestrator(Runner[Database[Document]]):
         self._refuse_restart()
         self.ensure_indexes()
         measure(self.clock, self._store)  # raises if the server's clock cannot be read
+        drive(self._begin_record())
         self._serve(BackgroundScheduler(timezone=UTC, job_defaults=TIMER_DEFAULTS))
 
     def _background_tick(self) -> None:
@@ -196,4 +199,5 @@ class Orchestrator(Runner[Database[Document]]):
                 if remaining <= 0:
                     break
                 self._settled.wait(remaining)
+        drive(self._forget_replica())
         return self._stop_report()

@@ -27,6 +27,7 @@ from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.asynchronous.mongo_client import AsyncMongoClient
 
 from orchestrator.core.clock import Clock
+from orchestrator.core.settings import DEFAULT_DATABASE
 from orchestrator.testing.memory import (
     MemoryClient,
     MemoryCollection,
@@ -44,7 +45,7 @@ __all__ = ["async_memory_database", "async_view"]
 
 
 def async_memory_database(
-    name: str = "orchestrator",
+    name: str = DEFAULT_DATABASE,
     *,
     clock: Clock | None = None,
     server_time: bool = True,

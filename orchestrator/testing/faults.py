@@ -31,6 +31,7 @@ from pymongo.errors import (
 )
 
 from orchestrator.core.clock import Clock, SystemClock
+from orchestrator.testing.memory import DOCUMENT_WRITES, INDEX_WRITES
 
 if TYPE_CHECKING:
     from pymongo.asynchronous.database import AsyncDatabase
@@ -54,26 +55,7 @@ READS = frozenset(
         "command",
     }
 )
-WRITES = frozenset(
-    {
-        "find_one_and_update",
-        "find_one_and_replace",
-        "find_one_and_delete",
-        "update_one",
-        "update_many",
-        "replace_one",
-        "insert_one",
-        "insert_many",
-        "delete_one",
-        "delete_many",
-        "bulk_write",
-        "create_index",
-        "create_indexes",
-        "drop_index",
-        "drop",
-        "drop_collection",
-    }
-)
+WRITES = DOCUMENT_WRITES | INDEX_WRITES | frozenset({"drop", "drop_collection"})
 """Operations the server may apply before the reply is lost."""
 
 OPERATIONS = READS | WRITES

@@ -42,6 +42,7 @@ from pymongo.errors import (
 from pymongo.write_concern import WriteConcern
 
 from orchestrator.core.clock import Clock, SystemClock
+from orchestrator.core.settings import DEFAULT_DATABASE
 
 if TYPE_CHECKING:
     from pymongo.database import Database
@@ -53,7 +54,7 @@ _HELLO = frozenset({"hello", "isMaster", "ismaster"})
 MAX_BSON_SIZE = 16 * 1024 * 1024
 """The largest document a server stores (``BSONObjMaxUserSize``)."""
 
-_WRITES = frozenset(
+DOCUMENT_WRITES = frozenset(
     {
         "insert_one",
         "insert_many",
@@ -66,12 +67,11 @@ _WRITES = frozenset(
         "find_one_and_replace",
         "find_one_and_delete",
         "bulk_write",
-        "create_index",
-        "create_indexes",
-        "drop_index",
-        "drop_indexes",
     }
 )
+"""Collection methods that change documents (and nothing else)."""
+INDEX_WRITES = frozenset({"create_index", "create_indexes", "drop_index", "drop_indexes"})
+_WRITES = DOCUMENT_WRITES | INDEX_WRITES
 """Collection methods that write, and so wait for their write concern."""
 
 _RETURNS_DOCUMENTS = frozenset(
@@ -88,7 +88,7 @@ _RETURNS_DOCUMENTS = frozenset(
 
 
 def memory_database(
-    name: str = "orchestrator",
+    name: str = DEFAULT_DATABASE,
     *,
     clock: Clock | None = None,
     server_time: bool = True,
@@ -664,6 +664,8 @@ class MemoryCollection:
                 name = cast(str, spec["name"])
             else:
                 name = self._server.call(self._mongomock.create_index, (keys,), options)
+            if spec.get("expireAfterSeconds") is not None:
+                _expire_by_server_clock(self._mongomock._store, self._server.clock)
         self._server.replication.acknowledge(self.write_concern)
         return name
 
@@ -964,6 +966,47 @@ def _index_conflict(
             )
         fail(85, f"Index already exists with a different name: {index['name']}")
     return False
+
+
+TTL_MONITOR_PERIOD = 60
+"""Seconds between two passes of a server's TTL monitor (``ttlMonitorSleepSecs``)."""
+
+
+def _expire_by_server_clock(store: Any, clock: Clock) -> None:
+    """Make one mongomock collection's TTL indexes expire documents as a server does
+    (once).
+
+    mongomock deletes a TTL index's expired documents at every read, by the machine's wall
+    clock; a server's TTL monitor deletes them by the server's clock, once a minute. Here
+    they go by the database's clock (a test's ``FakeClock``), at its last whole minute: an
+    expired document may outlive its expiry by up to a minute, as on a server, so a reader
+    that must not see it has to judge the expiry itself.
+    """
+    if "_expire_documents" in vars(store):
+        return
+
+    def expire_documents(index: Mapping[str, Any]) -> None:
+        try:
+            expiry = int(index["expireAfterSeconds"])
+        except (TypeError, ValueError):
+            return
+        keys = list(index["key"])
+        if len(keys) != 1:
+            return  # as on a server: a compound index expires nothing
+        field = keys[0][0]
+        now = clock.now().timestamp()
+        monitor_pass = datetime.fromtimestamp(now - now % TTL_MONITOR_PERIOD, UTC)
+        passed = monitor_pass.replace(tzinfo=None)  # mongomock stores naive UTC
+        with store._rwlock.reader():
+            expired = [
+                doc["_id"]
+                for doc in store._documents.values()
+                if store._value_meets_expiry(doc.get(field), expiry, passed)
+            ]
+        for doc_id in expired:
+            del store[doc_id]
+
+    store._expire_documents = expire_documents
 
 
 def _limit_document_size(collection: Any) -> None:

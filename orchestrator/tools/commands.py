@@ -8,6 +8,7 @@ choices. ``orchestrator.tools.cli.main`` runs it and turns every error into one 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import signal
@@ -24,29 +25,37 @@ from pymongo.database import Database
 from pymongo.errors import ConfigurationError, InvalidURI
 from pymongo.uri_parser import parse_uri
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from orchestrator.core import queries
 from orchestrator.core.extras import DISTRIBUTION
 from orchestrator.core.redact import redact
-from orchestrator.mongo import Store, check_reachable, connect
+from orchestrator.core.replicas import REPLICAS_COLLECTION, ReplicaRecord
+from orchestrator.core.settings import DEFAULT_DATABASE
+from orchestrator.mongo import Store, check_reachable, check_reachable_async, connect
 from orchestrator.mongo.common import Document
+from orchestrator.runners.aio import AsyncOrchestrator
+from orchestrator.runners.base import StopReport
+from orchestrator.runners.threaded import Orchestrator
 from orchestrator.tools.demo import DemoOptions
 from orchestrator.tools.demo import run as run_demo
 from orchestrator.tools.graph import mermaid
-from orchestrator.tools.loading import CommandError, load_orchestrator
+from orchestrator.tools.loading import CommandError, Engine, load_orchestrator
+from orchestrator.tools.operations import error_phase, plan_retry
 from orchestrator.tools.status import Status, collect
 
 EXIT_FAILED = 1  # the command ran and found something wrong (demo invariants)
 EXIT_ERROR = 2  # the command could not run: bad input, unreachable database
 
 DEFAULT_CONNECT_TIMEOUT = 5.0
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 EPILOG = """\b
 Environment:
-  MONGODB_URI  the server's URI, when --uri is not given (status, unlock, retry;
-               demo: a real server instead of the in-memory store)
+  MONGODB_URI  the server's URI, when --uri is not given (status, unlock, retry,
+               web; demo: a real server instead of the in-memory store)
 \b
 Exit status:
   0    success
@@ -101,7 +110,7 @@ def database_options(default_db: str | None) -> Callable[[F], F]:
         command = click.option(
             "--db",
             default=default_db,
-            show_default=True if default_db else "the URI's database, else 'orchestrator'",
+            show_default=True if default_db else f"the URI's database, else {DEFAULT_DATABASE!r}",
             help="Database name.",
         )(command)
         return click.option(
@@ -143,7 +152,7 @@ _DEMO = DemoOptions()
     "--replicas",
     type=click.IntRange(1, 32),
     default=_DEMO.replicas,
-    help="Replicas, as threads of this process.",
+    help="Replicas, as AsyncOrchestrators on this process's event loop.",
 )
 @click.option(
     "--processes",
@@ -183,6 +192,14 @@ _DEMO = DemoOptions()
     callback=_check_log_file,
     help="Write the replicas' logs here.",
 )
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(0, 65535),
+    default=None,
+    metavar="PORT",
+    help="Serve the replicas' Prometheus metrics at http://127.0.0.1:PORT/metrics during "
+    "the run (0: a free port, printed).",
+)
 @database_options(default_db=_DEMO.database)
 def demo(
     gateways: int,
@@ -194,6 +211,7 @@ def demo(
     seed: int,
     timeout: float,
     log_file: Path | None,
+    metrics_port: int | None,
     uri: str | None,
     db: str,
     connect_timeout: float,
@@ -219,6 +237,7 @@ def demo(
         log_file=log_file,
         processes=processes,
         connect_timeout=connect_timeout,
+        metrics_port=metrics_port,
     )
     return run_demo(options, Console())
 
@@ -249,8 +268,9 @@ def demo(
 def run_worker(target: str, stop_timeout: float, log_level: str, connect_timeout: float) -> int:
     """Run one replica as a standalone worker until SIGTERM or Ctrl-C.
 
-    TARGET is module:attribute, an Orchestrator or a function of no arguments returning
-    one; the current directory is importable.
+    TARGET is module:attribute, an Orchestrator or AsyncOrchestrator, or a function of no
+    arguments returning one; the current directory is importable. An AsyncOrchestrator
+    runs on an event loop of its own (asyncio.run).
 
     \b
     Example:
@@ -270,6 +290,26 @@ def run_worker(target: str, stop_timeout: float, log_level: str, connect_timeout
     logging.basicConfig(level=level, handlers=[to_stderr])
     # APScheduler logs every job run at INFO: chatter about the orchestrator's own tick.
     logging.getLogger("apscheduler").setLevel(logging.DEBUG if level == "DEBUG" else "WARNING")
+    if isinstance(orch, AsyncOrchestrator):
+        report = asyncio.run(_serve_async(orch, stop_timeout, connect_timeout))
+    else:
+        report = _serve_threaded(orch, stop_timeout, connect_timeout)
+    click.echo(
+        f"replica {orch.replica_id} stopped: {len(report.released)} unstarted lease(s) "
+        f"handed back, {len(report.still_running)} step(s) still running"
+    )
+    return 0 if not report.still_running else EXIT_FAILED
+
+
+def _running(orch: Engine) -> None:
+    click.echo(
+        f"replica {orch.replica_id} running {len(orch.handlers)} handlers; "
+        "SIGTERM or Ctrl-C stops it"
+    )
+
+
+def _serve_threaded(orch: Orchestrator, stop_timeout: float, connect_timeout: float) -> StopReport:
+    """Until SIGTERM or SIGINT, which only set events (all a signal handler may do)."""
     check_reachable(orch.db, connect_timeout)
     stop = threading.Event()
 
@@ -277,24 +317,38 @@ def run_worker(target: str, stop_timeout: float, log_level: str, connect_timeout
         orch.request_stop()  # safe in a signal handler: sets two events
         stop.set()
 
-    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    previous = {sig: signal.signal(sig, on_signal) for sig in STOP_SIGNALS}
     try:
         orch.start()
-        click.echo(
-            f"replica {orch.replica_id} running {len(orch.handlers)} handlers; "
-            "SIGTERM or Ctrl-C stops it"
-        )
+        _running(orch)
         while not stop.wait(1.0):
             pass
-        report = orch.stop(stop_timeout)
+        return orch.stop(stop_timeout)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    click.echo(
-        f"replica {orch.replica_id} stopped: {len(report.released)} unstarted lease(s) "
-        f"handed back, {len(report.still_running)} step(s) still running"
-    )
-    return 0 if not report.still_running else EXIT_FAILED
+
+
+async def _serve_async(
+    orch: AsyncOrchestrator, stop_timeout: float, connect_timeout: float
+) -> StopReport:
+    """Until SIGTERM or SIGINT, received by the loop itself (``add_signal_handler``), so
+    the stop runs on the loop the orchestrator's tasks run on. A step still running after
+    the stop timeout is cancelled when ``asyncio.run`` ends (an ``async def`` step) or
+    left on its daemon thread (a ``def`` step); either way its lease is left to expire."""
+    await check_reachable_async(orch.db, connect_timeout)
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in STOP_SIGNALS:
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await orch.start()
+        _running(orch)
+        await stop.wait()
+        return await orch.stop(stop_timeout)
+    finally:
+        for sig in STOP_SIGNALS:
+            loop.remove_signal_handler(sig)
 
 
 # -- status, unlock, retry -------------------------------------------------------------------
@@ -312,6 +366,11 @@ def run_worker(target: str, stop_timeout: float, log_level: str, connect_timeout
 @click.option(
     "--errors", type=click.IntRange(min=0), default=5, help="Latest errors per collection."
 )
+@click.option(
+    "--replicas-collection",
+    default=REPLICAS_COLLECTION,
+    help="Where the replicas record themselves (their replicas_collection setting).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def status(
     uri: str | None,
@@ -319,16 +378,29 @@ def status(
     connect_timeout: float,
     collections: tuple[str, ...],
     errors: int,
+    replicas_collection: str,
     as_json: bool,
 ) -> int:
-    """Documents per collection and phase: leased, overdue, waiting, failed; latest errors.
+    """Documents per collection and phase: leased, overdue, waiting, failed; latest errors;
+    the live replicas.
+
+    Each replica records itself while it runs (refreshed every few seconds with its
+    heartbeat) and is listed until its record expires (at most 40 s after it was killed).
+    Replicas whose lock timeout, tick, concurrency or library version differ are flagged
+    with a warning line; the exit status stays 0, since a rolling upgrade differs on
+    purpose for a while (--json lists them under "disagreements" for scripts).
 
     \b
     Example:
       MONGODB_URI=mongodb://localhost:27017/platform orchestrator status -c gateways
     """
     database = open_database(uri, db, connect_timeout)
-    report = collect(database, collections=list(collections) or None, errors=errors)
+    report = collect(
+        database,
+        collections=list(collections) or None,
+        errors=errors,
+        replicas_collection=replicas_collection,
+    )
     if as_json:
         click.echo(json.dumps(report.to_dict(), indent=2))
         return 0
@@ -375,6 +447,46 @@ def _print_status(name: str, status: Status) -> None:
                 f"{error.type}: {error.message}"[:200],
             )
         console.print(errors)
+    _print_replicas(console, status)
+
+
+def _print_replicas(console: Console, status: Status) -> None:
+    if not status.replicas:
+        console.print("no live replicas (none has recorded itself within its expiry)")
+        return
+    table = Table(title="live replicas")
+    for column in ("replica", "host", "pid", "engine", "version", "last seen"):
+        table.add_column(column, justify="right" if column in {"pid", "last seen"} else "left")
+    for column in ("lock timeout", "tick", "concurrency"):
+        table.add_column(column, justify="right")
+    table.add_column("steps now")
+    for replica in status.replicas:
+        table.add_row(
+            escape(replica.replica_id),  # written by whoever can write the collection
+            escape(replica.host),
+            str(replica.pid),
+            escape(replica.engine),
+            escape(replica.version),
+            f"{replica.seen_ago(status.at):.0f}s ago",
+            f"{replica.lock_timeout:g}s",
+            f"{replica.tick:g}s",
+            str(replica.max_concurrency),
+            _steps_now(replica, status.at),
+        )
+    console.print(table)
+    for disagreement in status.disagreements:
+        console.print(f"[yellow]warning:[/] {escape(disagreement.message)}", soft_wrap=True)
+
+
+def _steps_now(replica: ReplicaRecord, now: datetime) -> str:
+    """How many steps it ran at its last refresh, and the first few of them."""
+    shown = [
+        f"{s.collection}/{s.id} ({s.phase or '-'}, {max((now - s.since).total_seconds(), 0):.0f}s)"
+        for s in replica.steps[:3]
+    ]
+    more = len(replica.steps) - len(shown)
+    text = ", ".join(shown) + (f", +{more} more" if more else "")
+    return escape(f"{len(replica.steps)}: {text}" if shown else "0")
 
 
 def _warn(value: int) -> str:
@@ -425,21 +537,16 @@ def retry(
       orchestrator retry gw-01 -c gateways --phase Deleting
     """
     store = _operator_store(uri, db, connect_timeout, collection)
-    query = queries.id_filter(doc_id)
-    doc = store.find_one(collection, query)
+    doc = store.find_one(collection, queries.id_filter(doc_id))
     if doc is None:
         raise CommandError(f"no document {doc_id!r} in collection {collection!r}")
     if phase is None:
-        error = doc.get("lastError")
-        phase = error.get("phase") if isinstance(error, dict) else None
-        if not isinstance(phase, str) or not phase:
+        phase = error_phase(doc)
+        if phase is None:
             raise CommandError(
                 f"{collection}/{doc['_id']} has no recorded error phase; pass --phase"
             )
-    if phase.startswith("$"):
-        raise CommandError(f"{phase!r} is not a phase name")
-    # updatedAt starts the phase's clock for the replicas' backoff: the server's time, as
-    # every lease time is, not this machine's.
+    plan = plan_retry(collection, doc["_id"], doc.get("phase"), phase)
     now = store.server_time()
     if now is None:
         now = datetime.now(UTC)
@@ -449,15 +556,97 @@ def retry(
             err=True,
         )
     # Only if nobody moved it meanwhile: the phase read above is still the phase.
-    guarded = {"_id": doc["_id"], "phase": doc.get("phase")}
-    updated = store.operator_update(collection, guarded, queries.operator_retry_update(phase, now))
-    if updated is None:
+    if store.operator_update(collection, plan.guard, plan.update(now)) is None:
         raise CommandError(f"{collection}/{doc['_id']} changed meanwhile; run retry again")
     click.echo(
-        f"retrying {collection}/{doc['_id']}: {doc.get('phase')} -> {phase}, "
+        f"retrying {collection}/{doc['_id']}: {plan.source} -> {plan.target}, "
         "attempts reset, claimable now"
     )
     return 0
+
+
+# -- web -------------------------------------------------------------------------------------
+
+
+@main.command(epilog=EPILOG, short_help="Serve the operator's web page.")
+@database_options(default_db=None)
+@click.option(
+    "--host",
+    default="127.0.0.1",
+    help="Address to listen on. The page has no authentication of its own: keep it on "
+    "loopback, or mount orchestrator.web.operator_app in an app that authenticates.",
+)
+@click.option("--port", type=click.IntRange(0, 65535), default=8080, help="Port; 0: any free port.")
+@click.option(
+    "--refresh",
+    type=click.FloatRange(1, 3600),
+    default=5.0,
+    help="Seconds between the page's reloads of itself.",
+)
+@click.option(
+    "--errors", type=click.IntRange(0, 1000), default=10, help="Latest errors per collection."
+)
+@click.option(
+    "--replicas-collection",
+    default=REPLICAS_COLLECTION,
+    help="Where the replicas record themselves (their replicas_collection setting).",
+)
+@click.option(
+    "--log-level",
+    type=click.Choice(LOG_LEVELS, case_sensitive=False),
+    default="WARNING",
+    help="The web server's log level (each request logged at DEBUG).",
+)
+def web(
+    uri: str | None,
+    db: str | None,
+    connect_timeout: float,
+    host: str,
+    port: int,
+    refresh: float,
+    errors: int,
+    replicas_collection: str,
+    log_level: str,
+) -> int:
+    """Serve the operator's page: counts per collection and phase, the live replicas, the
+    latest errors, a document's lease and error, and unlock and retry (each confirmed first).
+
+    Runs until Ctrl-C. To put it behind your application's authentication instead, mount
+    it: app.mount("/ops", orchestrator.web.operator_app(database)).
+
+    \b
+    Example:
+      orchestrator web --uri mongodb://localhost:27017/orchestrator --port 8080
+    """
+    # The web extra, imported here so that its absence is named, not a traceback.
+    from orchestrator.tools.web.serve import WebOptions, serve  # noqa: PLC0415
+
+    if not uri:
+        raise CommandError("no database: set MONGODB_URI or pass --uri")
+    options = WebOptions(
+        uri=uri,
+        database=db,
+        host=host,
+        port=port,
+        connect_timeout=connect_timeout,
+        refresh=refresh,
+        errors=errors,
+        replicas_collection=replicas_collection,
+        log_level=log_level,
+    )
+    serve(options, _serving)
+    return 0
+
+
+def _serving(url: str, database: str, loopback: bool) -> None:
+    """Say where the page is, and warn when more than this machine can reach it."""
+    click.echo(f"serving the operator's page for database {database!r} at {url} (Ctrl-C stops it)")
+    if not loopback:
+        click.echo(
+            f"orchestrator web: warning: {url} is reachable from other machines and the page "
+            "has no authentication of its own: anyone who reaches it can unlock and retry",
+            err=True,
+        )
 
 
 # -- graph -----------------------------------------------------------------------------------
@@ -468,7 +657,8 @@ def retry(
 def graph(target: str) -> int:
     """The registered phases and transitions as a Mermaid stateDiagram-v2.
 
-    TARGET is module:attribute, an Orchestrator or a function of no arguments returning one.
+    TARGET is module:attribute, an Orchestrator or AsyncOrchestrator, or a function of no
+    arguments returning one.
 
     \b
     Example:

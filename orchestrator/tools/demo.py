@@ -6,24 +6,27 @@ share of them, then audits the result: every resource in its expected final phas
 side effect run twice (a ledger with a unique key counts repeats), no lease left held.
 Time is real; ``tick`` and ``lock_timeout`` are small so the run takes seconds.
 
-The replicas are threads of this process, or, with ``processes`` (and a real server),
-separate OS processes (``orchestrator.tools.demo_processes``), as the pods of a deployment are.
+The replicas are ``AsyncOrchestrator``s on this process's event loop (the workflow is
+written once, async: ``orchestrator.tools.workflows.gateway``), or, with ``processes`` (and
+a real server), separate OS processes (``orchestrator.tools.demo_processes``), as the pods
+of a deployment are. The display, the users' requests and the replicas share the loop.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import random
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from pymongo.database import Database
+from pymongo.asynchronous.database import AsyncDatabase
 from rich.console import Console, Group
 from rich.live import Live
 from rich.progress_bar import ProgressBar
@@ -31,9 +34,10 @@ from rich.table import Table
 from rich.text import Text
 
 from orchestrator.core.errors import ConfigError
-from orchestrator.mongo import connect
+from orchestrator.core.settings import DEFAULT_DATABASE
+from orchestrator.mongo import connect_async
 from orchestrator.mongo.common import Document
-from orchestrator.tools.status import Status, collect
+from orchestrator.tools.status import Status, collect_async
 
 if TYPE_CHECKING:
     from orchestrator.tools.workflows.gateway import Platform, Workflow
@@ -51,7 +55,7 @@ class DemoOptions:
     fail_rate: float = 0.02
     seed: int = 1
     uri: str | None = None
-    database: str = "orchestrator_demo"
+    database: str = DEFAULT_DATABASE
     tick: float = 0.05
     lock_timeout: float = 5.0
     timeout: float = 120.0
@@ -60,6 +64,9 @@ class DemoOptions:
     log_file: Path | None = None
     processes: int = 0
     """Replicas as this many OS processes (needs ``uri``); 0: ``replicas`` threads here."""
+    metrics_port: int | None = None
+    """Serve the replicas' Prometheus metrics on this port of 127.0.0.1 while the demo
+    runs (0: a free port, printed); None: no metrics."""
 
     def check(self) -> None:
         if self.gateways < 1:
@@ -78,6 +85,13 @@ class DemoOptions:
             raise ConfigError("--cert-delay must be >= 0 seconds")
         if not 0.0 <= self.fail_rate < 0.5:
             raise ConfigError("--fail-rate must be in [0, 0.5)")
+        if self.metrics_port is not None:
+            if not 0 <= self.metrics_port <= 65535:
+                raise ConfigError("--metrics-port must be between 0 and 65535")
+            if self.processes:
+                raise ConfigError(
+                    "--metrics-port serves the replicas of this process: not with --processes"
+                )
 
 
 @dataclass
@@ -137,29 +151,29 @@ class Fleet(Protocol):
 
     def describe(self) -> str: ...
 
-    def start(self) -> None: ...
+    async def start(self) -> None: ...
 
     def submitters(self) -> list[Platform]:
         """Where users' requests go in turn (as a load balancer spreads them)."""
         ...
 
-    def steps(self) -> int: ...
+    async def steps(self) -> int: ...
 
     def trouble(self) -> str | None:
         """Why the run cannot finish (a replica process died), or None."""
         ...
 
-    def stop(self) -> list[str]:
+    async def stop(self) -> list[str]:
         """Stop every replica; what each left wrong (steps still running, a bad exit)."""
         ...
 
-    def stats(self) -> list[tuple[str, Mapping[str, int]]]: ...
+    async def stats(self) -> list[tuple[str, Mapping[str, int]]]: ...
 
-    def relock_waits(self) -> list[float]: ...
+    async def relock_waits(self) -> list[float]: ...
 
 
-class _Threads:
-    """Replicas as threads of this process, each its own ``Orchestrator``."""
+class _Tasks:
+    """Replicas as ``AsyncOrchestrator``s on this process's event loop."""
 
     def __init__(self, replicas: list[Workflow], waits: _Waits) -> None:
         self.replicas = replicas
@@ -169,52 +183,134 @@ class _Threads:
     def describe(self) -> str:
         return f"{len(self.replicas)} replicas"
 
-    def start(self) -> None:
+    async def start(self) -> None:
         for workflow in self.replicas:
-            workflow.orch.start()
+            await workflow.orch.start()
 
     def submitters(self) -> list[Platform]:
         return [r.platform for r in self.replicas]
 
-    def steps(self) -> int:
+    async def steps(self) -> int:
         return sum(r.orch.stats().get("claimed", 0) for r in self.replicas)
 
     def trouble(self) -> str | None:
         return None
 
-    def stop(self) -> list[str]:
-        reports = [(r.orch.replica_id, r.orch.stop(timeout=10)) for r in self.replicas]
+    async def stop(self) -> list[str]:
+        reports = [(r.orch.replica_id, await r.orch.stop(timeout=10)) for r in self.replicas]
         return [
             f"{name}: {len(report.still_running)} steps still running at stop"
             for name, report in reports
             if report.still_running
         ]
 
-    def stats(self) -> list[tuple[str, Mapping[str, int]]]:
+    async def stats(self) -> list[tuple[str, Mapping[str, int]]]:
         return [(r.orch.replica_id, r.orch.stats()) for r in self.replicas]
 
-    def relock_waits(self) -> list[float]:
+    async def relock_waits(self) -> list[float]:
         with self._waits.lock:
             return sorted(self._waits.values)
 
 
+@contextmanager
+def _metrics(
+    options: DemoOptions, db: AsyncDatabase[Document], console: Console
+) -> Iterator[tuple[list[Any], str | None]]:
+    """With ``metrics_port``: the listener to register on every replica, and the URL of
+    the /metrics endpoint serving it until the demo is over."""
+    if options.metrics_port is None:
+        yield [], None
+        return
+    # The metrics extra, which the demo extra includes; imported only when asked for.
+    from prometheus_client import CollectorRegistry, start_http_server  # noqa: PLC0415
+
+    from orchestrator.monitoring.prometheus import PrometheusListener  # noqa: PLC0415
+
+    registry = CollectorRegistry()
+    # Document counts at most once a second: the live display already queries each 0.2 s.
+    listener = PrometheusListener(registry, status=db, status_max_age=1.0)
+    try:
+        server, thread = start_http_server(options.metrics_port, "127.0.0.1", registry)
+    except OSError as exc:
+        raise ConfigError(
+            f"--metrics-port {options.metrics_port}: cannot listen: {exc.strerror or exc}"
+        ) from exc
+    url = f"http://127.0.0.1:{server.server_port}/metrics"
+    console.print(f"Prometheus metrics: {url}", highlight=False, soft_wrap=True)
+    try:
+        yield [listener], url
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
 def run(
-    options: DemoOptions, console: Console, monotonic: Callable[[], float] = time.monotonic
+    options: DemoOptions,
+    console: Console,
+    monotonic: Callable[[], float] = time.monotonic,
+    serving: Callable[[str], None] | None = None,
 ) -> int:
     """Run the demo; 0 when every invariant holds, 1 otherwise. ``monotonic`` measures
-    the run against ``options.timeout`` (a test passes a clock it moves)."""
+    the run against ``options.timeout`` (a test passes a clock it moves). With
+    ``metrics_port``, ``serving`` is called with the metrics URL once the report is
+    printed, while the endpoint still serves (a test scrapes the final values)."""
     options.check()
-    # The workflow ships in the package (orchestrator.tools.workflows); it needs the in-memory
-    # store's mongomock, which only the demo extra installs, hence imported here.
-    from orchestrator.testing import memory_database  # noqa: PLC0415
+    return asyncio.run(_run(options, console, monotonic, serving))
+
+
+async def _run(
+    options: DemoOptions,
+    console: Console,
+    monotonic: Callable[[], float],
+    serving: Callable[[str], None] | None,
+) -> int:
+    # The in-memory store needs mongomock, which only the demo extra installs (as does the
+    # workflow, which ships in the package): imported here, so a missing extra is named.
+    from orchestrator.testing import async_memory_database  # noqa: PLC0415
+
+    if not options.uri:
+        db = async_memory_database(options.database)
+        return await _serving(
+            options, console, monotonic, db, "the embedded in-memory store", serving
+        )
+    db = await connect_async(options.uri, options.database, timeout=options.connect_timeout)
+    try:
+        return await _serving(
+            options, console, monotonic, db, f"MongoDB database {db.name!r}", serving
+        )
+    finally:
+        await db.client.close()
+
+
+async def _serving(
+    options: DemoOptions,
+    console: Console,
+    monotonic: Callable[[], float],
+    db: AsyncDatabase[Document],
+    store_name: str,
+    serving: Callable[[str], None] | None,
+) -> int:
+    with _metrics(options, db, console) as (listeners, url):
+        code = await _demo(options, console, monotonic, db, store_name, listeners)
+        if url is not None and serving is not None:
+            # A test scrapes the final values here, from another thread: the loop must
+            # stay free to answer the scrape's document counts.
+            await asyncio.to_thread(serving, url)
+    return code
+
+
+async def _demo(
+    options: DemoOptions,
+    console: Console,
+    monotonic: Callable[[], float],
+    db: AsyncDatabase[Document],
+    store_name: str,
+    listeners: list[Any],
+) -> int:
+    """The run itself, on ``db``, whose client the caller closes."""
     from orchestrator.tools.workflows.gateway import Faults, build  # noqa: PLC0415
 
-    if options.uri:
-        db = connect(options.uri, options.database, timeout=options.connect_timeout)
-        store_name = f"MongoDB database {db.name!r}"
-    else:
-        db = memory_database(options.database)
-        store_name = "the embedded in-memory store"
     waits = _Waits()
     settings: dict[str, Any] = {
         "cert_delay": options.cert_delay,
@@ -229,11 +325,14 @@ def run(
         # The users' side submits and deletes; its orchestrator is never started.
         fleet = Processes(build(db, replica_id="demo-users", **settings).platform, options)
     else:
-        fleet = _Threads(
-            [build(db, replica_id=f"replica-{n + 1}", **settings) for n in range(options.replicas)],
+        fleet = _Tasks(
+            [
+                build(db, replica_id=f"replica-{n + 1}", listeners=listeners, **settings)
+                for n in range(options.replicas)
+            ],
             waits,
         )
-    fleet.platform.reset()
+    await fleet.platform.reset()
     names = [f"gw-{n:03d}" for n in range(options.gateways)]
     deleted = sorted(
         random.Random(options.seed).sample(names, round(len(names) * options.delete_fraction))
@@ -250,38 +349,40 @@ def run(
     display = _Display(console, db, fleet, started, len(names), len(deleted), monotonic)
     timed_out: str | None = None
     with _quiet_logs(options.log_file, waits):
-        fleet.start()
+        await fleet.start()
         try:
             submitters = fleet.submitters()
 
-            def submit(n: int, name: str) -> None:
-                submitters[n % len(submitters)].create_gateway(
+            async def submit(n: int, name: str) -> None:
+                await submitters[n % len(submitters)].create_gateway(
                     name, custom_domain=f"{name}.example.com"
                 )
 
-            def provisioned(status: Status) -> bool:
+            async def provisioned(status: Status) -> bool:
                 gateways = status.counts().get("gateways", {})
                 return gateways.get("Created", 0) + gateways.get("Failed", 0) >= len(names)
 
-            def request_deletion(n: int, name: str) -> None:
-                submitters[n % len(submitters)].set_state(name, "Deleted")
+            async def request_deletion(n: int, name: str) -> None:
+                await submitters[n % len(submitters)].set_state(name, "Deleted")
 
-            def finished(status: Status) -> bool:
+            async def finished(status: Status) -> bool:
                 gateways = status.counts().get("gateways", {})
                 live = sum(gateways.values())
-                return live == len(kept) and fleet.platform.archived() == len(deleted)
+                return live == len(kept) and await fleet.platform.archived() == len(deleted)
 
             timed_out = (
-                display.each(names, submit, "submitting gateways", deadline)
-                or display.until(provisioned, "provisioning", deadline)
-                or display.each(deleted, request_deletion, "requesting deletions", deadline)
-                or display.until(finished, "deletion", deadline)
+                await display.each(names, submit, "submitting gateways", deadline)
+                or await display.until(provisioned, "provisioning", deadline)
+                or await display.each(deleted, request_deletion, "requesting deletions", deadline)
+                or await display.until(finished, "deletion", deadline)
             )
         finally:
-            left_wrong = fleet.stop()
+            left_wrong = await fleet.stop()
     elapsed = monotonic() - started
-    status = collect(db, collections=None, errors=3)
-    return _report(console, options, fleet, status, elapsed, kept, deleted, timed_out, left_wrong)
+    status = await collect_async(db, collections=None, errors=3)
+    return await _report(
+        console, options, fleet, status, elapsed, kept, deleted, timed_out, left_wrong
+    )
 
 
 class _Display:
@@ -291,7 +392,7 @@ class _Display:
     def __init__(
         self,
         console: Console,
-        db: Database[Document],
+        db: AsyncDatabase[Document],
         fleet: Fleet,
         started: float,
         total: int,
@@ -306,14 +407,18 @@ class _Display:
         self.to_delete = to_delete
         self.monotonic = monotonic
 
-    def each(
-        self, items: list[str], action: Callable[[int, str], None], stage: str, deadline: float
+    async def each(
+        self,
+        items: list[str],
+        action: Callable[[int, str], Awaitable[None]],
+        stage: str,
+        deadline: float,
     ) -> str | None:
         """Run ``action`` on every item with a progress line a second (thousands of
         submissions take seconds); None when done, else why the stage did not finish."""
         last_line = self.monotonic()
         for n, item in enumerate(items):
-            action(n, item)
+            await action(n, item)
             now = self.monotonic()
             if now - last_line >= 1.0:
                 self._progress(stage, n + 1, len(items))
@@ -329,34 +434,36 @@ class _Display:
         elapsed = self.monotonic() - self.started
         self.console.print(f"[{elapsed:5.1f}s] {stage}: {done}/{total}", highlight=False)
 
-    def until(self, done: Callable[[Status], bool], stage: str, deadline: float) -> str | None:
+    async def until(
+        self, done: Callable[[Status], Awaitable[bool]], stage: str, deadline: float
+    ) -> str | None:
         """Show progress until ``done``; None then, else why the stage did not finish."""
-        pause = threading.Event()
         if self.console.is_terminal:
             with Live(console=self.console, refresh_per_second=8, transient=False) as live:
                 while True:
-                    status = self._status()
-                    live.update(self._render(status, stage))
-                    if done(status):
+                    status = await self._status()
+                    live.update(await self._render(status, stage))
+                    if await done(status):
                         return None
                     failure = self._failure(stage, deadline)
                     if failure:
                         return failure
-                    pause.wait(0.2)
+                    await asyncio.sleep(0.2)  # the display's refresh, not a synchronisation
         last_line = 0.0
         while True:
-            status = self._status()
-            finished = done(status)
+            status = await self._status()
+            finished = await done(status)
             now = self.monotonic()
             if finished or now - last_line >= 1.0:
-                self.console.print(self._line(status, stage), highlight=False, soft_wrap=True)
+                line = await self._line(status, stage)
+                self.console.print(line, highlight=False, soft_wrap=True)
                 last_line = now
             if finished:
                 return None
             failure = self._failure(stage, deadline)
             if failure:
                 return failure
-            pause.wait(0.2)
+            await asyncio.sleep(0.2)
 
     def _failure(self, stage: str, deadline: float) -> str | None:
         trouble = self.fleet.trouble()
@@ -368,13 +475,10 @@ class _Display:
             )
         return None
 
-    def _status(self) -> Status:
-        return collect(self.db, collections=WATCHED, errors=0)
+    async def _status(self) -> Status:
+        return await collect_async(self.db, collections=WATCHED, errors=0)
 
-    def _steps(self) -> int:
-        return self.fleet.steps()
-
-    def _render(self, status: Status, stage: str) -> Group:
+    async def _render(self, status: Status, stage: str) -> Group:
         counts = status.counts()
         table = Table(title=f"{stage}  ({self.monotonic() - self.started:.1f}s)")
         table.add_column("collection")
@@ -386,7 +490,7 @@ class _Display:
             leased = sum(p.leased for p in status.phases if p.collection == name)
             table.add_row(name, *(str(row.get(p, "")) for p in PHASES), str(leased))
         gateways = counts.get("gateways", {})
-        archived = self.fleet.platform.archived()
+        archived = await self.fleet.platform.archived()
         # A gateway being deleted (or gone) was provisioned first.
         done = archived + sum(gateways.get(p, 0) for p in ("Created", "Deleting", "Deleted"))
         bars = Table.grid(padding=(0, 1))
@@ -400,25 +504,25 @@ class _Display:
             ProgressBar(total=max(self.to_delete, 1), completed=archived, width=40),
             f"{archived}/{self.to_delete}",
         )
-        steps = self._steps()
+        steps = await self.fleet.steps()
         rate = steps / max(self.monotonic() - self.started, 1e-9)
         return Group(table, bars, Text(f"steps {steps} ({rate:.0f}/s)"))
 
-    def _line(self, status: Status, stage: str) -> str:
+    async def _line(self, status: Status, stage: str) -> str:
         counts = status.counts()
         parts = [
             f"{name} " + " ".join(f"{p}={n}" for p, n in sorted(counts.get(name, {}).items()))
             for name in WATCHED
         ]
         elapsed = self.monotonic() - self.started
-        archived = self.fleet.platform.archived()
+        archived = await self.fleet.platform.archived()
         return (
             f"[{elapsed:5.1f}s] {stage}: " + " | ".join(parts) + f" | archived {archived}"
-            f" | steps {self._steps()}"
+            f" | steps {await self.fleet.steps()}"
         )
 
 
-def _report(
+async def _report(
     console: Console,
     options: DemoOptions,
     fleet: Fleet,
@@ -429,15 +533,15 @@ def _report(
     timed_out: str | None,
     left_wrong: list[str],
 ) -> int:
-    stats = fleet.stats()
+    stats = await fleet.stats()
     total: Counter[str] = Counter()
     for _, s in stats:
         total.update(s)
     platform = fleet.platform
-    repeats = platform.repeats()
+    repeats = await platform.repeats()
     # Unfinished, every resource is out of place: the audit (a read per gateway) would only
     # take long to say so.
-    problems = platform.audit(kept, deleted) if timed_out is None else []
+    problems = await platform.audit(kept, deleted) if timed_out is None else []
     held = sum(p.leased + p.overdue for p in status.phases)
     failed = [p for p in status.phases if p.phase == "Failed"]
     checks = [
@@ -470,7 +574,7 @@ def _report(
         ),
     ]
     steps = total.get("claimed", 0)
-    relock_waits = fleet.relock_waits()
+    relock_waits = await fleet.relock_waits()
     table = Table(
         title=f"Report: {len(kept) + len(deleted)} gateways, {fleet.describe()}",
         show_header=False,
@@ -499,7 +603,7 @@ def _report(
             f"{name}: " + ", ".join(f"{n} {p}" for p, n in sorted(counts.get(name, {}).items()))
             for name in WATCHED
         )
-        + f"; archived gateways: {platform.archived()}",
+        + f"; archived gateways: {await platform.archived()}",
     )
     console.print(table)
     for ok, text in checks:

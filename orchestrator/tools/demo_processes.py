@@ -1,30 +1,30 @@
 """The demo's replicas as separate OS processes, as the pods of a deployment run.
 
 ``orchestrator demo --processes N`` (with a real server) starts N copies of this module,
-each one replica of the gateway workflow started with ``start()``. They share nothing but
-the database: each publishes its step counts (and, when it stops, its certificate relock
-waits) to the ``demoReplicas`` collection, where the demo's display and report read them.
-SIGTERM stops a replica as ``orchestrator run`` does. The server's URI reaches them in
-``MONGODB_URI``, never on a command line that ``ps`` shows.
+each one replica of the gateway workflow, an ``AsyncOrchestrator`` run by ``asyncio.run``
+(the workflow is written once, async). They share nothing but the database: each
+publishes its step counts (and, when it stops, its certificate relock waits) to the
+``demoReplicas`` collection, where the demo's display and report read them.
+SIGTERM stops a replica as ``orchestrator run`` does, through the loop's signal handler.
+The server's URI reaches them in ``MONGODB_URI``, never on a command line that ``ps`` shows.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.mongo import connect
+from orchestrator.mongo import connect_async
 from orchestrator.tools.demo import DemoOptions, _quiet_logs, _Waits
 
 if TYPE_CHECKING:
@@ -51,11 +51,11 @@ class Processes:
     def describe(self) -> str:
         return f"{len(self._names)} replica processes"
 
-    def start(self) -> None:
-        self._reports.drop()
+    async def start(self) -> None:
+        await self._reports.drop()
         # The collections and their indexes exist before anyone counts them, as after a
         # deployment's migration; the replicas' own start() finds them done.
-        self.platform.orch.ensure_indexes()
+        await self.platform.orch.ensure_indexes()
         options = self._options
         env = {**os.environ, "MONGODB_URI": str(options.uri)}
         for name in self._names:
@@ -81,13 +81,12 @@ class Processes:
     def submitters(self) -> list[Platform]:
         return [self.platform]
 
-    def _published(self) -> dict[str, Mapping[str, Any]]:
-        return {str(doc["_id"]): doc for doc in self._reports.find({})}
+    async def _published(self) -> dict[str, Mapping[str, Any]]:
+        return {str(doc["_id"]): doc async for doc in self._reports.find({})}
 
-    def steps(self) -> int:
-        return sum(
-            int(doc.get("stats", {}).get("claimed", 0)) for doc in self._published().values()
-        )
+    async def steps(self) -> int:
+        published = await self._published()
+        return sum(int(doc.get("stats", {}).get("claimed", 0)) for doc in published.values())
 
     def trouble(self) -> str | None:
         for name, proc in self._procs.items():
@@ -96,7 +95,7 @@ class Processes:
                 return f"{name} (pid {proc.pid}) exited with {code}: {self._last_words(name)}"
         return None
 
-    def stop(self) -> list[str]:
+    async def stop(self) -> list[str]:
         wrong: list[str] = []
         for proc in self._procs.values():
             if proc.poll() is None:
@@ -104,15 +103,15 @@ class Processes:
         deadline = time.monotonic() + STOP_TIMEOUT
         for name, proc in self._procs.items():
             try:
-                code = proc.wait(max(deadline - time.monotonic(), 0.1))
+                code = await asyncio.to_thread(proc.wait, max(deadline - time.monotonic(), 0.1))
             except subprocess.TimeoutExpired:
                 proc.kill()
-                proc.wait()
+                await asyncio.to_thread(proc.wait)
                 wrong.append(f"{name} did not stop within {STOP_TIMEOUT:g}s and was killed")
                 continue
             if code != 0:
                 wrong.append(f"{name} exited with {code}: {self._last_words(name)}")
-        published = self._published()
+        published = await self._published()
         for name in self._names:
             report = published.get(name, {})
             if not report.get("stopped"):
@@ -127,13 +126,13 @@ class Processes:
         lines = (self._stderr / name).read_text(errors="replace").strip().splitlines()
         return lines[-1] if lines else "(nothing on stderr)"
 
-    def stats(self) -> list[tuple[str, Mapping[str, int]]]:
-        published = self._published()
+    async def stats(self) -> list[tuple[str, Mapping[str, int]]]:
+        published = await self._published()
         return [(name, dict(published.get(name, {}).get("stats", {}))) for name in self._names]
 
-    def relock_waits(self) -> list[float]:
+    async def relock_waits(self) -> list[float]:
         waits: list[float] = []
-        for doc in self._published().values():
+        for doc in (await self._published()).values():
             waits.extend(float(w) for w in doc.get("waits", []))
         return sorted(waits)
 
@@ -153,9 +152,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     uri = os.environ.get("MONGODB_URI")
     if not uri:
         parser.error("MONGODB_URI is not set")
+    return asyncio.run(_replica(args, uri))
+
+
+async def _replica(args: argparse.Namespace, uri: str) -> int:
     from orchestrator.tools.workflows.gateway import Faults, build  # noqa: PLC0415
 
-    db = connect(uri, args.db, timeout=10)
+    db = await connect_async(uri, args.db, timeout=10)
     workflow = build(
         db,
         replica_id=args.replica_id,
@@ -166,27 +169,33 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     orch = workflow.orch
     reports = db[REPLICAS]
-    stop = threading.Event()
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        orch.request_stop()  # safe in a signal handler: sets two events
-        stop.set()
-
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, on_signal)
+        loop.add_signal_handler(sig, stop.set)
     waits = _Waits()
     with _quiet_logs(args.log_file, waits):
-        orch.start()
+        await orch.start()
         fields: dict[str, Any] = {"pid": os.getpid()}
-        while not stop.wait(PUBLISH_EVERY):
+        while not await _wait(stop, PUBLISH_EVERY):
             fields["stats"] = orch.stats()
-            reports.update_one({"_id": args.replica_id}, {"$set": fields}, upsert=True)
-        report = orch.stop(timeout=10)
+            await reports.update_one({"_id": args.replica_id}, {"$set": fields}, upsert=True)
+        report = await orch.stop(timeout=10)
     with waits.lock:
         fields.update(waits=list(waits.values), stillRunning=len(report.still_running))
     fields.update(stats=orch.stats(), stopped=True)
-    reports.update_one({"_id": args.replica_id}, {"$set": fields}, upsert=True)
+    await reports.update_one({"_id": args.replica_id}, {"$set": fields}, upsert=True)
     return 0
+
+
+async def _wait(event: asyncio.Event, timeout: float) -> bool:
+    """Whether ``event`` was set within ``timeout`` seconds."""
+    try:
+        async with asyncio.timeout(timeout):
+            await event.wait()
+    except TimeoutError:
+        return False
+    return True
 
 
 if __name__ == "__main__":

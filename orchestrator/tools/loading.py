@@ -8,15 +8,20 @@ import sys
 from typing import Any
 
 from orchestrator.core.errors import OrchestratorError
+from orchestrator.runners.aio import AsyncOrchestrator
 from orchestrator.runners.threaded import Orchestrator
+
+Engine = Orchestrator | AsyncOrchestrator
+"""What ``orchestrator run`` runs: either engine (the async one with ``asyncio.run``)."""
 
 
 class CommandError(Exception):
     """Bad input: printed as one line, exit status 2."""
 
 
-def load_orchestrator(target: str) -> Orchestrator:
-    """``module:attribute``: an Orchestrator, or a function of no arguments returning one.
+def load_orchestrator(target: str) -> Engine:
+    """``module:attribute``: an Orchestrator or AsyncOrchestrator, or a function of no
+    arguments returning one.
 
     The current directory is importable, as with ``python -m``.
     """
@@ -42,16 +47,18 @@ def load_orchestrator(target: str) -> Orchestrator:
         if not hasattr(value, part):
             raise CommandError(f"module {module_name!r} has no attribute {attribute!r}")
         value = getattr(value, part)
-    if not isinstance(value, Orchestrator) and callable(value):
+    if not isinstance(value, Engine) and callable(value):
         try:
             value = value()
         except OrchestratorError:
             raise
         except Exception as exc:
             raise CommandError(f"{target}() failed: {type(exc).__name__}: {exc}") from exc
-    if not isinstance(value, Orchestrator):
-        raise CommandError(f"{target} is a {type(value).__name__}, not an Orchestrator")
+    if not isinstance(value, Engine):
+        raise CommandError(
+            f"{target} is a {type(value).__name__}, not an Orchestrator or AsyncOrchestrator"
+        )
     return value
 
 
-__all__ = ["CommandError", "load_orchestrator"]
+__all__ = ["CommandError", "Engine", "load_orchestrator"]

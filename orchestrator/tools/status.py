@@ -5,14 +5,23 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any
 
+from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.database import Database
 
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.queries import as_utc
-from orchestrator.mongo import Store
+from orchestrator.core.replicas import (
+    REPLICAS_COLLECTION,
+    Disagreement,
+    ReplicaRecord,
+    disagreements,
+)
+from orchestrator.mongo import AsyncStore, Store
 from orchestrator.mongo.common import Document
+from orchestrator.runners.base import Plan, adrive, drive
 
 
 @dataclass(frozen=True)
@@ -44,12 +53,15 @@ class RecentError:
 @dataclass(frozen=True)
 class Status:
     """``server_time``: False when the server reported no time and this machine's clock
-    judged the leases (then ``leased``/``overdue`` are only as right as that clock)."""
+    judged the leases (then ``leased``/``overdue`` are only as right as that clock).
+    ``replicas``: the live replicas; ``disagreements``: the settings they differ on."""
 
     at: datetime
     server_time: bool
     phases: list[PhaseCount] = field(default_factory=list)
     errors: list[RecentError] = field(default_factory=list)
+    replicas: list[ReplicaRecord] = field(default_factory=list)
+    disagreements: list[Disagreement] = field(default_factory=list)
 
     def counts(self) -> dict[str, dict[str, int]]:
         """``{collection: {phase: count}}``."""
@@ -59,8 +71,16 @@ class Status:
         return out
 
     def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["at"] = self.at.isoformat()
+        data: dict[str, Any] = {
+            "at": self.at.isoformat(),
+            "server_time": self.server_time,
+            "phases": [asdict(row) for row in self.phases],
+            "errors": [asdict(error) for error in self.errors],
+            "replicas": [
+                {**r.to_dict(), "seen_ago": round(r.seen_ago(self.at), 3)} for r in self.replicas
+            ],
+            "disagreements": [d.to_dict() for d in self.disagreements],
+        }
         for error in data["errors"]:
             error["at"] = error["at"].isoformat() if error["at"] is not None else None
         return data
@@ -71,31 +91,58 @@ def collect(
     *,
     collections: Sequence[str] | None = None,
     errors: int = 5,
+    replicas_collection: str = REPLICAS_COLLECTION,
 ) -> Status:
     """Phase counts of ``collections`` (by default every collection holding phased
     documents) and their latest ``errors`` errors each, judged by the server's clock
-    against each lease's own expiry (so the replicas' lock timeouts need not be known)."""
-    store = Store(db)
-    present = store.collection_names()
+    against each lease's own expiry (so the replicas' lock timeouts need not be known),
+    and the replicas live in ``replicas_collection`` with the settings they disagree on."""
+    return drive(_collect(Store(db), db.name, collections, errors, replicas_collection))
+
+
+async def collect_async(
+    db: AsyncDatabase[Document],
+    *,
+    collections: Sequence[str] | None = None,
+    errors: int = 5,
+    replicas_collection: str = REPLICAS_COLLECTION,
+) -> Status:
+    """``collect`` with the async driver, for an async application (the API server)."""
+    return await adrive(_collect(AsyncStore(db), db.name, collections, errors, replicas_collection))
+
+
+def _collect(
+    store: Store | AsyncStore,
+    name: str,
+    collections: Sequence[str] | None,
+    errors: int,
+    replicas_collection: str,
+) -> Plan[Status]:
+    """The status report, as a plan either store carries out (``runners.base``)."""
+    present: list[str] = yield store.collection_names
     if collections:
         unknown = [c for c in collections if c not in present]
         if unknown:
             known = ", ".join(present) or "none"
             raise ConfigError(
                 f"unknown collection {', '.join(map(repr, unknown))} in database "
-                f"{db.name!r} (it has: {known})"
+                f"{name!r} (it has: {known})"
             )
         names = list(collections)
     else:
-        names = present
-    server = store.server_time()
+        names = [collection for collection in present if collection != replicas_collection]
+    server: datetime | None = yield store.server_time
     now = server or datetime.now(UTC)
-    status = Status(at=now, server_time=server is not None)
-    for name in names:
-        for row in store.phase_summary(name, now):
+    live: list[ReplicaRecord] = yield partial(store.live_replicas, now, replicas_collection)
+    status = Status(
+        at=now, server_time=server is not None, replicas=live, disagreements=disagreements(live)
+    )
+    for collection in names:
+        rows: list[Document] = yield partial(store.phase_summary, collection, now)
+        for row in rows:
             status.phases.append(
                 PhaseCount(
-                    collection=name,
+                    collection=collection,
                     phase=str(row["_id"]),
                     count=row["count"],
                     leased=row["leased"],
@@ -105,7 +152,8 @@ def collect(
                 )
             )
         if errors > 0:
-            status.errors.extend(_error(name, doc) for doc in store.latest_errors(name, errors))
+            latest: list[Document] = yield partial(store.latest_errors, collection, errors)
+            status.errors.extend(_error(collection, doc) for doc in latest)
     return status
 
 

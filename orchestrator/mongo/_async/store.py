@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -35,10 +35,12 @@ from pymongo.errors import (
     ServerSelectionTimeoutError,
 )
 
-from orchestrator.core import queries
+from orchestrator.core import queries, replicas
 from orchestrator.core.errors import ConfigError, LeaseLost, StoreError
 from orchestrator.core.queries import as_utc
 from orchestrator.core.redact import redact
+from orchestrator.core.replicas import REPLICAS_COLLECTION, ReplicaRecord
+from orchestrator.core.settings import DEFAULT_DATABASE
 from orchestrator.mongo import common
 from orchestrator.mongo.common import COMMAND_NOT_FOUND, Document, driver_errors
 
@@ -129,21 +131,30 @@ class AsyncStore:
         horizon: float,
         handler: str | None,
         update: Mapping[str, Any],
+        seen: Callable[[Document], None] | None = None,
     ) -> Document | None:
         """One atomic find-and-modify: the longest-free document ``match`` selects whose
-        lease is free at ``judged_at``, taken with ``update``; None when there is none.
+        lease is free at ``judged_at``, taken with ``update`` (``claim_update``); None when
+        there is none.
 
         Atomic, so that of replicas claiming at once exactly one gets each document; in
         ``CLAIM_SORT`` order, so that a document waiting longest is served first and none
-        starves behind fresher ones.
+        starves behind fresher ones. The server returns the document as it was, and the
+        claim's ``$set`` is applied here: ``seen``, when given, gets that document first
+        (its lease fields say how long it was due: the events' claim latency).
         """
         with driver_errors(f"claim on {name}"):
-            return await self.collection(name).find_one_and_update(
+            before = await self.collection(name).find_one_and_update(
                 queries.claim_filter(match, judged_at, horizon, handler),
                 dict(update),
                 sort=queries.CLAIM_SORT,
-                return_document=ReturnDocument.AFTER,
+                return_document=ReturnDocument.BEFORE,
             )
+        if before is None:
+            return None
+        if seen is not None:
+            seen(before)
+        return queries.claimed(before, update)
 
     async def has_claimable(
         self,
@@ -240,7 +251,13 @@ class AsyncStore:
             self._unique_done.add(marker)
 
     async def ensure_index(
-        self, name: str, keys: Sequence[tuple[str, int]], *, index_name: str, unique: bool
+        self,
+        name: str,
+        keys: Sequence[tuple[str, int]],
+        *,
+        index_name: str,
+        unique: bool,
+        expire_after: int | None = None,
     ) -> str:
         """Make sure an index that does the job of ``keys`` exists; return its name.
 
@@ -259,7 +276,13 @@ class AsyncStore:
                     await self._default_collation(name) if common.has_collation(existing) else None
                 )
             plan = common.plan_index(
-                name, existing, wanted, index_name=index_name, unique=unique, collation=collation
+                name,
+                existing,
+                wanted,
+                index_name=index_name,
+                unique=unique,
+                collation=collation,
+                expire_after=expire_after,
             )
             if plan.reuse is not None:
                 return plan.reuse
@@ -271,7 +294,9 @@ class AsyncStore:
                     )
                     await coll.drop_index(plan.replace)
                 try:
-                    await coll.create_index(wanted, **common.index_options(index_name, unique))
+                    await coll.create_index(
+                        wanted, **common.index_options(index_name, unique, expire_after)
+                    )
                 except DuplicateKeyError as exc:
                     raise ConfigError(common.duplicates_error(name, wanted, exc)) from exc
                 except OperationFailure as exc:
@@ -294,6 +319,58 @@ class AsyncStore:
         with driver_errors(f"read from {name}"):
             return await self.collection(name).find_one(dict(query))
 
+    # -- live replicas ------------------------------------------------------------------
+
+    async def ensure_replica_index(self, name: str = REPLICAS_COLLECTION) -> str:
+        """The TTL index that deletes the records of replicas that died without removing
+        their own (within a minute of their ``expiresAt``: the TTL monitor's period)."""
+        return await self.ensure_index(
+            name,
+            queries.REPLICA_INDEX,
+            index_name=queries.REPLICA_INDEX_NAME,
+            unique=False,
+            expire_after=queries.REPLICA_INDEX_EXPIRY,
+        )
+
+    async def record_replica(
+        self, record: ReplicaRecord, name: str = REPLICAS_COLLECTION
+    ) -> str | None:
+        """Write this replica's record, replacing its last one whole (or creating it).
+        Returns the ``instance`` of the record it replaced (None if there was none), so a
+        replica can tell that another process wrote under its replica id meanwhile."""
+        with driver_errors(f"record replica {record.replica_id} in {name}"):
+            before = await self.collection(name).find_one_and_replace(
+                queries.replica_filter(record.replica_id),
+                queries.replica_document(record),
+                projection=queries.REPLICA_INSTANCE_PROJECTION,
+                upsert=True,
+                return_document=ReturnDocument.BEFORE,
+            )
+        return None if before is None else str(before.get("instance"))
+
+    async def remove_replica(
+        self, replica_id: str, instance: str, name: str = REPLICAS_COLLECTION
+    ) -> bool:
+        """Delete a stopping replica's own record; False if it was not there (expired, or
+        replaced by another process with the same replica id)."""
+        with driver_errors(f"remove replica {replica_id} from {name}"):
+            result = await self.collection(name).delete_one(
+                queries.replica_removal(replica_id, instance)
+            )
+        return result.deleted_count > 0
+
+    async def live_replicas(
+        self, now: datetime, name: str = REPLICAS_COLLECTION
+    ) -> list[ReplicaRecord]:
+        """The replicas whose records are live at ``now`` (the server's time: take it from
+        ``server_time()``), by replica id. A record past its expiry is not listed even if
+        the TTL monitor has not deleted it yet; a document that is not a record is skipped."""
+        with driver_errors(f"read replicas from {name}"):
+            cursor = self.collection(name).find(queries.live_replicas_filter(now))
+            docs = await cursor.sort(queries.REPLICAS_SORT).to_list()
+        parsed = (ReplicaRecord.from_document(doc) for doc in docs)
+        return replicas.live((r for r in parsed if r is not None), now)
+
     # -- operators ----------------------------------------------------------------------
 
     async def collection_names(self) -> list[str]:
@@ -302,11 +379,14 @@ class AsyncStore:
             names = await self._db.list_collection_names()
         return sorted(n for n in names if not n.startswith("system."))
 
-    async def phase_summary(self, name: str, now: datetime) -> list[Document]:
+    async def phase_summary(
+        self, name: str, now: datetime, match: Mapping[str, Any] | None = None
+    ) -> list[Document]:
         """One aggregation counting documents per phase and lease state at ``now`` (the
-        server's time), so a status report costs one round trip whatever the collection."""
+        server's time), so a status report costs one round trip whatever the collection;
+        ``match`` narrows it (to one document, for the operator's page)."""
         with driver_errors(f"summarise {name}"):
-            cursor = await self.collection(name).aggregate(queries.status_pipeline(now))
+            cursor = await self.collection(name).aggregate(queries.status_pipeline(now, match))
             return await cursor.to_list()
 
     async def latest_errors(self, name: str, limit: int) -> list[Document]:
@@ -349,7 +429,7 @@ async def connect_async(
     except (PyMongoError, ValueError) as exc:  # a malformed port is a bare ValueError
         raise StoreError(f"invalid MongoDB URI {where}: {redact(str(exc))}") from exc
     try:
-        db = client[database] if database else client.get_default_database("orchestrator")
+        db = client[database] if database else client.get_default_database(DEFAULT_DATABASE)
         await db.command("ping")
     except ServerSelectionTimeoutError as exc:
         await client.close()

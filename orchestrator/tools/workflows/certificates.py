@@ -13,14 +13,14 @@ certificate is discarded and the step raises, so the next attempt requests a new
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from pymongo import ReturnDocument
-from pymongo.database import Database
+from pymongo.asynchronous.database import AsyncDatabase
 
-from orchestrator import Lease, Orchestrator, Outcome, Resource
+from orchestrator import AsyncLease, AsyncOrchestrator, Outcome, Resource
 from orchestrator.core.queries import as_utc
 
 if TYPE_CHECKING:
@@ -31,7 +31,7 @@ logger = logging.getLogger("orchestrator.tools.workflows.certificates")
 CERTIFICATES = "certificates"
 INGRESSES = "ingresses"
 
-Recorder = Callable[[Any, str], None]
+Recorder = Callable[[Any, str], Awaitable[None]]
 
 
 class RuntimeDomain(Resource):
@@ -54,7 +54,7 @@ class CertManager:
 
     def __init__(
         self,
-        db: Database[dict[str, Any]],
+        db: AsyncDatabase[dict[str, Any]],
         *,
         now: Callable[[], datetime],
         delay: float,
@@ -72,13 +72,13 @@ class CertManager:
         self._record = record
         self.max_requests = max_requests
 
-    def request(self, domain: RuntimeDomain) -> None:
+    async def request(self, domain: RuntimeDomain) -> None:
         """Ask for a certificate of ``domain.custom_domain``; a pending request is kept."""
         host = _custom(domain)
         now = self._now()
         number = domain.certificate_requests
         fails = self._faults.should_fail(host, "certificate", number)
-        self._certs.update_one(
+        await self._certs.update_one(
             {"_id": host},
             {
                 "$setOnInsert": {
@@ -90,28 +90,28 @@ class CertManager:
             },
             upsert=True,
         )
-        self._record(domain.id, f"certificate:{number}")
+        await self._record(domain.id, f"certificate:{number}")
 
-    def get(self, host: str) -> dict[str, Any] | None:
+    async def get(self, host: str) -> dict[str, Any] | None:
         """The request for ``host``; a due one turns Ready (or Failed) as it is read."""
-        cert = self._certs.find_one({"_id": host})
+        cert = await self._certs.find_one({"_id": host})
         if cert is None or cert["status"] != "Pending":
             return cert
         if as_utc(cert["readyAt"]) > self._now():
             return cert
-        settled = self._certs.find_one_and_update(
+        settled = await self._certs.find_one_and_update(
             {"_id": host, "status": "Pending"},
             {"$set": {"status": cert["outcome"]}},
             return_document=ReturnDocument.AFTER,
         )
-        return settled if settled is not None else self._certs.find_one({"_id": host})
+        return settled if settled is not None else await self._certs.find_one({"_id": host})
 
-    def discard(self, host: str) -> None:
-        self._certs.delete_one({"_id": host})
+    async def discard(self, host: str) -> None:
+        await self._certs.delete_one({"_id": host})
 
-    def ensure_ingress(self, domain: RuntimeDomain) -> None:
+    async def ensure_ingress(self, domain: RuntimeDomain) -> None:
         """Route the domain's hosts to the gateway, with TLS from its certificate."""
-        self._ingresses.update_one(
+        await self._ingresses.update_one(
             {"_id": domain.host},
             {
                 "$setOnInsert": {
@@ -122,37 +122,37 @@ class CertManager:
             },
             upsert=True,
         )
-        self._record(domain.id, "ingress")
+        await self._record(domain.id, "ingress")
 
-    def remove_ingress(self, host: str) -> None:
-        self._ingresses.delete_one({"_id": host})
+    async def remove_ingress(self, host: str) -> None:
+        await self._ingresses.delete_one({"_id": host})
 
 
-def register_domains(orch: Orchestrator, certs: CertManager) -> None:
+def register_domains(orch: AsyncOrchestrator, certs: CertManager) -> None:
     @orch.phase(RuntimeDomain, "Creating", to="Created")
-    def create_domain(lease: Lease[RuntimeDomain]) -> Outcome:
+    async def create_domain(lease: AsyncLease[RuntimeDomain]) -> Outcome:
         domain = lease.resource
         if domain.custom_domain:
-            cert = certs.get(domain.custom_domain)
+            cert = await certs.get(domain.custom_domain)
             if cert is None:
-                certs.request(domain)
+                await certs.request(domain)
                 requests = domain.certificate_requests + 1
-                return _wait(lease, "certificate requested", certificate_requests=requests)
+                return await _wait(lease, "certificate requested", certificate_requests=requests)
             if cert["status"] == "Failed":
-                certs.discard(domain.custom_domain)
+                await certs.discard(domain.custom_domain)
                 failed = f"certificate for {domain.custom_domain} failed"
                 # Relocks reset ``attempts``, so the requests are what counts failures here.
                 if domain.certificate_requests >= certs.max_requests:
-                    return lease.fail(f"{failed} {domain.certificate_requests} times")
+                    return await lease.fail(f"{failed} {domain.certificate_requests} times")
                 raise CertificateFailed(failed)
             if cert["status"] != "Ready":
-                return _wait(lease, "certificate not ready")
-        certs.ensure_ingress(domain)
-        return lease.advance("Created")
+                return await _wait(lease, "certificate not ready")
+        await certs.ensure_ingress(domain)
+        return await lease.advance("Created")
 
 
-def _wait(lease: Lease[RuntimeDomain], why: str, **fields: Any) -> Outcome:
-    outcome = lease.relock(**fields)
+async def _wait(lease: AsyncLease[RuntimeDomain], why: str, **fields: Any) -> Outcome:
+    outcome = await lease.relock(**fields)
     domain = lease.resource
     logger.info(
         "%s for %s; next check in %.2fs",

@@ -10,6 +10,14 @@ half way resumes at the kind it stopped at. A deleted gateway is archived and re
 ``Platform`` stands in for the services the real platform calls (Kubernetes, the cloud
 API). It is application code: it talks to its own collections directly, and writes one
 entry per side effect to a ledger whose unique ``_id`` makes a repeated one visible.
+
+The workflow is written once, async (``async def`` handlers on ``AsyncOrchestrator``, the
+platform on PyMongo's async API), and every user of it runs that one definition on the
+async engine: the API server on its own event loop, the demo's replicas as tasks of one
+loop, its ``--processes`` replicas and ``orchestrator run`` each with ``asyncio.run``. A
+second, sync copy for the threaded engine would be the same logic twice; an adapter
+running these coroutines from worker threads would need a sync client beside the async
+one, or an event loop per step, which an ``AsyncMongoClient`` (bound to one loop) refuses.
 """
 
 from __future__ import annotations
@@ -24,12 +32,12 @@ from datetime import datetime
 from typing import Any, Literal
 
 from pydantic import Field
-from pymongo import MongoClient
-from pymongo.database import Database
+from pymongo import AsyncMongoClient
+from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.errors import DuplicateKeyError
 
-from orchestrator import Lease, Orchestrator, Resource
-from orchestrator.testing import memory_database
+from orchestrator import DEFAULT_DATABASE, AsyncLease, AsyncOrchestrator, ConfigError, Resource
+from orchestrator.testing import async_memory_database
 from orchestrator.tools.workflows.certificates import (
     CERTIFICATES,
     INGRESSES,
@@ -52,6 +60,8 @@ STOP_WANTED = {"state": "Stopped", "stopped": {"$ne": True}}
 START_WANTED = {"state": "Running", "stopped": True}
 ARCHIVE = "gatewaysArchive"
 LEDGER = "sideEffects"
+DEMO_MARK = "orchestratorDemo"
+"""Its presence says the demo made this database's workflow collections (and may drop them)."""
 
 
 class Gateway(Resource):
@@ -111,8 +121,8 @@ class Platform:
 
     def __init__(
         self,
-        db: Database[dict[str, Any]],
-        orch: Orchestrator,
+        db: AsyncDatabase[dict[str, Any]],
+        orch: AsyncOrchestrator,
         *,
         faults: Faults | None = None,
         cert_delay: float = 5.0,
@@ -130,30 +140,30 @@ class Platform:
 
     # -- what users do ---------------------------------------------------------------------
 
-    def create_gateway(self, name: str, custom_domain: str | None = None) -> dict[str, Any]:
+    async def create_gateway(self, name: str, custom_domain: str | None = None) -> dict[str, Any]:
         """Idempotent: a second create of one name returns the first gateway."""
         gateway = Gateway(name=name, state="Running", phase="Creating", custom_domain=custom_domain)
-        return self.orch.submit(Gateway, gateway, unique="name")
+        return await self.orch.submit(Gateway, gateway, unique="name")
 
-    def set_state(self, name: str, state: Literal["Running", "Stopped", "Deleted"]) -> bool:
+    async def set_state(self, name: str, state: Literal["Running", "Stopped", "Deleted"]) -> bool:
         """Change the desired state; False if there is no such gateway. A deletion is final."""
-        result = self.db[Gateway.collection].update_one(
+        result = await self.db[Gateway.collection].update_one(
             {"name": name, "state": {"$ne": "Deleted"}}, {"$set": {"state": state}}
         )
         if result.matched_count:
             return True
-        return self.db[Gateway.collection].count_documents({"name": name}, limit=1) > 0
+        return await self.db[Gateway.collection].count_documents({"name": name}, limit=1) > 0
 
-    def gateway(self, name: str) -> dict[str, Any] | None:
+    async def gateway(self, name: str) -> dict[str, Any] | None:
         """The live gateway, or its archived record once it is gone."""
-        doc = self.db[Gateway.collection].find_one({"name": name})
+        doc = await self.db[Gateway.collection].find_one({"name": name})
         if doc is None:
-            doc = self.db[ARCHIVE].find_one({"name": name}, sort=[("archivedAt", -1)])
+            doc = await self.db[ARCHIVE].find_one({"name": name}, sort=[("archivedAt", -1)])
         return doc
 
     # -- what steps call -------------------------------------------------------------------
 
-    def create(self, gateway: Gateway, kind: str) -> None:
+    async def create(self, gateway: Gateway, kind: str) -> None:
         self.faults.check(gateway.name, f"create:{kind}", gateway.attempts)
         if kind == "runtimeDomains":
             domain = RuntimeDomain(
@@ -163,52 +173,54 @@ class Platform:
                 custom_domain=gateway.custom_domain,
                 phase="Creating",
             )
-            self.orch.submit(RuntimeDomain, domain, unique="gateway_id")
+            await self.orch.submit(RuntimeDomain, domain, unique="gateway_id")
         else:
             children = self.db[kind]
             for n in range(CHILDREN_PER_KIND[kind]):
                 name = f"{gateway.name}-{kind}-{n}"
-                children.update_one(
+                await children.update_one(
                     {"gatewayId": gateway.id, "name": name},
                     {"$setOnInsert": {"replicas": 1}},
                     upsert=True,
                 )
-        self.record(gateway.id, f"create:{kind}")
+        await self.record(gateway.id, f"create:{kind}")
 
-    def domain_phase(self, gateway: Gateway) -> str | None:
-        doc = self.db[RuntimeDomain.collection].find_one({"gatewayId": gateway.id}, {"phase": 1})
+    async def domain_phase(self, gateway: Gateway) -> str | None:
+        doc = await self.db[RuntimeDomain.collection].find_one(
+            {"gatewayId": gateway.id}, {"phase": 1}
+        )
         return None if doc is None else str(doc.get("phase"))
 
-    def remove(self, gateway: Gateway, kind: str) -> None:
+    async def remove(self, gateway: Gateway, kind: str) -> None:
         self.faults.check(gateway.name, f"delete:{kind}", gateway.attempts)
         if kind == "runtimeDomains":
-            for domain in self.db[kind].find({"gatewayId": gateway.id}):
-                self.certs.remove_ingress(domain["host"])
+            async for domain in self.db[kind].find({"gatewayId": gateway.id}):
+                await self.certs.remove_ingress(domain["host"])
                 if domain.get("customDomain"):
-                    self.certs.discard(domain["customDomain"])
-        self.db[kind].delete_many({"gatewayId": gateway.id})
-        self.record(gateway.id, f"delete:{kind}")
+                    await self.certs.discard(domain["customDomain"])
+        await self.db[kind].delete_many({"gatewayId": gateway.id})
+        await self.record(gateway.id, f"delete:{kind}")
 
-    def scale(self, gateway: Gateway, replicas: int) -> None:
+    async def scale(self, gateway: Gateway, replicas: int) -> None:
         """Stop (0) or start (1) the gateway's functions; idempotent, so not in the ledger."""
-        self.db["cloudFunctions"].update_many(
+        await self.db["cloudFunctions"].update_many(
             {"gatewayId": gateway.id}, {"$set": {"replicas": replicas}}
         )
 
-    def archive(self, doc: dict[str, Any]) -> None:
+    async def archive(self, doc: dict[str, Any]) -> None:
         kept = {
             k: v
             for k, v in doc.items()
             if k not in {"lockedAt", "lockedUntil", "lockToken", "lockedBy"}
         }
-        self.db[ARCHIVE].replace_one(
+        await self.db[ARCHIVE].replace_one(
             {"_id": doc["_id"]}, {**kept, "archivedAt": self.now()}, upsert=True
         )
-        self.record(doc["_id"], "archive")
+        await self.record(doc["_id"], "archive")
 
     # -- the ledger ------------------------------------------------------------------------
 
-    def record(self, resource_id: Any, action: str) -> None:
+    async def record(self, resource_id: Any, action: str) -> None:
         """One entry per side effect; a second one of the same key counts as a repeat."""
         key = f"{resource_id}:{action}"
         logger.info(
@@ -218,139 +230,158 @@ class Platform:
             extra={"replica": self.orch.replica_id, "doc_id": str(resource_id), "outcome": action},
         )
         try:
-            self.db[LEDGER].insert_one({"_id": key, "at": self.now(), "repeats": 0})
+            await self.db[LEDGER].insert_one({"_id": key, "at": self.now(), "repeats": 0})
         except DuplicateKeyError:
-            self.db[LEDGER].update_one({"_id": key}, {"$inc": {"repeats": 1}})
+            await self.db[LEDGER].update_one({"_id": key}, {"$inc": {"repeats": 1}})
             logger.error("side effect %s ran again", key, extra={"outcome": "repeated"})
 
-    def archived(self) -> int:
-        return self.db[ARCHIVE].count_documents({})
+    async def archived(self) -> int:
+        return await self.db[ARCHIVE].count_documents({})
 
-    def reset(self) -> None:
-        """Drop every collection of the workflow: a demo starts from nothing."""
-        for name in (Gateway.collection, ARCHIVE, LEDGER, *CREATE_ORDER, CERTIFICATES, INGRESSES):
-            self.db.drop_collection(name)
+    async def reset(self) -> None:
+        """Drop every collection of the workflow: a demo starts from nothing.
 
-    def audit(self, kept: list[str], deleted: list[str]) -> list[str]:
+        Only in a database the demo has run in before (it leaves a mark) or that holds none
+        of these collections: the default database is shared with the API server and
+        ``orchestrator run``, whose gateways a demo must never drop.
+        """
+        names = (Gateway.collection, ARCHIVE, LEDGER, *CREATE_ORDER, CERTIFICATES, INGRESSES)
+        present = set(await self.db.list_collection_names())
+        theirs = sorted(present.intersection(names))
+        if theirs and DEMO_MARK not in present:
+            raise ConfigError(
+                f"database {self.db.name!r} holds {', '.join(theirs)}, which the demo did"
+                " not make, and the demo drops them before it runs: give it another"
+                " database (--db)"
+            )
+        await self.db[DEMO_MARK].update_one(
+            {"_id": "demo"}, {"$set": {"note": "orchestrator demo data"}}, upsert=True
+        )
+        for name in names:
+            await self.db.drop_collection(name)
+
+    async def audit(self, kept: list[str], deleted: list[str]) -> list[str]:
         """What is not where it should be: kept gateways Created with every child, their
         domain Created behind a Ready certificate and an ingress; deleted ones archived
         with nothing left behind. Empty when all is well."""
         problems: list[str] = []
         for name in kept:
-            doc = self.db[Gateway.collection].find_one({"name": name})
+            doc = await self.db[Gateway.collection].find_one({"name": name})
             if doc is None or doc.get("phase") != "Created":
                 problems.append(f"{name}: phase {doc and doc.get('phase')}, expected Created")
                 continue
             for kind, count in CHILDREN_PER_KIND.items():
-                found = self.db[kind].count_documents({"gatewayId": doc["_id"]})
+                found = await self.db[kind].count_documents({"gatewayId": doc["_id"]})
                 if found != count:
                     problems.append(f"{name}: {found} {kind}, expected {count}")
-            domain = self.db[RuntimeDomain.collection].find_one({"gatewayId": doc["_id"]})
+            domain = await self.db[RuntimeDomain.collection].find_one({"gatewayId": doc["_id"]})
             if domain is None or domain.get("phase") != "Created":
                 problems.append(f"{name}: runtime domain {domain and domain.get('phase')}")
                 continue
             custom = domain.get("customDomain")
-            cert = self.db[CERTIFICATES].find_one({"_id": custom}) if custom else None
+            cert = await self.db[CERTIFICATES].find_one({"_id": custom}) if custom else None
             if custom and (cert is None or cert.get("status") != "Ready"):
                 problems.append(f"{name}: certificate {cert and cert.get('status')}")
-            if self.db[INGRESSES].count_documents({"_id": domain["host"]}) != 1:
+            if await self.db[INGRESSES].count_documents({"_id": domain["host"]}) != 1:
                 problems.append(f"{name}: no ingress")
         for name in deleted:
-            if self.db[Gateway.collection].count_documents({"name": name}):
+            if await self.db[Gateway.collection].count_documents({"name": name}):
                 problems.append(f"{name}: still in {Gateway.collection}")
-            archived = self.db[ARCHIVE].find_one({"name": name})
+            archived = await self.db[ARCHIVE].find_one({"name": name})
             if archived is None:
                 problems.append(f"{name}: not archived")
                 continue
             for kind in CREATE_ORDER:
-                if self.db[kind].count_documents({"gatewayId": archived["_id"]}):
+                if await self.db[kind].count_documents({"gatewayId": archived["_id"]}):
                     problems.append(f"{name}: {kind} left behind")
-            if self.db[INGRESSES].count_documents({"gatewayId": archived["_id"]}):
+            if await self.db[INGRESSES].count_documents({"gatewayId": archived["_id"]}):
                 problems.append(f"{name}: ingress left behind")
-            if archived.get("customDomain") and self.db[CERTIFICATES].count_documents(
+            if archived.get("customDomain") and await self.db[CERTIFICATES].count_documents(
                 {"_id": archived["customDomain"]}
             ):
                 problems.append(f"{name}: certificate left behind")
         return problems
 
-    def repeats(self) -> int:
+    async def repeats(self) -> int:
         """Side effects that ran more than once: 0 when every step ran exactly once."""
-        return sum(d.get("repeats", 0) for d in self.db[LEDGER].find({"repeats": {"$gt": 0}}))
+        repeated = self.db[LEDGER].find({"repeats": {"$gt": 0}})
+        return sum([d.get("repeats", 0) async for d in repeated])
 
 
-def register(orch: Orchestrator, platform: Platform) -> None:
+def register(orch: AsyncOrchestrator, platform: Platform) -> None:
     """The gateway handlers, and those of its runtime domain; every replica registers them."""
     register_domains(orch, platform.certs)
 
     @orch.phase(Gateway, "Creating", to="Created")
-    def provision(lease: Lease[Gateway]) -> Any:
+    async def provision(lease: AsyncLease[Gateway]) -> Any:
         gateway = lease.resource
         for kind in CREATE_ORDER:
             if kind not in gateway.provisioned:
-                platform.create(gateway, kind)
-                return lease.unlock(provisioned=[*gateway.provisioned, kind])
-        domain = platform.domain_phase(gateway)
+                await platform.create(gateway, kind)
+                return await lease.unlock(provisioned=[*gateway.provisioned, kind])
+        domain = await platform.domain_phase(gateway)
         if domain == "Created":
-            return lease.advance("Created")
+            return await lease.advance("Created")
         if domain == orch.settings.failed_phase:
-            return lease.fail(f"runtime domain of {gateway.name} failed")
-        return lease.relock()
+            return await lease.fail(f"runtime domain of {gateway.name} failed")
+        return await lease.relock()
 
     @orch.when(
         Gateway, {"state": "Deleted", "phase": {"$in": ["Created", "Failed"]}}, to="Deleting"
     )
-    def begin_deletion(lease: Lease[Gateway]) -> Any:
-        return lease.advance("Deleting")
+    async def begin_deletion(lease: AsyncLease[Gateway]) -> Any:
+        return await lease.advance("Deleting")
 
     @orch.phase(Gateway, "Deleting", to="Deleted")
-    def delete_children(lease: Lease[Gateway]) -> Any:
+    async def delete_children(lease: AsyncLease[Gateway]) -> Any:
         gateway = lease.resource
         for kind in DELETE_ORDER:
             if kind not in gateway.removed:
-                platform.remove(gateway, kind)
-                return lease.unlock(removed=[*gateway.removed, kind])
-        return lease.advance("Deleted")
+                await platform.remove(gateway, kind)
+                return await lease.unlock(removed=[*gateway.removed, kind])
+        return await lease.advance("Deleted")
 
     @orch.phase(Gateway, "Deleted")
-    def archive(lease: Lease[Gateway]) -> Any:
-        platform.archive(lease.doc)
-        return lease.remove()
+    async def archive(lease: AsyncLease[Gateway]) -> Any:
+        await platform.archive(lease.doc)
+        return await lease.remove()
 
     # One handler for both directions: every handler costs each replica a query per tick.
     @orch.when(Gateway, {"phase": "Created", "$or": [STOP_WANTED, START_WANTED]})
-    def stop_or_start(lease: Lease[Gateway]) -> Any:
+    async def stop_or_start(lease: AsyncLease[Gateway]) -> Any:
         stopping = lease.resource.state == "Stopped"
-        platform.scale(lease.resource, 0 if stopping else 1)
-        return lease.unlock(stopped=stopping)
+        await platform.scale(lease.resource, 0 if stopping else 1)
+        return await lease.unlock(stopped=stopping)
 
 
 @dataclass(frozen=True)
 class Workflow:
-    orch: Orchestrator
+    orch: AsyncOrchestrator
     platform: Platform
 
 
 def build(
-    db: Database[dict[str, Any]],
+    db: AsyncDatabase[dict[str, Any]],
     *,
     cert_delay: float = 5.0,
     faults: Faults | None = None,
     **settings: Any,
 ) -> Workflow:
     """One replica: an orchestrator with the gateway workflow registered on it."""
-    orch = Orchestrator(db, **settings)
+    orch = AsyncOrchestrator(db, **settings)
     platform = Platform(db, orch, faults=faults, cert_delay=cert_delay)
     register(orch, platform)
     return Workflow(orch, platform)
 
 
-def worker() -> Orchestrator:
-    """For ``orchestrator run examples.gateway:worker``: the replica on ``MONGODB_URI``."""
+def worker() -> AsyncOrchestrator:
+    """For ``orchestrator run examples.gateway:worker``: the replica on ``MONGODB_URI``
+    (its database, else ``DEFAULT_DATABASE``), run by ``asyncio.run``."""
     uri = os.environ.get("MONGODB_URI")
     if uri:
-        client: MongoClient[dict[str, Any]] = MongoClient(uri)
-        db = client.get_default_database("platform")
+        client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(uri)
+        db = client.get_default_database(DEFAULT_DATABASE)
     else:
         logger.warning("MONGODB_URI is not set: this worker runs on its own in-memory store")
-        db = memory_database()
+        db = async_memory_database()
     return build(db).orch

@@ -1,0 +1,236 @@
+"""What a replica reports as it works: events, and the listeners that receive them.
+
+In the manner of PyMongo's monitoring (``pymongo.monitoring``): an event class per thing
+that happens, a listener base class with one method per event, and listeners registered on
+the object that emits them (``Orchestrator(db, listeners=[...])`` or ``add_listener``),
+never in a global registry. Metrics and traces are listeners
+(``orchestrator.monitoring``); an application may add its own.
+
+Events are emitted by the code both runners share (``orchestrator.runners.base``), so the
+threaded and the asyncio engine report alike. A listener is called in the thread or task
+that did the work, synchronously: it must be quick and thread-safe. One that raises never
+breaks a step: its error is logged once per listener and counted, and the step goes on.
+With no listener registered, nothing is built or called.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from orchestrator.core.errors import ConfigError
+
+logger = logging.getLogger("orchestrator")
+
+__all__ = [
+    "AttemptFailedEvent",
+    "ClockMeasuredEvent",
+    "IdleProbeEvent",
+    "LeaseExtendedEvent",
+    "LeaseLostEvent",
+    "Listener",
+    "Listeners",
+    "StepClaimedEvent",
+    "StepFinishedEvent",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class StepClaimedEvent:
+    """A replica claimed a document for a step.
+
+    ``step`` identifies the step in this replica (its later events carry the same number);
+    ``latency`` is how long the document had been due when it was claimed, in seconds,
+    when its lease fields tell: since its relock or retry wait or its previous lease ran
+    out, or since it entered its phase (submitted, advanced, retried by an operator).
+    None after a plain unlock or a hand-back, whose time is not recorded.
+    """
+
+    replica: str
+    collection: str
+    document_id: Any
+    phase: str | None
+    handler: str
+    step: int
+    latency: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class StepFinishedEvent:
+    """A claimed step is over, one such event per ``StepClaimedEvent``.
+
+    ``outcome``: ``unlocked``, ``relocked``, ``advanced``, ``removed``, ``done`` (the
+    handler wrote its outcome itself), ``retrying`` or ``failed`` (it raised, or returned
+    something wrong), ``lost`` (the lease was lost), ``timed_out`` (past step_timeout),
+    ``released`` (handed back unstarted), ``unrecorded`` (the write of its outcome failed:
+    the lease is left to expire) or ``interrupted``. ``duration``: seconds since the claim,
+    by the replica's monotonic clock. ``wait``: seconds until the document is claimable
+    again, when the outcome set one.
+    """
+
+    replica: str
+    collection: str
+    document_id: Any
+    phase: str | None
+    handler: str
+    step: int
+    outcome: str
+    duration: float
+    wait: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptFailedEvent:
+    """A step failed an attempt: its handler raised, returned something that is not its
+    outcome, its document did not validate, or it ran past step_timeout.
+
+    ``outcome``: ``retrying`` (retried after ``wait``), ``failed`` (moved to the failed
+    phase; ``final``), ``lost`` (the lease was lost meanwhile) or ``unrecorded``.
+    """
+
+    replica: str
+    collection: str
+    document_id: Any
+    phase: str | None
+    handler: str
+    error_type: str
+    message: str
+    outcome: str
+    wait: float | None
+    final: bool
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseLostEvent:
+    """A write under a lease found it lost: another replica holds the document now, or an
+    outside writer changed its phase. ``held_for``: seconds since the claim (server time)."""
+
+    replica: str
+    collection: str
+    document_id: Any
+    phase: str | None
+    handler: str
+    reason: str
+    held_for: float
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseExtendedEvent:
+    """The heartbeat extended the lease of a long step; ``held_for``: seconds since the
+    claim (server time)."""
+
+    replica: str
+    collection: str
+    document_id: Any
+    phase: str | None
+    handler: str
+    held_for: float
+
+
+@dataclass(frozen=True, slots=True)
+class ClockMeasuredEvent:
+    """A measurement of the server's clock: ``offset`` is server minus local wall time in
+    seconds (0 when the server reports no time: ``server_time`` False), ``round_trip``
+    the ``hello``'s round trip in seconds."""
+
+    replica: str
+    offset: float
+    round_trip: float
+    server_time: bool
+
+
+@dataclass(frozen=True, slots=True)
+class IdleProbeEvent:
+    """An idle replica asked whether a collection has work for ``handlers``: ``found``
+    True or False, None when the read failed; ``duration`` in seconds."""
+
+    replica: str
+    collection: str
+    handlers: tuple[str, ...]
+    found: bool | None
+    duration: float
+
+
+class Listener:
+    """Receives a replica's events: subclass it and override the methods you need (the
+    others do nothing). Called synchronously where the work happens, from worker threads
+    or the event loop: keep it quick and thread-safe."""
+
+    def step_claimed(self, event: StepClaimedEvent) -> None:
+        """A document was claimed for a step."""
+
+    def step_finished(self, event: StepFinishedEvent) -> None:
+        """A step is over, with its outcome and duration."""
+
+    def attempt_failed(self, event: AttemptFailedEvent) -> None:
+        """A step's attempt failed (retried, or moved to the failed phase)."""
+
+    def lease_lost(self, event: LeaseLostEvent) -> None:
+        """A lease was found lost."""
+
+    def lease_extended(self, event: LeaseExtendedEvent) -> None:
+        """The heartbeat extended a lease."""
+
+    def clock_measured(self, event: ClockMeasuredEvent) -> None:
+        """The server's clock was measured."""
+
+    def idle_probe(self, event: IdleProbeEvent) -> None:
+        """An idle replica probed a collection for work."""
+
+
+class Listeners:
+    """One replica's listeners, and the one place that calls them.
+
+    ``active`` is the hot path's whole cost when none is registered: the runner tests it
+    before it builds an event. The tuple is replaced, never changed in place, so a worker
+    iterating it while a listener is added is unaffected.
+    """
+
+    def __init__(self, replica: str, listeners: Iterable[Listener] = ()) -> None:
+        self._replica = replica
+        self.active: tuple[Listener, ...] = ()
+        self.errors = 0
+        """Calls that raised, over every listener (each listener's first is logged)."""
+        self._failed: set[int] = set()
+        self._lock = threading.Lock()
+        for listener in listeners:
+            self.add(listener)
+
+    def add(self, listener: Listener) -> None:
+        if not isinstance(listener, Listener):
+            raise ConfigError(
+                f"a listener subclasses orchestrator.Listener, not {type(listener).__name__}"
+            )
+        with self._lock:
+            self.active = (*self.active, listener)
+
+    def emit(self, method: str, event: object) -> None:
+        """Call ``method`` of every listener with ``event``; a listener that raises is
+        logged (its first error only) and the others are still called."""
+        for listener in self.active:
+            try:
+                getattr(listener, method)(event)
+            except Exception as exc:
+                self._listener_failed(listener, method, exc)
+
+    def _listener_failed(self, listener: Listener, method: str, exc: Exception) -> None:
+        with self._lock:
+            self.errors += 1
+            first = id(listener) not in self._failed
+            self._failed.add(id(listener))
+        if first:
+            name = type(listener).__qualname__
+            logger.error(
+                f"listener {name}.{method} raised; the step goes on (further errors of this "
+                "listener are counted, not logged)",
+                exc_info=exc,
+                extra={
+                    "replica": self._replica,
+                    "listener": name,
+                    "event": method,
+                    "outcome": "listener-error",
+                },
+            )

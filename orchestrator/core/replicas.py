@@ -1,0 +1,258 @@
+"""Live replicas: the record each replica keeps of itself, and what readers make of them.
+
+Every replica (``Orchestrator`` and ``AsyncOrchestrator``) writes one small document to
+``Settings.replicas_collection`` (``orchestrator.replicas``) when it starts and on every
+heartbeat, and deletes it when it stops gracefully. A killed replica cannot delete its
+own, so each record carries its own expiry (``expiresAt``: its last refresh plus a time to
+live that comfortably exceeds its refresh interval), as each lease carries its own
+``lockedUntil``: replicas with different settings refresh at different intervals, and one
+TTL index on ``expiresAt`` (``expireAfterSeconds: 0``) serves them all. MongoDB's TTL
+monitor deletes expired documents only once a minute (``TTL_MONITOR_PERIOD``), so a
+dead replica's record may sit there that much longer: readers judge ``expiresAt``
+themselves (``live_filter``), and a dead replica is never listed past its expiry.
+
+Everything here is pure; the store reads and writes, the runners decide when.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+REPLICAS_COLLECTION = "orchestrator.replicas"
+"""Where replicas record themselves unless ``Settings.replicas_collection`` says otherwise."""
+
+MAX_REFRESH = 10.0
+"""A replica refreshes its record (with its heartbeat) at least this often, whatever its
+lock timeout: a replica with a one-day lease must not look alive for hours after it died."""
+
+MIN_TTL = 30.0
+"""No record lives less than this past its last refresh: a replica whose heartbeat is
+late by a few seconds (a busy event loop, a slow write) does not flicker off the list."""
+
+TTL_MONITOR_PERIOD = 60.0
+"""MongoDB's TTL monitor runs every 60 s (``ttlMonitorSleepSecs``): an expired record can
+outlive its ``expiresAt`` by that much, which is why readers filter on it themselves."""
+
+_TRACKED = ("lock_timeout", "tick", "max_concurrency", "version")
+"""The settings ``disagreements`` compares, most consequential first."""
+
+
+def refresh_interval(lock_timeout: float) -> float:
+    """Seconds between two heartbeats, and so between two refreshes of the record: often
+    enough to renew a lease in time (a sixth of the lock timeout), and at most
+    ``MAX_REFRESH``."""
+    return min(lock_timeout / 6, MAX_REFRESH)
+
+
+def record_ttl(lock_timeout: float) -> float:
+    """How long a record stays live after its last refresh: four refresh intervals (three
+    heartbeats may be missed), and never less than ``MIN_TTL``."""
+    return max(4 * refresh_interval(lock_timeout), MIN_TTL)
+
+
+@dataclass(frozen=True)
+class RunningStep:
+    """A step a replica was running at its last refresh; ``since``: when it was claimed."""
+
+    collection: str
+    id: str
+    phase: str | None
+    since: datetime
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "collection": self.collection,
+            "id": self.id,
+            "phase": self.phase,
+            "since": self.since.isoformat(),
+        }
+
+
+@dataclass(frozen=True)
+class ReplicaRecord:
+    """One replica as it recorded itself. Times are the server's (each replica's estimate
+    of the server's clock, as for leases); ``instance`` tells apart two processes that
+    were given the same ``replica_id``."""
+
+    replica_id: str
+    instance: str
+    host: str
+    pid: int
+    version: str
+    engine: str
+    started: datetime
+    last_seen: datetime
+    expires_at: datetime
+    lock_timeout: float
+    tick: float
+    max_concurrency: int
+    steps: tuple[RunningStep, ...] = field(default_factory=tuple)
+
+    def live(self, now: datetime) -> bool:
+        """Whether the record is still live at ``now`` (the server's time)."""
+        return self.expires_at > now
+
+    def seen_ago(self, now: datetime) -> float:
+        """Seconds since its last refresh, by the server's time (never negative)."""
+        return max((now - self.last_seen).total_seconds(), 0.0)
+
+    @classmethod
+    def from_document(cls, doc: Mapping[str, Any]) -> ReplicaRecord | None:
+        """The record stored as ``doc`` (``queries.replica_document``), or None when it is
+        not one (a document some other writer put there): a reader skips it, not fails."""
+        try:
+            steps = tuple(
+                RunningStep(
+                    collection=str(s["collection"]),
+                    id=str(s["id"]),
+                    phase=None if s.get("phase") is None else str(s["phase"]),
+                    since=_utc(s["since"]),
+                )
+                for s in doc.get("steps") or ()
+            )
+            return cls(
+                replica_id=str(doc["_id"]),
+                instance=str(doc.get("instance", "")),
+                host=str(doc.get("host", "")),
+                pid=_int(doc.get("pid", 0)),
+                version=str(doc.get("version", "")),
+                engine=str(doc.get("engine", "")),
+                started=_utc(doc["started"]),
+                last_seen=_utc(doc["lastSeen"]),
+                expires_at=_utc(doc["expiresAt"]),
+                lock_timeout=_number(doc["lockTimeout"]),
+                tick=_number(doc["tick"]),
+                max_concurrency=_int(doc["maxConcurrency"]),
+                steps=steps,
+            )
+        except (KeyError, TypeError, ValueError, AttributeError):
+            return None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready (``orchestrator status --json``, the web page)."""
+        return {
+            "replica_id": self.replica_id,
+            "instance": self.instance,
+            "host": self.host,
+            "pid": self.pid,
+            "version": self.version,
+            "engine": self.engine,
+            "started": self.started.isoformat(),
+            "last_seen": self.last_seen.isoformat(),
+            "expires_at": self.expires_at.isoformat(),
+            "lock_timeout": self.lock_timeout,
+            "tick": self.tick,
+            "max_concurrency": self.max_concurrency,
+            "steps": [s.to_dict() for s in self.steps],
+        }
+
+
+def new_record(
+    *,
+    replica_id: str,
+    instance: str,
+    host: str,
+    pid: int,
+    version: str,
+    engine: str,
+    started: datetime,
+    now: datetime,
+    lock_timeout: float,
+    tick: float,
+    max_concurrency: int,
+    steps: Iterable[RunningStep] = (),
+) -> ReplicaRecord:
+    """A replica's record as of ``now`` (its estimate of the server's time), live for
+    ``record_ttl(lock_timeout)``."""
+    return ReplicaRecord(
+        replica_id=replica_id,
+        instance=instance,
+        host=host,
+        pid=pid,
+        version=version,
+        engine=engine,
+        started=started,
+        last_seen=now,
+        expires_at=now + timedelta(seconds=record_ttl(lock_timeout)),
+        lock_timeout=lock_timeout,
+        tick=tick,
+        max_concurrency=max_concurrency,
+        steps=tuple(sorted(steps, key=lambda s: (s.since, s.collection, s.id))),
+    )
+
+
+def live(records: Iterable[ReplicaRecord], now: datetime) -> list[ReplicaRecord]:
+    """The records still live at ``now``, by replica id: what the TTL monitor has not
+    deleted yet may be past its expiry."""
+    return sorted((r for r in records if r.live(now)), key=lambda r: r.replica_id)
+
+
+@dataclass(frozen=True)
+class Disagreement:
+    """Live replicas that run with different values of one setting: ``values`` pairs each
+    value (as shown) with the replicas that have it, most common first."""
+
+    setting: str
+    values: tuple[tuple[str, tuple[str, ...]], ...]
+
+    @property
+    def message(self) -> str:
+        shown = "; ".join(f"{value} ({', '.join(ids)})" for value, ids in self.values)
+        return f"replicas disagree on {self.setting}: {shown}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "setting": self.setting,
+            "values": {value: list(ids) for value, ids in self.values},
+            "message": self.message,
+        }
+
+
+def disagreements(records: Iterable[ReplicaRecord]) -> list[Disagreement]:
+    """The settings on which ``records`` differ, the lock timeout first, then the tick,
+    the concurrency and the library's version.
+
+    Mixed settings do not break leases (each lease carries its holder's expiry), but they
+    are rarely meant: a rolling change left half done, or one deployment configured apart.
+    The lock timeout matters most: it decides how long a dead replica's work waits.
+    """
+    rows = list(records)
+    found: list[Disagreement] = []
+    for setting in _TRACKED:
+        groups: dict[Any, list[str]] = {}
+        for record in rows:
+            groups.setdefault(getattr(record, setting), []).append(record.replica_id)
+        if len(groups) > 1:
+            ordered = sorted(groups.items(), key=lambda item: (-len(item[1]), item[0]))
+            found.append(
+                Disagreement(
+                    setting, tuple((_shown(value), tuple(sorted(ids))) for value, ids in ordered)
+                )
+            )
+    return found
+
+
+def _shown(value: Any) -> str:
+    """A duration in seconds as ``30s``, anything else as it is."""
+    return f"{value:g}s" if isinstance(value, float) else str(value)
+
+
+def _utc(value: Any) -> datetime:
+    if not isinstance(value, datetime):
+        raise TypeError(f"not a date: {value!r}")
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def _number(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"not a number: {value!r}")
+    return float(value)
+
+
+def _int(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"not an integer: {value!r}")
+    return value

@@ -1,0 +1,336 @@
+"""Prometheus metrics from a replica's events, and document counts computed on scrape.
+
+``PrometheusListener`` counts what the replicas of this process report (register the same
+listener on each): steps by collection, phase and outcome, step durations and claim
+latencies, leases held, lost and extended, failed attempts by error type, idle probes and
+the server-clock offset. With ``status=db`` it also registers a ``StatusCollector``, which
+at scrape time reports how many documents of each collection and phase are leased,
+waiting, overdue and failed, from the ``orchestrator status`` aggregation, at most once
+every ``status_max_age`` seconds whatever the scrape rate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Generic, TypeVar
+
+from orchestrator.core.extras import install_hint
+
+try:
+    from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
+    from prometheus_client.core import GaugeMetricFamily
+    from prometheus_client.registry import Collector
+except ModuleNotFoundError as exc:  # pragma: no cover - the metrics extra is missing
+    raise ModuleNotFoundError(
+        "orchestrator.monitoring.prometheus needs prometheus-client, which the 'metrics' "
+        f"extra installs: {install_hint('metrics')}",
+        name="prometheus_client",
+    ) from exc
+
+from pymongo.asynchronous.database import AsyncDatabase
+from pymongo.database import Database
+
+from orchestrator.core.errors import ConfigError
+from orchestrator.core.events import (
+    AttemptFailedEvent,
+    ClockMeasuredEvent,
+    IdleProbeEvent,
+    LeaseExtendedEvent,
+    LeaseLostEvent,
+    Listener,
+    StepClaimedEvent,
+    StepFinishedEvent,
+)
+from orchestrator.mongo.common import Document
+from orchestrator.tools.status import Status, collect, collect_async
+
+__all__ = ["DURATION_BUCKETS", "PrometheusListener", "StatusCollector"]
+
+logger = logging.getLogger("orchestrator")
+
+DURATION_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0)
+"""Seconds, from a millisecond step to a step_timeout's worth (steps and relock waits
+range that widely)."""
+
+
+def _phase(phase: str | None) -> str:
+    return phase if phase is not None else ""
+
+
+M = TypeVar("M", Counter, Gauge, Histogram)
+
+
+class _Children(Generic[M]):
+    """A labelled metric's children, each looked up once: ``labels()`` checks its values
+    and takes a lock at every call, several microseconds at every step."""
+
+    def __init__(self, metric: M) -> None:
+        self._metric: M = metric
+        self._children: dict[tuple[str, ...], M] = {}
+
+    def __call__(self, *values: str) -> M:
+        child = self._children.get(values)
+        if child is None:
+            child = self._children.setdefault(values, self._metric.labels(*values))
+        return child
+
+
+class PrometheusListener(Listener):
+    """Register it on every replica of the process: ``Orchestrator(db, listeners=[m])``.
+
+    ``registry``: where the metrics go (prometheus_client's default registry unless
+    given; two listeners on one registry collide). ``status``: a database to count
+    documents in on scrape (or a function returning a ``Status``), an ``AsyncDatabase``
+    included (then build the listener on the loop that owns its client); ``collections`` limits
+    the count, ``status_max_age`` bounds how often it is computed, ``monotonic`` is the
+    clock that ages it (tests pass a fake one).
+    """
+
+    def __init__(
+        self,
+        registry: CollectorRegistry | None = None,
+        *,
+        status: Database[Document] | AsyncDatabase[Document] | Callable[[], Status] | None = None,
+        collections: Sequence[str] | None = None,
+        status_max_age: float = 15.0,
+        monotonic: Callable[[], float] = time.monotonic,
+        buckets: Sequence[float] = DURATION_BUCKETS,
+    ) -> None:
+        registry = REGISTRY if registry is None else registry
+        step = ("collection", "phase")
+        self.steps = Counter(
+            "orchestrator_steps",
+            "Steps finished, by collection, phase (the one it was claimed in) and outcome.",
+            (*step, "outcome"),
+            registry=registry,
+        )
+        self.claims = Counter(
+            "orchestrator_claims", "Documents claimed for a step.", step, registry=registry
+        )
+        self.step_duration = Histogram(
+            "orchestrator_step_duration_seconds",
+            "Seconds from a step's claim to its outcome.",
+            step,
+            registry=registry,
+            buckets=buckets,
+        )
+        self.claim_latency = Histogram(
+            "orchestrator_claim_latency_seconds",
+            "Seconds a document had been due when it was claimed (where its fields tell).",
+            step,
+            registry=registry,
+            buckets=buckets,
+        )
+        self.leases_held = Gauge(
+            "orchestrator_leases_held",
+            "Leases held by this process's replicas now.",
+            ("collection",),
+            registry=registry,
+        )
+        self.attempt_failures = Counter(
+            "orchestrator_attempt_failures",
+            "Failed attempts of steps, by error type.",
+            (*step, "error"),
+            registry=registry,
+        )
+        self.leases_lost = Counter(
+            "orchestrator_leases_lost",
+            "Leases found lost (another replica, or an outside phase change, won).",
+            step,
+            registry=registry,
+        )
+        self.leases_extended = Counter(
+            "orchestrator_leases_extended",
+            "Leases of long steps extended by the heartbeat.",
+            step,
+            registry=registry,
+        )
+        self.clock_offset = Gauge(
+            "orchestrator_clock_offset_seconds",
+            "The server's clock minus this machine's, as last measured.",
+            ("replica",),
+            registry=registry,
+        )
+        self.clock_round_trip = Gauge(
+            "orchestrator_clock_round_trip_seconds",
+            "The round trip of the last measurement of the server's clock.",
+            ("replica",),
+            registry=registry,
+        )
+        self.idle_probes = Counter(
+            "orchestrator_idle_probes",
+            "Reads of an idle replica asking whether a collection has work, by result.",
+            ("collection", "result"),
+            registry=registry,
+        )
+        self._steps, self._claims = _Children(self.steps), _Children(self.claims)
+        self._duration, self._latency = _Children(self.step_duration), _Children(self.claim_latency)
+        self._held = _Children(self.leases_held)
+        self.status: StatusCollector | None = None
+        if status is not None:
+            self.status = StatusCollector(
+                status, collections=collections, max_age=status_max_age, monotonic=monotonic
+            )
+            registry.register(self.status)
+
+    def step_claimed(self, event: StepClaimedEvent) -> None:
+        phase = _phase(event.phase)
+        self._claims(event.collection, phase).inc()
+        self._held(event.collection).inc()
+        if event.latency is not None:
+            self._latency(event.collection, phase).observe(event.latency)
+
+    def step_finished(self, event: StepFinishedEvent) -> None:
+        phase = _phase(event.phase)
+        self._steps(event.collection, phase, event.outcome).inc()
+        self._duration(event.collection, phase).observe(event.duration)
+        self._held(event.collection).dec()
+
+    def attempt_failed(self, event: AttemptFailedEvent) -> None:
+        self.attempt_failures.labels(event.collection, _phase(event.phase), event.error_type).inc()
+
+    def lease_lost(self, event: LeaseLostEvent) -> None:
+        self.leases_lost.labels(event.collection, _phase(event.phase)).inc()
+
+    def lease_extended(self, event: LeaseExtendedEvent) -> None:
+        self.leases_extended.labels(event.collection, _phase(event.phase)).inc()
+
+    def clock_measured(self, event: ClockMeasuredEvent) -> None:
+        self.clock_offset.labels(event.replica).set(event.offset)
+        self.clock_round_trip.labels(event.replica).set(event.round_trip)
+
+    def idle_probe(self, event: IdleProbeEvent) -> None:
+        result = "error" if event.found is None else "found" if event.found else "empty"
+        self.idle_probes.labels(event.collection, result).inc()
+
+
+_DOCUMENT_GAUGES = (
+    ("orchestrator_documents", "count", "Documents per collection and phase."),
+    ("orchestrator_documents_leased", "leased", "Documents held by a live lease."),
+    (
+        "orchestrator_documents_waiting",
+        "waiting",
+        "Documents sitting out a relock or retry wait.",
+    ),
+    (
+        "orchestrator_documents_overdue",
+        "overdue",
+        "Documents whose lease ran out while held (its replica died or is stuck).",
+    ),
+    ("orchestrator_documents_failed", "failed", "Documents whose last attempt failed."),
+)
+
+
+def _on_its_loop(db: AsyncDatabase[Document], names: list[str] | None) -> Callable[[], Status]:
+    """Scrapes arrive on the metrics server's thread; an async client belongs to one loop,
+    so the count runs there and the scrape waits for it."""
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        raise ConfigError(
+            "status=<an AsyncDatabase>: build the listener on the event loop that owns its"
+            " client (e.g. in the application's lifespan)"
+        ) from None
+
+    def fetch() -> Status:
+        if threading.get_ident() == loop_thread:
+            # Waiting here would block the very loop that must run the count.
+            raise RuntimeError(
+                "a scrape on the database's own event loop cannot wait for the count: serve"
+                " /metrics from another thread (prometheus_client.start_http_server)"
+            )
+        count = collect_async(db, collections=names, errors=0)
+        return asyncio.run_coroutine_threadsafe(count, loop).result(timeout=60)
+
+    loop_thread = threading.get_ident()
+    return fetch
+
+
+class StatusCollector(Collector):
+    """Document counts per collection and phase, computed when Prometheus scrapes, from
+    ``orchestrator status``'s aggregation (one round trip per collection), at most once
+    every ``max_age`` seconds: scrapes in between get the counts already computed, so a
+    scrape storm costs the database nothing. ``source`` is a ``Database``, an
+    ``AsyncDatabase`` (counted on the event loop its client belongs to: the one running
+    when the collector is built) or a function returning a ``Status``.
+    A failed computation reports ``orchestrator_status_up`` 0 and no counts, and is not
+    retried before ``max_age`` either.
+    """
+
+    def __init__(
+        self,
+        source: Database[Document] | AsyncDatabase[Document] | Callable[[], Status],
+        *,
+        collections: Sequence[str] | None = None,
+        max_age: float = 15.0,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._fetch: Callable[[], Status]
+        lister = getattr(source, "list_collection_names", None)
+        if inspect.iscoroutinefunction(lister):
+            self._fetch = _on_its_loop(source, list(collections) if collections else None)  # type: ignore[arg-type]
+        elif callable(lister):
+            db: Database[Document] = source  # type: ignore[assignment]  # or a look-alike
+            names = list(collections) if collections else None
+
+            def fetch() -> Status:
+                return collect(db, collections=names, errors=0)
+
+            self._fetch = fetch
+        else:
+            self._fetch = source  # type: ignore[assignment]
+        self._max_age = max_age
+        self._monotonic = monotonic
+        self._lock = threading.Lock()
+        self._status: Status | None = None
+        self._computed_at: float | None = None
+        self.computations = 0
+        """How many times the counts were computed (each a query per collection)."""
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        """The metrics' names, without a query: the registry asks at registration."""
+        yield from self._families(None)
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        yield from self._families(self._current())
+
+    def _current(self) -> Status | None:
+        with self._lock:  # concurrent scrapes wait for one computation
+            now = self._monotonic()
+            if self._computed_at is None or now - self._computed_at >= self._max_age:
+                self._computed_at = now
+                self.computations += 1
+                try:
+                    self._status = self._fetch()
+                except Exception as exc:
+                    self._status = None
+                    logger.warning(
+                        f"metrics: counting documents failed: {exc}",
+                        extra={"outcome": "status-failed"},
+                    )
+            return self._status
+
+    def _families(self, status: Status | None) -> Iterator[GaugeMetricFamily]:
+        up = GaugeMetricFamily(
+            "orchestrator_status_up",
+            "1 when the last count of documents succeeded, else 0.",
+        )
+        families = [
+            (GaugeMetricFamily(name, doc, labels=("collection", "phase")), field)
+            for name, field, doc in _DOCUMENT_GAUGES
+        ]
+        if status is not None:
+            up.add_metric((), 1.0)
+            for row in status.phases:
+                for family, field in families:
+                    family.add_metric((row.collection, row.phase), float(getattr(row, field)))
+        else:
+            up.add_metric((), 0.0)
+        yield up
+        for family, _ in families:
+            yield family

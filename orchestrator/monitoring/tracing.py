@@ -1,0 +1,122 @@
+"""OpenTelemetry spans, one per step, from a replica's events.
+
+A span starts when a document is claimed and ends with the step's outcome. It is the
+current span while the step runs (in the worker's thread or task, and in the thread of a
+plain ``def`` handler of the async engine, which runs in a copy of the step's context), so
+the spans a handler makes, or its instrumented clients make, are its children. Each step
+is the root of its own trace. A step that fails, loses its lease or times out ends with
+an error status.
+"""
+
+from __future__ import annotations
+
+import threading
+from contextvars import ContextVar, Token
+from typing import Any
+
+from orchestrator.core.extras import install_hint
+
+try:
+    from opentelemetry import context as otel_context
+    from opentelemetry import trace
+except ModuleNotFoundError as exc:  # pragma: no cover - the tracing extra is missing
+    raise ModuleNotFoundError(
+        "orchestrator.monitoring.tracing needs opentelemetry-api, which the 'tracing' extra "
+        f"installs: {install_hint('tracing')}",
+        name="opentelemetry",
+    ) from exc
+
+from orchestrator.core.events import (
+    AttemptFailedEvent,
+    LeaseLostEvent,
+    Listener,
+    StepClaimedEvent,
+    StepFinishedEvent,
+)
+
+__all__ = ["FAILED_OUTCOMES", "TracingListener"]
+
+FAILED_OUTCOMES = frozenset(
+    {"retrying", "failed", "lost", "timed_out", "unrecorded", "interrupted"}
+)
+"""Outcomes whose span ends with an error status."""
+
+_CURRENT: ContextVar[tuple[int, Token[otel_context.Context]] | None] = ContextVar(
+    "orchestrator_step_span", default=None
+)
+"""(step number, context token) of the span this worker attached, to detach it where it
+was attached: a time-out ends a step's span from the heartbeat instead."""
+
+
+class TracingListener(Listener):
+    """Register it on every replica: ``Orchestrator(db, listeners=[TracingListener()])``.
+
+    ``tracer_provider``: the provider to take the tracer from (the global one unless
+    given: the application configures its SDK and exporter as usual).
+    """
+
+    def __init__(self, tracer_provider: trace.TracerProvider | None = None) -> None:
+        self._tracer = trace.get_tracer("orchestrator", tracer_provider=tracer_provider)
+        self._spans: dict[tuple[str, int], trace.Span] = {}
+        self._lock = threading.Lock()
+
+    def step_claimed(self, event: StepClaimedEvent) -> None:
+        span = self._tracer.start_span(
+            f"orchestrator.step {event.collection} {event.phase or ''}".rstrip(),
+            context=otel_context.Context(),  # a root: a step is its own unit of work
+            kind=trace.SpanKind.CONSUMER,
+            attributes={
+                "orchestrator.replica": event.replica,
+                "orchestrator.collection": event.collection,
+                "orchestrator.phase": event.phase or "",
+                "orchestrator.document_id": str(event.document_id),
+                "orchestrator.handler": event.handler,
+                **(
+                    {"orchestrator.claim_latency": event.latency}
+                    if event.latency is not None
+                    else {}
+                ),
+            },
+        )
+        with self._lock:
+            self._spans[(event.replica, event.step)] = span
+        token = otel_context.attach(trace.set_span_in_context(span))
+        _CURRENT.set((event.step, token))
+
+    def step_finished(self, event: StepFinishedEvent) -> None:
+        with self._lock:
+            span = self._spans.pop((event.replica, event.step), None)
+        current = _CURRENT.get()
+        if current is not None and current[0] == event.step:
+            _CURRENT.set(None)
+            otel_context.detach(current[1])
+        if span is None:
+            return
+        span.set_attribute("orchestrator.outcome", event.outcome)
+        if event.wait is not None:
+            span.set_attribute("orchestrator.wait", event.wait)
+        if event.outcome in FAILED_OUTCOMES:
+            span.set_status(trace.Status(trace.StatusCode.ERROR, event.outcome))
+        else:
+            span.set_status(trace.Status(trace.StatusCode.OK))
+        span.end()
+
+    def attempt_failed(self, event: AttemptFailedEvent) -> None:
+        self._annotate(
+            "attempt failed",
+            {
+                "exception.type": event.error_type,
+                "exception.message": event.message,
+                "orchestrator.outcome": event.outcome,
+            },
+        )
+
+    def lease_lost(self, event: LeaseLostEvent) -> None:
+        self._annotate("lease lost", {"orchestrator.reason": event.reason})
+
+    @staticmethod
+    def _annotate(name: str, attributes: dict[str, Any]) -> None:
+        """An event on the current step's span (in the step's own thread or task)."""
+        span = trace.get_current_span()
+        if span.is_recording():
+            span.add_event(name, attributes)

@@ -1,0 +1,180 @@
+"""What the operator's page tests share: a seeded database and a reader of the page's HTML.
+
+``seed`` makes one document in each state an operator meets: done, failed, held by a
+live lease, held by a dead replica (overdue), and waiting out a relock; and the records of
+three live replicas (one running a step, one with another lock timeout) and a dead one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from html.parser import HTMLParser
+from typing import Any
+
+from pymongo.database import Database
+
+from orchestrator import Lease, Orchestrator
+from orchestrator.core.extras import library_version
+from orchestrator.core.queries import bson_time
+from orchestrator.core.replicas import ReplicaRecord, RunningStep, new_record
+from orchestrator.mongo import Store
+from orchestrator.testing import FakeClock
+
+
+@dataclass
+class Seeded:
+    """The replica that seeded the database; ``outage`` makes the broken gateway's step
+    fail while it is set (clear it and a retry goes through)."""
+
+    orch: Orchestrator
+    outage: dict[str, bool] = field(default_factory=lambda: {"on": True})
+
+
+def seed(db: Database[Any], clock: FakeClock, *, replica_id: str = "pod-1") -> Seeded:
+    orch = Orchestrator(
+        db,
+        replica_id=replica_id,
+        clock=clock,
+        clock_refresh=1e6,
+        max_attempts=1,
+        lock_timeout=30,
+    )
+    seeded = Seeded(orch)
+
+    @orch.phase("gateways", "Provisioning", to="Ready")
+    def provision(lease: Lease[Any]) -> Any:
+        name = lease.doc["_id"]
+        if name == "gw-broken" and seeded.outage["on"]:
+            raise RuntimeError("certificate authority unreachable: 503 from ca.internal")
+        if name == "gw-waiting":
+            return lease.relock(wait=600)
+        return lease.advance("Ready")
+
+    orch.measure_clock()
+    for name in ("gw-1", "gw-2", "gw-3", "gw-broken", "gw-waiting"):
+        orch.submit("gateways", {"_id": name, "phase": "Provisioning", "region": "eu-west-1"})
+    orch.run_once()
+    now = orch.clock.now()
+    db.gateways.insert_many(
+        [
+            {  # a replica that died mid-step: its lease ran out 70 s ago
+                "_id": "gw-stuck",
+                "phase": "Provisioning",
+                "lockedAt": bson_time(now - timedelta(seconds=100)),
+                "lockedUntil": bson_time(now - timedelta(seconds=70)),
+                "lockToken": "dead-token",
+                "lockedBy": "pod-9",
+            },
+            {  # a replica running a step now
+                "_id": "gw-held",
+                "phase": "Provisioning",
+                "lockedAt": bson_time(now),
+                "lockedUntil": bson_time(now + timedelta(seconds=30)),
+                "lockToken": "live-token",
+                "lockedBy": "pod-2",
+            },
+        ]
+    )
+    store = Store(db)
+    for replica in replica_records(now):
+        store.record_replica(replica)
+    return seeded
+
+
+def replica_records(now: datetime) -> list[ReplicaRecord]:
+    """pod-1 and pod-2 alike (pod-2 runs gw-held's step), pod-3 with a lock timeout of
+    300 s, and pod-9, which died: its record expired, though the TTL monitor has not
+    deleted it yet."""
+
+    def made(replica_id: str, seen: datetime, **settings: Any) -> ReplicaRecord:
+        values: dict[str, Any] = {
+            "instance": f"i-{replica_id}",
+            "host": f"web-{replica_id[-1]}",
+            "pid": 7,
+            "version": library_version(),
+            "engine": "threaded",
+            "started": now - timedelta(hours=2),
+            "lock_timeout": 30.0,
+            "tick": 1.0,
+            "max_concurrency": 4,
+        }
+        values.update(settings)
+        return new_record(replica_id=replica_id, now=seen, **values)
+
+    return [
+        made("pod-1", now - timedelta(seconds=2)),
+        made(
+            "pod-2",
+            now - timedelta(seconds=1),
+            steps=[RunningStep("gateways", "gw-held", "Provisioning", now)],
+        ),
+        made("pod-3", now - timedelta(seconds=4), engine="async", lock_timeout=300.0),
+        made("pod-9", now - timedelta(minutes=5)),
+    ]
+
+
+class Page(HTMLParser):
+    """The tables (by id: rows of cell texts), links, forms (action and fields) and text
+    of one page, as a person reads them, with the HTML's escapes undone."""
+
+    def __init__(self, html: str) -> None:
+        super().__init__(convert_charrefs=True)
+        self.tables: dict[str, list[list[str]]] = {}
+        self.links: dict[str, str] = {}
+        self.forms: list[tuple[str, str, dict[str, str]]] = []
+        self.text = ""
+        self._table: str | None = None
+        self._row: list[str] | None = None
+        self._cell: list[str] | None = None
+        self._link: str | None = None
+        self._link_text: list[str] = []
+        self.feed(html)
+        self.close()
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        attr = {name: value or "" for name, value in attrs}
+        if tag == "table":
+            self._table = attr.get("id", "")
+            self.tables[self._table] = []
+        elif tag == "tr" and self._table is not None:
+            self._row = []
+        elif tag in ("td", "th") and self._row is not None:
+            self._cell = []
+        elif tag == "a":
+            self._link, self._link_text = attr.get("href", ""), []
+        elif tag == "form":
+            self.forms.append((attr.get("method", "get"), attr.get("action", ""), {}))
+        elif tag == "input" and self.forms and "name" in attr:
+            self.forms[-1][2][attr["name"]] = attr.get("value", "")
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag in ("td", "th") and self._cell is not None and self._row is not None:
+            self._row.append(" ".join("".join(self._cell).split()))
+            self._cell = None
+        elif tag == "tr" and self._row is not None and self._table is not None:
+            self.tables[self._table].append(self._row)
+            self._row = None
+        elif tag == "table":
+            self._table = None
+        elif tag == "a" and self._link is not None:
+            self.links[" ".join("".join(self._link_text).split())] = self._link
+            self._link = None
+
+    def handle_data(self, data: str) -> None:
+        self.text += data
+        if self._cell is not None:
+            self._cell.append(data)
+        if self._link is not None:
+            self._link_text.append(data)
+
+    def rows(self, table: str) -> list[list[str]]:
+        """The rows of a table without its header row."""
+        return self.tables[table][1:]
+
+    def field(self, name: str) -> str:
+        """A value of the document page's lease table, by its stored field name."""
+        for row in self.tables["lease"]:
+            if row[0].endswith(f" {name}"):
+                return row[1]
+        raise KeyError(name)

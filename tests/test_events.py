@@ -1,0 +1,258 @@
+"""The listener interface: what a replica reports, alike on both engines, and a listener
+that raises never breaking a step. Time comes from the FakeClock."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import anyio
+import pytest
+from pymongo.database import Database
+
+from orchestrator import (
+    AttemptFailedEvent,
+    ClockMeasuredEvent,
+    ConfigError,
+    IdleProbeEvent,
+    LeaseExtendedEvent,
+    LeaseLostEvent,
+    Listener,
+    Orchestrator,
+    StepClaimedEvent,
+    StepFinishedEvent,
+)
+from orchestrator.core import queries
+from orchestrator.core.resource import EPOCH
+from orchestrator.testing import FakeClock, memory_database
+from tests.conftest import MakeEither
+from tests.engines import hold, wait
+
+pytestmark = pytest.mark.anyio
+
+
+class Recorder(Listener):
+    """Every event, in order (listeners are called from worker threads too)."""
+
+    def __init__(self) -> None:
+        self.events: list[object] = []
+        self._lock = threading.Lock()
+
+    def _add(self, event: object) -> None:
+        with self._lock:
+            self.events.append(event)
+
+    step_claimed = step_finished = attempt_failed = lease_lost = _add
+    lease_extended = clock_measured = idle_probe = _add
+
+    def of(self, kind: type[Any]) -> list[Any]:
+        with self._lock:
+            return [e for e in self.events if isinstance(e, kind)]
+
+    def clear(self) -> None:
+        with self._lock:
+            self.events.clear()
+
+
+async def test_claims_and_outcomes_are_reported_with_latency_and_duration(
+    replicas: MakeEither, clock: FakeClock
+) -> None:
+    recorder = Recorder()
+    replica = await replicas("pod-1", listeners=[recorder])
+    measured = recorder.of(ClockMeasuredEvent)
+    assert len(measured) == 1 and measured[0].replica == "pod-1" and measured[0].server_time
+
+    @replica.phase("jobs", "Running")
+    async def step(lease: Any) -> Any:
+        if not lease.doc.get("waited"):
+            return await lease.relock(10, waited=True)
+        clock.advance(0.25)  # the step's own work
+        return await lease.advance("Done")
+
+    @replica.phase("jobs", "Other")  # two handlers on a collection: an idle replica probes it
+    async def other(lease: Any) -> Any:
+        return await lease.advance("Done")
+
+    doc = await replica.submit("jobs", {"phase": "Running"})
+    clock.advance(3)  # due since its submit
+    await replica.run_once()
+    clock.advance(12)  # its relock's 10 s ran out 2 s ago
+    await replica.run_once()
+
+    claims = recorder.of(StepClaimedEvent)
+    assert [(c.collection, c.document_id, c.phase, c.replica) for c in claims] == [
+        ("jobs", doc["_id"], "Running", "pod-1")
+    ] * 2
+    # Times are stored to the millisecond.
+    assert claims[0].latency == pytest.approx(3.0, abs=0.002)
+    assert claims[1].latency == pytest.approx(2.0, abs=0.002)
+    finished = recorder.of(StepFinishedEvent)
+    assert [(f.step, f.outcome, f.wait, f.duration) for f in finished] == [
+        (claims[0].step, "relocked", 10.0, 0.0),
+        (claims[1].step, "advanced", None, 0.25),
+    ]
+    assert claims[0].step != claims[1].step
+
+    recorder.clear()
+    await replica.run_once()  # nothing left: an idle probe that finds nothing
+    probes = recorder.of(IdleProbeEvent)
+    assert probes and all(p.collection == "jobs" and p.found is False for p in probes)
+    assert set(probes[0].handlers) == {h.name for h in replica.orch.handlers}
+    assert not recorder.of(StepClaimedEvent)
+
+
+async def test_failed_attempts_and_lost_leases_are_reported(
+    replicas: MakeEither, db: Database[Any], clock: FakeClock
+) -> None:
+    recorder = Recorder()
+    replica = await replicas("pod-1", listeners=[recorder], max_attempts=2)
+
+    @replica.phase("jobs", "Flaky")
+    async def flaky(lease: Any) -> Any:
+        raise ValueError("the SDK said no")
+
+    @replica.phase("jobs", "Taken")
+    async def taken(lease: Any) -> Any:
+        # Another replica took the document over meanwhile, and moved it on.
+        db.jobs.update_one(
+            {"_id": lease.id}, {"$set": {"lockToken": "someone-else", "phase": "Elsewhere"}}
+        )
+        return await lease.advance("Done")
+
+    await replica.submit("jobs", {"_id": "flaky", "phase": "Flaky"})
+    await replica.submit("jobs", {"_id": "taken", "phase": "Taken"})
+    await replica.run_once()
+    clock.advance(3600)  # past any retry backoff
+    await replica.run_once()
+
+    failures = recorder.of(AttemptFailedEvent)
+    assert [(f.document_id, f.error_type, f.outcome, f.final) for f in failures] == [
+        ("flaky", "ValueError", "retrying", False),
+        ("flaky", "ValueError", "failed", True),
+    ]
+    assert failures[0].message == "the SDK said no" and failures[0].wait is not None
+    lost = recorder.of(LeaseLostEvent)
+    assert [(e.document_id, e.phase) for e in lost] == [("taken", "Taken")]
+    outcomes = sorted((f.document_id, f.outcome) for f in recorder.of(StepFinishedEvent))
+    assert outcomes == [("flaky", "failed"), ("flaky", "retrying"), ("taken", "lost")]
+
+
+async def test_the_heartbeat_and_a_time_out_are_reported(
+    replicas: MakeEither, clock: FakeClock
+) -> None:
+    recorder = Recorder()
+    worker = await replicas("pod-1", listeners=[recorder], tick=30, step_timeout=60)
+    box = hold(worker)
+    await worker.submit("jobs", {"_id": "long", "phase": "Running"})
+    async with anyio.create_task_group() as group:
+        group.start_soon(worker.run_once)
+        assert await wait(box["claimed"])
+        clock.advance(20)
+        assert await worker.heartbeat() == 1
+        clock.advance(45)  # 65 s: past step_timeout
+        await worker.heartbeat()
+    box["go"].set()
+    if worker.threaded:  # its thread returns at last (an async step was cancelled)
+        assert await wait(box["returned"])
+
+    extended = recorder.of(LeaseExtendedEvent)
+    assert [(e.document_id, e.held_for) for e in extended] == [
+        ("long", pytest.approx(20.0, abs=0.002))
+    ]
+    finished = recorder.of(StepFinishedEvent)
+    assert [(f.outcome, f.duration) for f in finished] == [("timed_out", 65.0)], "one per claim"
+    # (A thread step's late write after it is also reported, as a failed attempt.)
+    assert recorder.of(AttemptFailedEvent)[0].error_type == "StepTimeout"
+
+
+class Broken(Listener):
+    """Raises on every event."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self._lock = threading.Lock()
+
+    def _raise(self, event: object) -> None:
+        with self._lock:  # called from worker threads too
+            self.calls += 1
+        raise RuntimeError("a bug in a listener")
+
+    step_claimed = step_finished = attempt_failed = lease_lost = _raise
+    lease_extended = clock_measured = idle_probe = _raise
+
+
+async def test_a_listener_that_raises_never_breaks_a_step(
+    replicas: MakeEither, db: Database[Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    broken, recorder = Broken(), Recorder()
+    caplog.set_level(logging.ERROR, logger="orchestrator")
+    replica = await replicas("pod-1", listeners=[broken])
+    replica.orch.add_listener(recorder)  # added later: called after the broken one
+
+    @replica.phase("jobs", "Running")
+    async def step(lease: Any) -> Any:
+        return await lease.advance("Done")
+
+    for n in range(3):
+        await replica.submit("jobs", {"_id": n, "phase": "Running"})
+    counts = await replica.run_once()
+
+    assert counts.get("advanced") == 3
+    assert [d["phase"] for d in db.jobs.find({})] == ["Done"] * 3
+    assert len(recorder.of(StepFinishedEvent)) == 3, "the other listeners are still called"
+    assert broken.calls > 3
+    assert replica.stats()["listener_errors"] == broken.calls, "each error is counted"
+    logged = [r for r in caplog.records if getattr(r, "outcome", None) == "listener-error"]
+    assert len(logged) == 1, "logged once per listener, not at every event"
+    assert logged[0].listener == "Broken"  # type: ignore[attr-defined]
+    assert logged[0].replica == "pod-1"  # type: ignore[attr-defined]
+    assert logged[0].exc_info is not None
+
+
+def test_a_listener_is_a_listener(clock: FakeClock) -> None:
+    with pytest.raises(ConfigError, match=r"subclasses orchestrator\.Listener"):
+        Orchestrator(memory_database(clock=clock), clock=clock, listeners=[object()])  # type: ignore[list-item]
+
+
+def _at(seconds: float) -> datetime:
+    return datetime(2026, 1, 1, tzinfo=UTC) + timedelta(seconds=seconds)
+
+
+@pytest.mark.parametrize(
+    ("before", "due"),
+    [
+        # A relock's or retry's wait, or an expired lease, ran out at lockedUntil.
+        ({"lockedUntil": _at(50), "updatedAt": _at(0), "lockedAt": _at(10)}, _at(50)),
+        # Submitted, or advanced into its phase: due since it entered it.
+        ({"lockedUntil": EPOCH, "updatedAt": _at(5)}, _at(5)),
+        ({"lockedUntil": EPOCH, "updatedAt": _at(5), "lockedAt": _at(4)}, _at(5)),
+        ({"updatedAt": _at(5)}, _at(5)),
+        # Unlocked (or handed back) within its phase: when is not recorded.
+        ({"lockedUntil": EPOCH, "updatedAt": _at(5), "lockedAt": _at(9)}, None),
+        # Malformed lease fields: claimable, since nobody knows when.
+        ({"lockedUntil": "soon", "updatedAt": _at(5)}, None),
+        ({"lockedUntil": EPOCH, "updatedAt": "then"}, None),
+    ],
+)
+def test_how_long_a_document_was_due_is_read_from_its_fields(
+    before: dict[str, Any], due: datetime | None
+) -> None:
+    assert queries.due_since(before) == due
+
+
+def test_a_claim_applies_its_update_to_the_document_it_read() -> None:
+    before = {"_id": 1, "phase": "P", "lockedUntil": EPOCH}
+    now = datetime(2026, 1, 1, 0, 0, 0, 123456, tzinfo=UTC)
+    after = queries.claimed(before, queries.claim_update(now, now, "t", "pod-1"))
+    assert after == {
+        "_id": 1,
+        "phase": "P",
+        "lockedUntil": datetime(2026, 1, 1, 0, 0, 0, 123000, tzinfo=UTC),  # as stored
+        "lockedAt": datetime(2026, 1, 1, 0, 0, 0, 123000, tzinfo=UTC),
+        "lockToken": "t",
+        "lockedBy": "pod-1",
+    }
+    with pytest.raises(ConfigError, match="only sets fields"):
+        queries.claimed({}, {"$set": {}, "$inc": {"claims": 1}})

@@ -1,0 +1,528 @@
+"""The operator's page, mounted in an application as users mount it, and ``orchestrator web``.
+
+Each test reads the page as HTML and acts through its forms, as a browser would (the
+browser itself drives it in ``test_web_browser.py``).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import threading
+from collections.abc import Iterator
+from dataclasses import replace
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+import pytest
+from bson import ObjectId, json_util
+from bson.json_util import CANONICAL_JSON_OPTIONS
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+from pymongo import AsyncMongoClient
+from pymongo.database import Database
+from starlette.middleware.base import BaseHTTPMiddleware, RequestResponseEndpoint
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse, Response
+
+from orchestrator import ConfigError
+from orchestrator.core.replicas import RunningStep
+from orchestrator.core.resource import EPOCH
+from orchestrator.mongo import Store
+from orchestrator.testing import FakeClock, async_view, memory_database
+from orchestrator.testing.memory import MemoryDatabase
+from orchestrator.tools import cli, commands
+from orchestrator.tools.status import collect
+from orchestrator.tools.web import serve as web_serve
+from orchestrator.web import operator_app
+from tests.conftest import MONGODB_URI
+from tests.operator_page import Page, replica_records, seed
+
+XSS = '<script>alert("x")</script>\'"><img src=x onerror=alert(1)>'
+
+
+@pytest.fixture
+def page(db: Database[Any]) -> Iterator[TestClient]:
+    """The page mounted at /ops in a FastAPI app, on the async view of ``db`` (or an
+    ``AsyncMongoClient`` of the same server), as an application mounts it."""
+    client: AsyncMongoClient[Any] | None = None
+    if isinstance(db, MemoryDatabase):
+        adb: Any = async_view(db)
+    else:
+        client = AsyncMongoClient(MONGODB_URI, serverSelectionTimeoutMS=5000)
+        adb = client[db.name]
+    app = FastAPI()
+    app.mount("/ops", operator_app(adb))
+    with TestClient(app) as test_client:
+        yield test_client
+        if client is not None:
+            test_client.portal.call(client.close)  # type: ignore[union-attr]
+
+
+def read(response: httpx.Response, status: int = 200) -> Page:
+    assert response.status_code == status, response.text
+    return Page(response.text)
+
+
+def open_document(page: TestClient, doc_id: str) -> Page:
+    return read(page.get("/ops/document", params={"c": "gateways", "id": doc_id}))
+
+
+def confirm(page: TestClient, action: str, doc_id: str) -> tuple[str, dict[str, str]]:
+    """The confirmation page's form: where it posts and what it sends."""
+    shown = read(page.get("/ops/confirm", params={"action": action, "c": "gateways", "id": doc_id}))
+    [(_, target, fields)] = [form for form in shown.forms if form[0] == "post"]
+    return target, fields
+
+
+def test_the_page_shows_the_status_commands_counts_per_collection_and_phase(
+    db: Database[Any], clock: FakeClock, page: TestClient
+) -> None:
+    seed(db, clock)
+    shown = read(page.get("/ops/"))
+    expected = [
+        [r.collection, r.phase, *map(str, (r.count, r.leased, r.overdue, r.waiting, r.failed))]
+        for r in collect(db).phases
+    ]
+    rows = [row for row in shown.rows("counts") if row[1] != "all phases"]
+    assert rows == expected
+    by_phase = {row[1]: row for row in rows}
+    # documents, leased now, overdue, waiting, failed
+    assert by_phase["Provisioning"][2:] == ["3", "1", "1", "1", "0"]
+    assert by_phase["Failed"][2:] == ["1", "0", "0", "0", "1"]
+    assert by_phase["Ready"][2] == "3"
+    [total] = [row for row in shown.rows("counts") if row[1] == "all phases"]
+    assert total[2:] == ["7", "1", "1", "1", "1"]
+    [error] = shown.rows("errors")
+    assert error[:3] == ["gateways", "gw-broken", "Failed"]
+    assert "certificate authority unreachable" in error[5]
+
+
+def test_a_document_is_opened_by_its_id_from_a_page_that_does_not_reload(
+    db: Database[Any], clock: FakeClock, page: TestClient
+) -> None:
+    seed(db, clock)
+    overview = read(page.get("/ops/"))
+    response = page.get(overview.links["Open a document by its id…"])
+    finder = Page(response.text)
+    assert response.status_code == 200
+    assert 'http-equiv="refresh"' not in response.text  # typing is not interrupted
+    [(method, target, fields)] = finder.forms
+    assert (method, target, set(fields)) == ("get", "/ops/document", {"id"})
+    assert read(page.get(target, params={"c": "gateways", "id": "gw-held"})).field("lockedBy") == (
+        "pod-2"
+    )
+    assert 'http-equiv="refresh"' in page.get("/ops/").text
+
+
+def test_the_page_lists_the_live_replicas_and_flags_their_disagreement(
+    db: Database[Any], clock: FakeClock, page: TestClient
+) -> None:
+    seed(db, clock)
+    shown = read(page.get("/ops/"))
+    replicas = {row[0]: row for row in shown.rows("replicas")}
+    assert sorted(replicas) == ["pod-1", "pod-2", "pod-3"]  # pod-9's record expired
+    assert replicas["pod-3"][3] == "async"
+    assert [replicas[name][7] for name in ("pod-1", "pod-3")] == ["30s", "300s"]
+    assert replicas["pod-1"][10] == "none"
+    assert replicas["pod-2"][10].startswith("gateways/gw-held (Provisioning, for")
+    assert "replicas disagree on lock_timeout: 30s (pod-1, pod-2); 300s (pod-3)" in shown.text
+    assert "disagree on tick" not in shown.text
+    held = read(page.get(shown.links["gateways/gw-held"]))  # the step it runs, opened
+    assert held.field("lockedBy") == "pod-2"
+    # The replicas' own collection is no collection of documents to open.
+    finder = read(page.get("/ops/document"))
+    assert "orchestrator.replicas" not in finder.text
+    assert "gateways" in finder.text
+
+
+def test_links_and_forms_stay_under_the_mount_point(
+    db: Database[Any], clock: FakeClock, page: TestClient
+) -> None:
+    seed(db, clock)
+    for response in (
+        page.get("/ops/"),
+        page.get("/ops/document", params={"c": "gateways", "id": "gw-broken"}),
+        page.get("/ops/confirm", params={"action": "retry", "c": "gateways", "id": "gw-broken"}),
+    ):
+        shown = read(response)
+        targets = list(shown.links.values()) + [action for _, action, _ in shown.forms]
+        assert targets
+        assert all(target.startswith("/ops/") for target in targets), targets
+    overview = read(page.get("/ops/"))
+    assert read(page.get(overview.links["gw-broken"])).field("phase") == "Failed"
+
+
+def test_a_document_page_shows_its_lease_judged_as_the_counts_judge_it(
+    db: Database[Any], clock: FakeClock, page: TestClient
+) -> None:
+    seed(db, clock)
+    states = {
+        "gw-held": "leased",
+        "gw-stuck": "overdue",
+        "gw-waiting": "waiting",
+        "gw-1": "free",
+    }
+    for doc_id, state in states.items():
+        shown = open_document(page, doc_id)
+        assert state in shown.text.split(), (doc_id, shown.text)
+    held = open_document(page, "gw-held")
+    assert held.field("lockedBy") == "pod-2"
+    assert held.field("lockToken") == "live-token"
+    assert "(in " in held.field("lockedUntil")  # ahead of the server's time
+    broken = open_document(page, "gw-broken")
+    assert broken.field("phase") == "Failed"
+    assert broken.field("attempts") == "1"
+    assert broken.field("failedBy").endswith("provision")
+    assert "released" in broken.field("lockedUntil")
+    error = dict(row[:2] for row in broken.tables["last-error"])
+    assert error["type"] == "RuntimeError"
+    assert error["message"].startswith("certificate authority unreachable")
+    assert error["phase"] == "Provisioning"
+    assert '"region": "eu-west-1"' in broken.text
+
+
+def test_every_value_taken_from_a_document_is_escaped(
+    db: Database[Any], clock: FakeClock, page: TestClient
+) -> None:
+    seeded = seed(db, clock)
+    now = seeded.orch.clock.now()
+    db.gateways.insert_one(
+        {
+            "_id": XSS,
+            "phase": XSS,
+            "lockedBy": XSS,
+            "lockToken": XSS,
+            "failedBy": XSS,
+            "lastError": {"type": XSS, "message": XSS, "at": now, "phase": XSS},
+            "previousError": {"type": XSS, "message": XSS, "at": now, "phase": XSS},
+            XSS: XSS,
+            "nested": {"deep": [XSS]},
+        }
+    )
+    [hostile] = replica_records(now)[:1]
+    Store(db).record_replica(
+        replace(
+            hostile,
+            replica_id=XSS,
+            host=XSS,
+            engine=XSS,
+            version=XSS,
+            steps=(RunningStep("gateways", XSS, XSS, now),),
+        )
+    )
+    pages = {
+        "overview": page.get("/ops/"),
+        "document": page.get("/ops/document", params={"c": "gateways", "id": XSS}),
+        "confirm unlock": page.get(
+            "/ops/confirm", params={"action": "unlock", "c": "gateways", "id": XSS}
+        ),
+        "confirm retry": page.get(
+            "/ops/confirm", params={"action": "retry", "c": "gateways", "id": XSS}
+        ),
+    }
+    for name, response in pages.items():
+        assert response.status_code == 200, name
+        assert "<script" not in response.text, name
+        assert "<img" not in response.text, name
+        assert "&lt;script&gt;" in response.text, name
+        assert "script-src" not in response.headers["content-security-policy"]  # default: none
+        assert "frame-ancestors 'none'" in response.headers["content-security-policy"]
+        shown = Page(response.text)
+        assert XSS in shown.text, name  # shown to the operator as the text it is
+    document = Page(pages["document"].text)
+    assert document.field("lockedBy") == XSS
+    replica = Page(pages["overview"].text).rows("replicas")[0]
+    assert replica[:2] == [XSS, XSS]
+    assert replica[10].startswith(f"gateways/{XSS} ({XSS}, for")
+    # The hostile values round-trip through the confirmation form unchanged: the retry
+    # applies to that document and no other.
+    target, fields = confirm(page, "retry", XSS)
+    fields["phase"] = "Provisioning"
+    done = page.post(target, data=fields)
+    assert read(done).field("phase") == "Provisioning"
+    assert db.gateways.find_one({"_id": XSS})["phase"] == "Provisioning"
+
+
+@pytest.mark.parametrize("doc_id", [ObjectId("65a1b2c3d4e5f60718293a4b"), 42, {"tenant": "a"}])
+def test_documents_whose_ids_are_not_strings_are_opened_and_retried(
+    doc_id: Any, db: Database[Any], clock: FakeClock, page: TestClient
+) -> None:
+    seeded = seed(db, clock)
+    error = {"type": "RuntimeError", "message": "boom", "phase": "Provisioning"}
+    error["at"] = seeded.orch.clock.now()
+    db.gateways.insert_one({"_id": doc_id, "phase": "Failed", "attempts": 1, "lastError": error})
+    shown = read(page.get("/ops/"))
+    if not isinstance(doc_id, dict):  # an embedded document id has no typed form to show
+        assert read(page.get(shown.links[str(doc_id)])).field("phase") == "Failed"
+    assert any(row[1] == str(doc_id) for row in shown.rows("errors"))
+    document = read(page.get("/ops/document", params=_ref(doc_id)))
+    target, fields = next(
+        (form[1], form[2])
+        for form in read(page.get(document.links["Retry…"])).forms
+        if form[0] == "post"
+    )
+    assert read(page.post(target, data=fields)).field("phase") == "Provisioning"
+    assert db.gateways.find_one({"_id": doc_id})["phase"] == "Provisioning"
+
+
+def _ref(doc_id: Any) -> dict[str, str]:
+    return {"c": "gateways", "ref": json_util.dumps(doc_id, json_options=CANONICAL_JSON_OPTIONS)}
+
+
+def test_retry_through_the_confirmation_sends_a_failed_document_on(
+    db: Database[Any], clock: FakeClock, page: TestClient
+) -> None:
+    seeded = seed(db, clock)
+    target, fields = confirm(page, "retry", "gw-broken")
+    assert target == "/ops/retry"
+    assert fields["phase"] == "Provisioning"  # the phase of its last error, offered
+    assert db.gateways.find_one({"_id": "gw-broken"})["phase"] == "Failed"  # nothing yet
+
+    shown = read(page.post(target, data=fields))
+    assert "Retried" in shown.text
+    assert shown.field("phase") == "Provisioning"
+    assert shown.field("attempts") == "0"
+    assert "last attempt did not fail" in shown.text
+    doc = db.gateways.find_one({"_id": "gw-broken"})
+    assert "failedBy" not in doc
+    assert doc["previousError"]["message"].startswith("certificate authority")
+
+    seeded.outage["on"] = False
+    seeded.orch.run_once()
+    assert open_document(page, "gw-broken").field("phase") == "Ready"
+
+
+def test_unlock_through_the_confirmation_frees_a_held_lease(
+    db: Database[Any], clock: FakeClock, page: TestClient
+) -> None:
+    seeded = seed(db, clock)
+    target, fields = confirm(page, "unlock", "gw-held")
+    assert target == "/ops/unlock"
+    shown = read(page.post(target, data=fields))
+    assert "Unlocked" in shown.text
+    assert "free" in shown.text.split()
+    assert shown.field("lockToken") == "-"
+    doc = db.gateways.find_one({"_id": "gw-held"})
+    assert "lockToken" not in doc
+    assert doc["lockedUntil"] == EPOCH
+    assert seeded.orch.run_once().get("advanced") == 2  # it, and the overdue gw-stuck
+
+
+@pytest.mark.parametrize("action", ["unlock", "retry"])
+def test_an_action_is_applied_only_to_the_state_that_was_confirmed(
+    action: str, db: Database[Any], clock: FakeClock, page: TestClient
+) -> None:
+    seed(db, clock)
+    doc_id = "gw-held" if action == "unlock" else "gw-broken"
+    target, fields = confirm(page, action, doc_id)
+    fields.setdefault("phase", "Provisioning")
+    # Meanwhile the lease changed hands (unlock) or the application moved the document.
+    change = {"lockToken": "next-holder"} if action == "unlock" else {"phase": "Cancelled"}
+    db.gateways.update_one({"_id": doc_id}, {"$set": change})
+    before = db.gateways.find_one({"_id": doc_id})
+
+    refused = read(page.post(target, data=fields), 409)
+    assert "changed since you confirmed" in refused.text
+    assert db.gateways.find_one({"_id": doc_id}) == before
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {"Sec-Fetch-Site": "cross-site"},
+        {"Sec-Fetch-Site": "same-site"},
+        {"Origin": "https://evil.example"},
+        {"Origin": "null"},
+    ],
+)
+def test_a_cross_site_post_is_refused(
+    headers: dict[str, str], db: Database[Any], clock: FakeClock, page: TestClient
+) -> None:
+    seed(db, clock)
+    target, fields = confirm(page, "retry", "gw-broken")
+    refused = read(page.post(target, data=fields, headers=headers), 403)
+    assert "cross-site" in refused.text
+    assert db.gateways.find_one({"_id": "gw-broken"})["phase"] == "Failed"
+
+    same_origin = {"Sec-Fetch-Site": "same-origin", "Origin": "http://testserver"}
+    assert read(page.post(target, data=fields, headers=same_origin)).field("phase") == (
+        "Provisioning"
+    )
+
+
+def test_actions_are_posts_only(db: Database[Any], clock: FakeClock, page: TestClient) -> None:
+    seed(db, clock)
+    target, fields = confirm(page, "unlock", "gw-held")
+    assert page.get(target, params=fields).status_code == 405
+    assert db.gateways.find_one({"_id": "gw-held"})["lockToken"] == "live-token"
+
+
+def test_bad_requests_get_a_page_that_says_why(
+    db: Database[Any], clock: FakeClock, page: TestClient
+) -> None:
+    seed(db, clock)
+    _, fields = confirm(page, "retry", "gw-broken")
+    cases: list[tuple[httpx.Response, int, str]] = [
+        (page.get("/ops/document", params={"c": "nope", "id": "x"}), 404, "no collection 'nope'"),
+        (page.get("/ops/document", params={"c": "gateways", "id": "x"}), 404, "no document"),
+        (page.get("/ops/document", params={"c": "gateways", "ref": "{"}), 400, "malformed"),
+        (page.get("/ops/confirm", params={"action": "drop", "c": "gateways"}), 400, "unknown"),
+        (page.post("/ops/retry", data={**fields, "phase": "$set"}), 400, "not a phase name"),
+        (page.post("/ops/retry", data={**fields, "phase": " "}), 400, "name the phase"),
+        (page.post("/ops/retry", data={**fields, "seen": "[]"}), 400, "not a document"),
+        (page.post("/ops/unlock", data={"c": "gateways"}), 400, "no document reference"),
+        (page.post("/ops/unlock", json=fields), 415, "form post"),
+        (page.post("/ops/unlock", data={"c": "x" * 20_000}), 413, "at most"),
+    ]
+    for response, status, needle in cases:
+        shown = read(response, status)
+        assert needle in shown.text, (status, needle, shown.text)
+        assert "Traceback" not in response.text
+    assert db.gateways.find_one({"_id": "gw-broken"})["phase"] == "Failed"
+
+
+def test_the_page_sits_behind_the_applications_own_authentication(clock: FakeClock) -> None:
+    """Mounted, the page is wrapped by the application's middleware: its auth decides."""
+
+    class OperatorsOnly(BaseHTTPMiddleware):
+        async def dispatch(self, request: Request, call_next: RequestResponseEndpoint) -> Response:
+            if request.headers.get("authorization") != "Bearer operator":
+                return PlainTextResponse("operators only", status_code=401)
+            return await call_next(request)
+
+    db = memory_database(clock=clock)
+    seed(db, clock)
+    app = FastAPI()
+    app.add_middleware(OperatorsOnly)
+    app.mount("/ops", operator_app(async_view(db)))
+    with TestClient(app) as test_client:
+        target, fields = confirm_as(test_client, {"authorization": "Bearer operator"})
+        assert test_client.get("/ops/").status_code == 401
+        assert test_client.post(target, data=fields).status_code == 401
+        assert db.gateways.find_one({"_id": "gw-broken"})["phase"] == "Failed"
+        shown = test_client.post(target, data=fields, headers={"authorization": "Bearer operator"})
+        assert read(shown).field("phase") == "Provisioning"
+
+
+def confirm_as(client: TestClient, headers: dict[str, str]) -> tuple[str, dict[str, str]]:
+    params = {"action": "retry", "c": "gateways", "id": "gw-broken"}
+    shown = read(client.get("/ops/confirm", params=params, headers=headers))
+    [(_, target, fields)] = [form for form in shown.forms if form[0] == "post"]
+    return target, fields
+
+
+def test_a_server_without_a_clock_is_said_on_the_page(clock: FakeClock) -> None:
+    db = memory_database(clock=clock, server_time=False)
+    db.gateways.insert_one({"_id": "gw-1", "phase": "Ready"})
+    app = FastAPI()
+    app.mount("/ops", operator_app(async_view(db)))
+    with TestClient(app) as test_client:
+        shown = read(test_client.get("/ops/"))
+    assert "The server reports no time" in shown.text
+    assert ["gateways", "Ready", "1", "0", "0", "0", "0"] in shown.rows("counts")
+
+
+def test_a_database_that_does_not_answer_is_a_503_page() -> None:
+    client: AsyncMongoClient[Any] = AsyncMongoClient(
+        "mongodb://127.0.0.1:1/", serverSelectionTimeoutMS=100, connectTimeoutMS=100
+    )
+    app = FastAPI()
+    app.mount("/ops", operator_app(client["platform"]))
+    with TestClient(app) as test_client:
+        shown = read(test_client.get("/ops/"), 503)
+        test_client.portal.call(client.close)  # type: ignore[union-attr]
+    assert "the database did not answer" in shown.text
+
+
+@pytest.mark.parametrize(
+    "options", [{"refresh": 0}, {"refresh": float("nan")}, {"errors": -1}, {"errors": True}]
+)
+def test_operator_app_refuses_bad_settings(options: dict[str, Any]) -> None:
+    with pytest.raises(ConfigError):
+        operator_app(async_view(memory_database()), **options)
+
+
+# -- orchestrator web ----------------------------------------------------------------------
+
+
+def test_orchestrator_web_serves_the_page_until_interrupted(
+    db: Database[Any],
+    clock: FakeClock,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The whole command: bind, connect, serve, Ctrl-C. The page is fetched over HTTP by
+    a thread; the main thread runs the command, as a terminal does, and gets SIGINT."""
+    seed(db, clock)
+    uri = MONGODB_URI or "mongodb://ops:pw@db.internal/platform"
+    if isinstance(db, MemoryDatabase):  # no URI reaches it: the command is given its view
+
+        async def connect_memory(uri: str, database: str | None, *, timeout: float) -> Any:
+            return async_view(db)
+
+        monkeypatch.setattr(web_serve, "connect_async", connect_memory)
+    fetched: dict[str, httpx.Response] = {}
+    serving = commands._serving
+
+    def fetch_then_interrupt(url: str, database: str, loopback: bool) -> None:
+        serving(url, database, loopback)
+
+        def visit() -> None:
+            try:
+                fetched["page"] = httpx.get(url, timeout=30)
+            finally:
+                os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C, once the server has answered
+
+        threading.Thread(target=visit, daemon=True).start()
+
+    monkeypatch.setattr(commands, "_serving", fetch_then_interrupt)
+    code = cli.main(["web", "--uri", uri, "--db", db.name, "--port", "0"])
+    out, err = capsys.readouterr()
+    assert code == 130
+    assert "interrupted" in err
+    url = out.split(" at ", 1)[1].split()[0]
+    assert urlsplit(url).hostname == "127.0.0.1"
+    shown = read(fetched["page"])
+    assert ["gateways", "Failed", "1", "0", "0", "0", "1"] in shown.rows("counts")
+
+
+def test_orchestrator_web_refuses_bad_input_in_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("MONGODB_URI", raising=False)
+    busy = socket.create_server(("127.0.0.1", 0))
+    port = busy.getsockname()[1]
+    cases = [
+        (["web"], "MONGODB_URI"),
+        (["web", "--uri", "mongodb://127.0.0.1:1/x", "--port", "70000"], "--port"),
+        (["web", "--uri", "mongodb://127.0.0.1:1/x", "--refresh", "0"], "--refresh"),
+        (["web", "--uri", "notauri"], "--uri"),
+        (["web", "--uri", "mongodb://127.0.0.1:1/x", "--port", str(port)], "cannot listen"),
+        (["web", "--uri", "mongodb://127.0.0.1:1/x", "--host", "no.such.host.invalid"], "listen"),
+        (
+            [
+                "web",
+                "--uri",
+                "mongodb://ops:hunter2@127.0.0.1:1/x",
+                "--port",
+                "0",
+                "--connect-timeout",
+                "0.3",
+            ],
+            "cannot reach MongoDB",
+        ),
+    ]
+    try:
+        for argv, needle in cases:
+            code = cli.main(argv)
+            out, err = capsys.readouterr()
+            assert code == 2, argv
+            assert "Traceback" not in err
+            [line] = err.strip().splitlines()
+            assert needle in line, (argv, line)
+            assert "hunter2" not in out + err
+    finally:
+        busy.close()
