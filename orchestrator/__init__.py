@@ -18,6 +18,7 @@ from orchestrator.core.events import (
     StepClaimedEvent,
     StepFinishedEvent,
 )
+from orchestrator.core.extras import library_version
 from orchestrator.core.lease import Outcome
 from orchestrator.core.resource import EPOCH, ErrorRecord, Resource
 from orchestrator.core.settings import DEFAULT_DATABASE, Settings
@@ -25,6 +26,9 @@ from orchestrator.mongo import AsyncLease, Lease
 from orchestrator.runners.aio import AsyncOrchestrator, ThreadLease
 from orchestrator.runners.base import StepTimeout, StopReport
 from orchestrator.runners.threaded import Orchestrator
+
+__version__ = library_version()
+"""The installed distribution's version ("unknown" in a never-installed source tree)."""
 
 __all__ = [
     "DEFAULT_DATABASE",
@@ -57,4 +61,5 @@ __all__ = [
     "StoreError",
     "SystemClock",
     "ThreadLease",
+    "__version__",
 ]

@@ -20,6 +20,7 @@ import pytest
 from pymongo.database import Database
 from rich.console import Console
 
+import orchestrator
 from orchestrator import Lease, Orchestrator
 from orchestrator.core.queries import bson_time
 from orchestrator.testing import FakeClock
@@ -338,9 +339,10 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run(["--version"], capsys)
     assert code == 0
     assert out.strip() == f"orchestrator {version('mongo-orchestrator')}"
+    assert orchestrator.__version__ == version("mongo-orchestrator")
 
 
-SUBCOMMANDS = ("demo", "run", "status", "unlock", "retry", "graph")
+SUBCOMMANDS = ("demo", "run", "status", "unlock", "retry", "graph", "web")
 
 
 def test_help_documents_commands_environment_and_exit_codes(

@@ -134,7 +134,7 @@ def main() -> None:
     \b
     Examples:
       orchestrator demo
-      orchestrator status --uri mongodb://localhost:27017/platform
+      orchestrator status --uri mongodb://localhost:27017
       orchestrator run myapp.workers:orch
     """
 
@@ -392,7 +392,7 @@ def status(
 
     \b
     Example:
-      MONGODB_URI=mongodb://localhost:27017/platform orchestrator status -c gateways
+      MONGODB_URI=mongodb://localhost:27017 orchestrator status -c gateways
     """
     database = open_database(uri, db, connect_timeout)
     report = collect(
