@@ -33,9 +33,9 @@ Promises checked (``n``: handlers registered):
 - stop: nothing is handed out after a stop (until resumed); a claim that comes back after
   the stop sees ``stopping`` and is handed back; a stop with nothing running is quiet;
 - heartbeat: with heartbeats at the runners' cadence (every lock_timeout / 6), a lease
-  whose step still runs never reaches its expiry, a renewal always sets an expiry in the
-  future, and a step past ``step_timeout`` is taken back at the first heartbeat at or after
-  it, never before.
+  whose step still runs never reaches its expiry; no lease is renewed before half its
+  timeout, nor with the heartbeat off; a step past ``step_timeout`` is taken back at the
+  first heartbeat at or after it, never before.
 
 The default ("ci") profile is derandomized and takes a few seconds;
 ``HYPOTHESIS_PROFILE=soak uv run pytest tests/test_scheduler_randomized.py`` explores more.
