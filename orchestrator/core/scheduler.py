@@ -29,10 +29,12 @@ FREES_WORK = frozenset({"unlocked", "advanced", "failed", "released", "timed_out
 @dataclass(frozen=True)
 class Probe:
     """Read once whether any of ``handlers`` (all on ``collection``) could claim now: an idle
-    tick then costs one read per collection, not one claim per handler."""
+    tick then costs one read per collection, not one claim per handler. ``generation``, as
+    for a claim: a probe that raced with a new tick or newly freed work idles no one."""
 
     collection: str
     handlers: tuple[Handler, ...]
+    generation: int
 
 
 @dataclass(frozen=True)
@@ -107,7 +109,7 @@ class Scheduler:
     def probed(self, probe: Probe, found: bool | None) -> None:
         """``found`` None: the probe failed; the claims will meet the same trouble and say so."""
         self._probing.discard(probe.collection)
-        if found is False:
+        if found is False and probe.generation == self._generation:
             self._idle.update(i for i, h in enumerate(self._handlers) if h in probe.handlers)
 
     def claimed(self, claim: Claim, doc_key: str | None) -> bool:
@@ -145,7 +147,7 @@ class Scheduler:
             collection = self._unprobed.pop(0)
             self._probing.add(collection)
             members = tuple(h for h in self._handlers if h.collection == collection)
-            return Probe(collection, members)
+            return Probe(collection, members, self._generation)
         count = len(self._handlers)
         for step in range(count):
             index = (self._cursor + step) % count

@@ -190,7 +190,9 @@ class Runner(Generic[DB]):
             on_measured=self._clock_measured,
         )
         self._registry = Registry(self.settings)
-        lock = threading.RLock()
+        # One lock; the conditions wait on it. A step's path takes ``_lock`` itself: entering
+        # a Condition costs a Python-level call, entering the lock none.
+        self._lock = lock = threading.RLock()
         self._cv = threading.Condition(lock)  # threaded workers wait here for an action
         self._settled = threading.Condition(lock)  # threaded run_once and stop wait here
         self._sched = Scheduler(
@@ -438,9 +440,10 @@ class Runner(Generic[DB]):
             with self._cv:
                 self._sched.claimed(claim, None)
             raise
-        with self._cv:
+        with self._lock:
             throttled = self._sched.claimed(claim, None if step is None else str(step.lease.id))
             if step is not None:
+                self._stats["claimed"] += 1
                 step.lease.throttled = throttled
                 self._running[step.lease.token] = step
                 stopping = self._sched.stopping
@@ -462,7 +465,7 @@ class Runner(Generic[DB]):
                 ),
             )
         outcome: str | None = yield partial(self._run_step, step, stopping)
-        with self._cv:
+        with self._lock:
             if outcome is None:  # cancelled by step_timeout, which counted it
                 return False
             self._stats[outcome] += 1
@@ -546,8 +549,6 @@ class Runner(Generic[DB]):
         if doc is None:
             return None
         started = self._local.monotonic()
-        with self._cv:
-            self._stats["claimed"] += 1
         lease = self._lease_type(
             store=self._store,
             clock=self.clock,

@@ -115,7 +115,7 @@ class Orchestrator(Runner[Database[Document]]):
     def _work(self) -> None:
         """A worker: take actions until there are none and the replica is not serving."""
         while True:
-            with self._cv:
+            with self._lock:
                 action = self._sched.next()
                 while action is None:
                     if self._worker_exit():
