@@ -255,6 +255,45 @@ async def test_a_step_past_step_timeout_is_counted_failed_and_its_slot_freed(
     assert db.jobs.find_one({"name": "stuck"})["phase"] == "Failed"  # type: ignore[index]
 
 
+async def test_a_step_that_hangs_after_releasing_its_lease_still_frees_its_slot(
+    make: MakeReplica, db: Database[Any], clock: FakeClock
+) -> None:
+    worker = make("pod-worker", step_timeout=60, tick=30, max_concurrency=1)
+    released = threading.Event()
+    go = threading.Event()
+
+    @worker.phase("jobs", "Running")
+    async def advance_then_hang(lease: Any) -> Any:
+        outcome = await lease.advance("Parked", note="released")
+        released.set()
+        await wait(go)  # then never returns (until the test lets it)
+        return outcome
+
+    @worker.phase("jobs", "Next")
+    async def next_step(lease: Any) -> Any:
+        return await lease.advance("Done")
+
+    await worker.submit("jobs", {"name": "hangs", "phase": "Running"})
+    async with anyio.create_task_group() as group:
+        group.start_soon(worker.run_once)
+        assert await wait(released)
+        for _ in range(3):
+            clock.advance(25)
+            await worker.heartbeat()
+    assert worker.stats()["timed_out"] == 1
+    # The document it released is left as released: no attempt, no error written over it.
+    hung = db.jobs.find_one({"name": "hangs"})
+    assert hung is not None
+    assert hung["phase"] == "Parked" and hung["note"] == "released"
+    assert hung.get("attempts", 0) == 0
+    assert "lastError" not in hung
+
+    # Its only slot is free again.
+    await worker.submit("jobs", {"name": "next", "phase": "Next"})
+    assert (await worker.run_once()).get("advanced") == 1
+    go.set()
+
+
 async def test_stop_hands_back_claimed_but_unstarted_leases(
     make: MakeReplica, db: Database[Any]
 ) -> None:

@@ -740,15 +740,15 @@ class Runner(Generic[DB]):
         extended = 0
         for step in steps:
             lease = step.lease
-            if not lease.held:
-                continue
+            # A step whose lease is gone (released early, or lost) is never extended, but
+            # it still times out: a handler that hangs after unlock() must free its slot.
             decision = scheduler.heartbeat(
                 now,
                 claimed_at=lease.claimed_at,
                 locked_at=lease.locked_at,
                 lock_timeout=self.settings.lock_timeout,
                 step_timeout=self.settings.step_timeout,
-                extend=self.settings.heartbeat,
+                extend=self.settings.heartbeat and lease.held,
             )
             if decision == "time_out":
                 yield from self._time_out(step)
@@ -883,9 +883,15 @@ class Runner(Generic[DB]):
 
     def _time_out(self, step: Step) -> Plan[None]:
         """A step that never returns must not hold its document forever: count the attempt,
-        release the lease (its late writes will then raise LeaseLost) and free its slot."""
+        release the lease (its late writes will then raise LeaseLost) and free its slot.
+        A lease the step no longer holds is not written: only the slot is freed."""
         message = f"step ran longer than step_timeout ({self.settings.step_timeout:g}s)"
-        yield from self._settle(step, StepTimeout.__name__, message)
+        if step.lease.held:
+            yield from self._settle(step, StepTimeout.__name__, message)
+        else:
+            self._log(
+                logging.WARNING, f"{message}, its lease already gone", step.lease, "timed_out"
+            )
         with self._cv:
             if step.abandoned or step.lease.token not in self._running:
                 return
