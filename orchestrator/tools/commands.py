@@ -159,7 +159,7 @@ _DEMO = DemoOptions()
     type=click.IntRange(0, 32),
     default=_DEMO.processes,
     metavar="N",
-    help="Run the replicas as N OS processes instead (needs a real server); 0: threads.",
+    help="Run the replicas as N OS processes instead (needs a real server); 0: tasks here.",
 )
 @click.option(
     "--delete-fraction",

@@ -63,7 +63,7 @@ class DemoOptions:
     connect_timeout: float = 5.0
     log_file: Path | None = None
     processes: int = 0
-    """Replicas as this many OS processes (needs ``uri``); 0: ``replicas`` threads here."""
+    """Replicas as this many OS processes (needs ``uri``); 0: ``replicas`` tasks here."""
     metrics_port: int | None = None
     """Serve the replicas' Prometheus metrics on this port of 127.0.0.1 while the demo
     runs (0: a free port, printed); None: no metrics."""
@@ -74,7 +74,7 @@ class DemoOptions:
         if not 1 <= self.replicas <= 32:
             raise ConfigError("--replicas must be between 1 and 32")
         if not 0 <= self.processes <= 32:
-            raise ConfigError("--processes must be between 1 and 32 (0: the replicas are threads)")
+            raise ConfigError("--processes must be between 1 and 32 (0: tasks here)")
         if self.processes and not self.uri:
             raise ConfigError(
                 "--processes needs MONGODB_URI (or --uri): processes share no in-memory store"
@@ -145,7 +145,7 @@ def _quiet_logs(log_file: Path | None, waits: _Waits) -> Iterator[None]:
 
 
 class Fleet(Protocol):
-    """The demo's replicas, wherever they run: threads here or processes of their own."""
+    """The demo's replicas, wherever they run: tasks here or processes of their own."""
 
     platform: Platform  # the users' side: create, delete, audit
 
