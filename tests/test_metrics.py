@@ -146,6 +146,13 @@ def test_documents_are_counted_at_most_once_per_max_age(
     assert collector.computations == 3
 
 
+def test_a_status_source_and_max_age_are_checked_when_built() -> None:
+    with pytest.raises(ConfigError, match="not str"):
+        StatusCollector("orchestrator")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="status_max_age"):
+        StatusCollector(lambda: _status(1), max_age=-1)
+
+
 def test_an_async_database_is_counted_on_its_own_loop_and_never_blocks_it() -> None:
     db = async_memory_database("metrics")
     with pytest.raises(ConfigError, match="event loop that owns its client"):

@@ -445,6 +445,12 @@ def test_operator_app_refuses_bad_settings(options: dict[str, Any]) -> None:
         operator_app(async_view(memory_database()), **options)
 
 
+def test_operator_app_refuses_a_sync_database_at_once() -> None:
+    # A sync database would serve nothing but errors, one per request: refused up front.
+    with pytest.raises(ConfigError, match="needs an AsyncDatabase"):
+        operator_app(memory_database())  # type: ignore[arg-type]
+
+
 # -- orchestrator web ----------------------------------------------------------------------
 
 

@@ -31,7 +31,8 @@ def _allowed(error: Any) -> str:
     message: str = error["msg"]
     for prefix in ("Value error, ", "Assertion failed, "):
         message = message.removeprefix(prefix)
-    return message.replace("Input should be", "must be")
+    subject, should, rest = message.partition(" should ")
+    return f"must {rest}" if should and subject in {"Input", "String", "Value"} else message
 
 
 def explain(exc: ValidationError, what: str, model: type[BaseModel] | None = None) -> str:

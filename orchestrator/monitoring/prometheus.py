@@ -282,8 +282,15 @@ class StatusCollector(Collector):
                 return collect(db, collections=names, errors=0)
 
             self._fetch = fetch
+        elif callable(source):
+            self._fetch = source
         else:
-            self._fetch = source  # type: ignore[assignment]
+            raise ConfigError(
+                "status: a Database, an AsyncDatabase or a function returning a Status,"
+                f" not {type(source).__name__}"
+            )
+        if isinstance(max_age, bool) or not isinstance(max_age, int | float) or not max_age >= 0:
+            raise ConfigError(f"status_max_age must be a number of seconds >= 0, not {max_age!r}")
         self._max_age = max_age
         self._monotonic = monotonic
         self._lock = threading.Lock()

@@ -29,6 +29,7 @@ What it guards against:
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -114,6 +115,11 @@ def operator_app(
     (their ``replicas_collection`` setting). The page has no authentication of its own:
     mount it behind your application's, or serve it on loopback (``orchestrator web``).
     """
+    if not inspect.iscoroutinefunction(getattr(database, "list_collection_names", None)):
+        raise ConfigError(
+            "operator_app needs an AsyncDatabase (from pymongo's AsyncMongoClient), not"
+            f" {type(database).__name__}: the page serves on the application's event loop"
+        )
     if (
         not isinstance(refresh, int | float)
         or isinstance(refresh, bool)
