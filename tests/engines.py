@@ -48,6 +48,9 @@ class AwaitableLease:
     async def fail(self, reason: str) -> Outcome:
         return self._lease.fail(reason)
 
+    async def remove(self) -> Outcome:
+        return self._lease.remove()
+
     async def extend(self) -> None:
         self._lease.extend()
 

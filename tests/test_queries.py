@@ -68,7 +68,11 @@ def test_success_moves_the_last_error_aside_and_failure_marks_the_handler() -> N
     assert "$rename" not in q.retry_update(1, {"type": "E"}, NOW)
     assert q.fail_update("Failed", 3, {"type": "E"}, NOW, "app.h")["$set"]["failedBy"] == "app.h"
     assert q.advance_update("B", NOW, {})["$unset"]["failedBy"] == ""
-    assert q.operator_retry_update("B", NOW)["$unset"] == {"lockToken": "", "failedBy": ""}
+    assert q.operator_retry_update("B", NOW)["$unset"] == {
+        "lockToken": "",
+        "failedBy": "",
+        "lastToken": "",
+    }
 
 
 def test_unlock_goes_back_to_the_epoch_and_relock_keeps_updated_at() -> None:

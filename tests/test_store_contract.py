@@ -28,7 +28,7 @@ from pymongo import AsyncMongoClient, MongoClient
 from pymongo.errors import AutoReconnect, OperationFailure, WriteError, WTimeoutError
 from pymongo.errors import DocumentTooLarge as DriverDocumentTooLarge
 
-from orchestrator import ConfigError, LeaseLost, StoreError
+from orchestrator import ConfigError, StoreError
 from orchestrator.core import queries
 from orchestrator.core.queries import bson_time
 from orchestrator.core.resource import EPOCH
@@ -347,17 +347,26 @@ async def test_a_fenced_write_lands_only_under_its_lease(
     assert doc is not None and (doc["x"], doc["y"]) == (1, 4)
 
 
-async def test_a_fenced_delete_raises_lease_lost_for_a_stale_token(
+async def test_a_fenced_delete_matches_only_the_lease_s_token_and_phase(
     backend: Backend, clock: FakeClock
 ) -> None:
+    """A delete carries the lease's fence: a stale token, or a phase changed from outside
+    (the API cancelling a deletion), matches nothing and the document is kept."""
     store = backend.open()
     now = clock.now()
-    await seed(store, "jobs", {"_id": 1, **lease(now, "mine")}, {"_id": 2, **lease(now, "b")})
-    with pytest.raises(LeaseLost):
-        await store.delete("jobs", 2, "mine")
-    await store.delete("jobs", 1, "mine")
+    await seed(
+        store,
+        "jobs",
+        {"_id": 1, "phase": "Deleting", **lease(now, "mine")},
+        {"_id": 2, "phase": "Deleting", **lease(now, "b")},
+        {"_id": 3, "phase": "Cancelled", **lease(now, "mine")},
+    )
+    assert await store.delete("jobs", queries.fenced(2, "mine", "Deleting")) is False
+    assert await store.delete("jobs", queries.fenced(3, "mine", "Deleting")) is False
+    assert await store.delete("jobs", queries.fenced(1, "mine", "Deleting")) is True
     assert await store.find_one("jobs", {"_id": 1}) is None
     assert await store.find_one("jobs", {"_id": 2}) is not None
+    assert await store.find_one("jobs", {"_id": 3}) is not None
 
 
 async def test_an_operator_update_is_not_fenced_and_returns_the_document_after(

@@ -109,6 +109,10 @@ class LeaseCore(Generic[R]):
         self._state = State.HELD
         self._released_until: datetime | None = None
         self._released_phase: Any = None
+        self.outcome: Outcome | None = None
+        """The step's own outcome, once one landed (a handler's release, or its error
+        record): the first one stands, whatever the step does after it."""
+        self._recorded = False  # a failed attempt of this step was recorded: only once
 
     @property
     def id(self) -> Any:
@@ -146,7 +150,7 @@ class LeaseCore(Generic[R]):
     def _unlock_write(self, fields: dict[str, Any]) -> tuple[Write, float | None]:
         data = self._fields(fields)
         until, wait = self._free_until()
-        return Write(queries.unlock_update(data, until), "unlock", until), wait
+        return Write(self._stamp(queries.unlock_update(data, until)), "unlock", until), wait
 
     def _relock_write(self, wait: float | None, fields: dict[str, Any]) -> tuple[Write, float]:
         now = self._clock.now()
@@ -160,7 +164,7 @@ class LeaseCore(Generic[R]):
             )
         wait = self._bounded(float(wait))
         until = now + timedelta(seconds=wait)
-        return Write(queries.relock_update(until, data), "relock", until), wait
+        return Write(self._stamp(queries.relock_update(until, data)), "relock", until), wait
 
     def _advance_write(self, phase: str, fields: dict[str, Any]) -> tuple[Write, float | None]:
         if not isinstance(phase, str) or not phase or phase.startswith("$"):
@@ -171,12 +175,12 @@ class LeaseCore(Generic[R]):
             )
         data = self._fields(fields)
         until, wait = self._free_until()
-        update = queries.advance_update(phase, self._clock.now(), data, until)
+        update = self._stamp(queries.advance_update(phase, self._clock.now(), data, until))
         return Write(update, "advance", until, phase_change=True, next_phase=phase), wait
 
     def _release_write(self) -> tuple[Write, float | None]:
         until, wait = self._free_until()
-        return Write(queries.release_update(until), "release", until), wait
+        return Write(self._stamp(queries.release_update(until)), "release", until), wait
 
     def _extend_write(self) -> tuple[datetime, datetime, dict[str, Any]]:
         now = self._clock.now()
@@ -185,7 +189,16 @@ class LeaseCore(Generic[R]):
 
     def _error_write(self, kind: str, message: str, permanent: bool) -> ErrorWrite:
         """Count a failed attempt: retry after the handler's backoff, or, past its
-        ``max_attempts`` (or when ``permanent``), move to its failed phase."""
+        ``max_attempts`` (or when ``permanent``), move to its failed phase.
+
+        After the step's own outcome, the error is recorded on the document as that
+        outcome left it. An outcome that kept the phase (unlock, relock) is part of the
+        phase's streak of failed attempts; one that moved the document on (advance,
+        remove) stands, and the error is only noted (``_note_write``)."""
+        if self._state is State.RELEASED and (
+            self._released_until is None or self._released_phase != self.doc.get("phase")
+        ):
+            return self._note_write(kind, message)
         now = self._clock.now()
         attempts = _int(self.doc.get("attempts")) + 1
         note = ""
@@ -219,44 +232,80 @@ class LeaseCore(Generic[R]):
 
             shape = {"action": "retry"}
             outcome = Outcome("retrying", self.phase, wait, self.token)
-        text = str(error.get("message", ""))
-        cut = {**error, "message": text[:200] + " [cut: the document is near 16 MiB]"}
-        bare = build({**error, "message": "[not stored: the document is at the 16 MiB limit]"})
-        bare.setdefault("$unset", {})["previousError"] = ""
-        forms = (build(error), build(cut), bare)
-        return ErrorWrite(tuple(Write(u, until=until, **shape) for u in forms), outcome)
+        forms = _record_forms(error, build)
+        return ErrorWrite(
+            tuple(Write(self._stamp(u), until=until, **shape) for u in forms), outcome
+        )
+
+    def _note_write(self, kind: str, message: str) -> ErrorWrite:
+        """An error raised after an outcome that moved the document on: kept as
+        ``lastError`` on the document as that outcome left it (in its new phase, whose
+        attempts are its own), which stands. A removed document has nothing to write: no
+        forms."""
+        assert self.outcome is not None
+        until = self._released_until
+        if until is None:
+            return ErrorWrite((), self.outcome)
+        error = queries.error_record(kind, message, self._clock.now(), self.phase)
+        forms = tuple(Write(u, "note", until) for u in _record_forms(error, queries.note_update))
+        return ErrorWrite(forms, self.outcome)
 
     # -- the state machine ---------------------------------------------------------------
 
     def _check_allowed(self, action: str, after: bool = False) -> None:
         """Raise ``LeaseLost`` unless this lease may write now: held, or (``after``: error
-        bookkeeping only) released by this very step."""
-        if self._state is State.HELD or (after and self._state is State.RELEASED):
+        bookkeeping only) released by this very step's own outcome, and its failed
+        attempt not recorded yet (a time-out's record and the handler's own error, racing,
+        land once)."""
+        if action == "record" and self._recorded:
+            reason = "this step's failed attempt is already recorded"
+        elif self._state is State.HELD or (after and self._state is State.RELEASED):
             return
-        reason = (
-            "this step already gave an outcome; a step returns exactly one"
-            if self._state is State.RELEASED
-            else "another replica holds it now"
-        )
+        elif self._state is State.RELEASED:
+            reason = "this step already gave an outcome; a step returns exactly one"
+        else:
+            reason = "another replica holds it now"
         raise LeaseLost(self.collection, self.id, self.token, action, reason)
+
+    def _stamp(self, update: dict[str, Any]) -> dict[str, Any]:
+        """A releasing write leaves this lease's token as ``lastToken``: the fence of an
+        error recorded after it (``released_fence``), which no other step's release can
+        match."""
+        return queries.stamp_release(update, self.token)
 
     def _fence(self, phase_change: bool) -> dict[str, Any]:
         """The filter a write carries: the token (and the claimed phase, for a phase
         change), or, after this step's own release, the document as that release left it."""
         if self._state is State.RELEASED:
             assert self._released_until is not None
-            return queries.released_fence(self.id, self._released_until, self._released_phase)
+            return queries.released_fence(
+                self.id, self.token, self._released_until, self._released_phase
+            )
         if phase_change:
             return queries.fenced(self.id, self.token, self.doc.get("phase"))
         return queries.fenced(self.id, self.token)
 
-    def _lost(self, action: str) -> LeaseLost:
-        """The write matched nothing: the lease is lost from now on."""
+    def _lost(self, action: str, reason: str | None = None) -> LeaseLost:
+        """The write matched nothing (or, ``reason``, could not be confirmed in time): the
+        lease is lost from now on."""
         self._state = State.LOST
-        return LeaseLost(self.collection, self.id, self.token, action)
+        if reason is None:
+            return LeaseLost(self.collection, self.id, self.token, action)
+        return LeaseLost(self.collection, self.id, self.token, action, reason)
 
-    def _released(self, write: Write | None) -> None:
-        """A releasing write landed (``None``: the document was removed)."""
+    def _seconds_left(self) -> float:
+        """Seconds until this lease expires, by the server clock's estimate."""
+        return (self.expires_at - self._clock.now()).total_seconds()
+
+    def _released(self, write: Write | None, outcome: Outcome) -> None:
+        """A releasing write landed (``None``: the document was removed); ``outcome`` is
+        what it was, unless the step already had one (an error noted after it)."""
+        if write is not None and write.action in {"retry", "fail", "note"}:
+            self._recorded = True
+        if self.outcome is None:
+            self.outcome = outcome
+        if self._state is State.RELEASED:
+            return  # a note: the document is as the step's outcome left it
         self._state = State.RELEASED
         if write is not None:
             self._released_until = write.until
@@ -315,6 +364,19 @@ class LeaseCore(Generic[R]):
             f"<{type(self).__name__} {self.collection}/{self.id} phase={self.phase} "
             f"{self._state.value}>"
         )
+
+
+def _record_forms(
+    error: dict[str, Any], build: Callable[[dict[str, Any]], dict[str, Any]]
+) -> tuple[dict[str, Any], ...]:
+    """The updates recording ``error``, to try in turn: whole, its message cut short, then
+    none of it and no ``previousError`` (the server refuses a document past 16 MiB, yet
+    the attempt must count)."""
+    text = str(error.get("message", ""))
+    cut = {**error, "message": text[:200] + " [cut: the document is near 16 MiB]"}
+    bare = build({**error, "message": "[not stored: the document is at the 16 MiB limit]"})
+    bare.setdefault("$unset", {})["previousError"] = ""
+    return build(error), build(cut), bare
 
 
 def _is_wait(value: Any) -> bool:

@@ -148,18 +148,32 @@ def fenced(doc_id: Any, token: str, phase: Any = _ANY) -> dict[str, Any]:
     return query
 
 
-def released_fence(doc_id: Any, until: datetime, phase: Any) -> dict[str, Any]:
-    """Matches the document while it is as a step's own release left it (free, the same
-    ``lockedUntil`` and phase): how a step that gave an outcome and then failed still
-    counts its attempt. No lease can be taken and released in between unnoticed but by
-    another step writing the identical state, and then the record is merely one more
-    attempt on it."""
+def released_fence(doc_id: Any, token: str, until: datetime, phase: Any) -> dict[str, Any]:
+    """Matches the document while it is as a step's own release left it (free, released
+    by this lease: its token as ``lastToken``, the same ``lockedUntil`` and phase): how a
+    step that gave an outcome and then failed still notes its error. Any later claim
+    and release, by another replica or an operator's retry, changes ``lastToken``, so a
+    stale note never lands on a state another step left."""
     return {
         "_id": doc_id,
         "lockToken": {"$exists": False},
+        "lastToken": token,
         "lockedUntil": bson_time(until),
         "phase": phase,
     }
+
+
+def stamp_release(update: dict[str, Any], token: str) -> dict[str, Any]:
+    """``update`` (a releasing write of the lease ``token``) leaving the token behind as
+    ``lastToken``: what ``released_fence`` recognises. Changed in place, and returned."""
+    update.setdefault("$set", {})["lastToken"] = token
+    return update
+
+
+def note_update(error: Mapping[str, Any]) -> dict[str, Any]:
+    """An error raised after the step's outcome moved the document on: kept as
+    ``lastError``; the phase, the attempts and the lease stay as the outcome left them."""
+    return {"$set": {"lastError": dict(error)}}
 
 
 def extend_update(now: datetime, until: datetime) -> dict[str, Any]:
@@ -410,7 +424,7 @@ def operator_retry_update(phase: str, now: datetime) -> dict[str, Any]:
     """Back to ``phase`` with fresh counters, claimable at once; the error is kept as
     ``previousError`` so the operator's reason to retry stays visible."""
     update = advance_update(phase, now, {})
-    update["$unset"] = {"lockToken": "", "failedBy": ""}
+    update["$unset"] = {"lockToken": "", "failedBy": "", "lastToken": ""}
     return update
 
 

@@ -19,6 +19,7 @@ LEASE_FIELDS = frozenset(
         "lockedAt",
         "lockedUntil",
         "lockToken",
+        "lastToken",
         "lockedBy",
         "attempts",
         "relocks",

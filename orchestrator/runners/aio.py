@@ -182,6 +182,10 @@ class AsyncOrchestrator(Runner[AsyncDatabase[Document]]):
         call = self._pool.submit(context.run, func, ThreadLease(step.lease, loop))
         return asyncio.wrap_future(call, loop=loop)
 
+    async def _all_at_once(self, calls: list[Callable[[], Any]]) -> list[Any]:
+        """The calls' coroutines, awaited together."""
+        return await asyncio.gather(*(call() for call in calls), return_exceptions=True)
+
     def _abandon(self, step: Step) -> None:
         # The step's await is cancelled: an async step ends there; a thread step is left
         # to return on its own (its late writes raise LeaseLost). Either way its worker is
@@ -360,6 +364,10 @@ class ThreadLease(Generic[R]):
     @property
     def lost(self) -> bool:
         return self._lease.lost
+
+    @property
+    def outcome(self) -> Outcome | None:
+        return self._lease.outcome
 
     @property
     def claimed_at(self) -> datetime:

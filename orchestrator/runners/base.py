@@ -647,12 +647,27 @@ class Runner(Generic[DB]):
         permanent: bool = False,
         *,
         exc: BaseException | None = None,
+        after: bool = True,
     ) -> Plan[str]:
-        """Record a failed step on its document; never raises."""
+        """Record a failed step on its document; never raises. ``after``: the handler's
+        own error, which after the step's own outcome is only noted (that outcome stands
+        and is returned); a time-out records only on a lease still held."""
         lease = step.lease
         try:
-            outcome = yield partial(lease.record_error, kind, message, permanent=permanent)
+            outcome = yield partial(
+                lease.record_error, kind, message, permanent=permanent, after=after
+            )
         except LeaseLost as lost:
+            if not lease.lost:
+                # The step's own outcome, or its attempt's record, landed first: it stands.
+                first = lease.outcome
+                self._log(
+                    logging.INFO,
+                    f"{kind} in step not recorded: {lost}",
+                    lease,
+                    "superseded",
+                )
+                return str(first.action) if first is not None else "lost"
             self._lost(f"{kind} in step, and the lease was lost: {lost}", lease)
             action = "lost"
         except Exception as inner:
@@ -667,6 +682,8 @@ class Runner(Generic[DB]):
         else:
             action = str(outcome.action)
             step.wait = outcome.wait
+            if action not in {"retrying", "failed"}:
+                message = f"{message} (after its own outcome, {action}, which stands)"
             level = logging.ERROR if action == "failed" else logging.WARNING
             self._log(
                 level,
@@ -737,7 +754,8 @@ class Runner(Generic[DB]):
         if not self.clock.measured:
             return 0
         now = self.clock.now()
-        extended = 0
+        due: list[Any] = []
+        late: list[Step] = []
         for step in steps:
             lease = step.lease
             # A step whose lease is gone (released early, or lost) is never extended, but
@@ -751,26 +769,34 @@ class Runner(Generic[DB]):
                 extend=self.settings.heartbeat and lease.held,
             )
             if decision == "time_out":
-                yield from self._time_out(step)
+                late.append(step)
             elif decision == "extend":
-                try:
-                    yield lease.extend
-                except LeaseLost as exc:
-                    self._lost(f"heartbeat failed: {exc}", lease)
-                except StoreError as exc:
-                    self._log(logging.WARNING, f"heartbeat failed: {exc}", lease, "lost")
-                else:
-                    extended += 1
-                    if self._events.active:
-                        event = LeaseExtendedEvent(
-                            self.settings.replica_id,
-                            lease.collection,
-                            lease.id,
-                            lease.phase,
-                            lease.handler.name,
-                            self._held_for(lease),
-                        )
-                        self._events.emit("lease_extended", event)
+                due.append(lease)
+        # Every extension is sent at once, before any time-out's record: one slow write
+        # must not hold the others back until their leases expire.
+        results = (yield partial(self._all_at_once, [lease.extend for lease in due])) if due else []
+        extended = 0
+        for lease, result in zip(due, results, strict=True):
+            if isinstance(result, LeaseLost):
+                self._lost(f"heartbeat failed: {result}", lease)
+            elif isinstance(result, StoreError):
+                self._log(logging.WARNING, f"heartbeat failed: {result}", lease, "lost")
+            elif isinstance(result, BaseException):
+                raise result
+            else:
+                extended += 1
+                if self._events.active:
+                    event = LeaseExtendedEvent(
+                        self.settings.replica_id,
+                        lease.collection,
+                        lease.id,
+                        lease.phase,
+                        lease.handler.name,
+                        self._held_for(lease),
+                    )
+                    self._events.emit("lease_extended", event)
+        for step in late:
+            yield from self._time_out(step)
         if extended:
             with self._cv:
                 self._stats["extended"] += extended
@@ -887,7 +913,7 @@ class Runner(Generic[DB]):
         A lease the step no longer holds is not written: only the slot is freed."""
         message = f"step ran longer than step_timeout ({self.settings.step_timeout:g}s)"
         if step.lease.held:
-            yield from self._settle(step, StepTimeout.__name__, message)
+            yield from self._settle(step, StepTimeout.__name__, message, after=False)
         else:
             self._log(
                 logging.WARNING, f"{message}, its lease already gone", step.lease, "timed_out"
@@ -903,6 +929,11 @@ class Runner(Generic[DB]):
             self._notify(more_work=True)
         if self._events.active:
             self._step_finished(step, "timed_out")
+
+    def _all_at_once(self, calls: list[Call]) -> Any:
+        """Make ``calls`` concurrently; each one's result or exception, in order (or an
+        awaitable of that list). The heartbeat's extensions: none waits for another."""
+        raise NotImplementedError
 
     def _abandon(self, step: Step) -> None:
         """Let go of a timed-out step's worker (the caller holds ``_cv``)."""

@@ -12,6 +12,7 @@ import inspect
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC
 from typing import Any
 
@@ -138,6 +139,13 @@ class Orchestrator(Runner[Database[Document]]):
     def _call_handler(self, step: Step) -> Any:
         return step.lease.handler.func(step.lease)
 
+    def _all_at_once(self, calls: list[Callable[[], Any]]) -> list[Any]:
+        """Each call on a thread of its own (one here), all waited for."""
+        if len(calls) == 1:
+            return [_outcome_of(calls[0])]
+        with ThreadPoolExecutor(len(calls), f"orchestrator-{self.replica_id}-beat") as pool:
+            return list(pool.map(_outcome_of, calls))
+
     def _abandon(self, step: Step) -> None:
         # Its worker thread is stuck in the step: a fresh worker takes its place.
         self._workers -= 1
@@ -201,3 +209,11 @@ class Orchestrator(Runner[Database[Document]]):
                 self._settled.wait(remaining)
         drive(self._forget_replica())
         return self._stop_report()
+
+
+def _outcome_of(call: Callable[[], Any]) -> Any:
+    """What ``call`` returned, or the exception it raised."""
+    try:
+        return call()
+    except Exception as exc:
+        return exc

@@ -13,8 +13,10 @@ import asyncio
 import contextlib
 from typing import TYPE_CHECKING, Any, TypeVar
 
+import pymongo
+
 from orchestrator.core import queries
-from orchestrator.core.errors import LeaseLost, StoreError
+from orchestrator.core.errors import StoreError
 from orchestrator.core.lease import LeaseCore, Outcome, Write
 from orchestrator.mongo.common import DocumentTooLarge
 
@@ -24,6 +26,8 @@ if TYPE_CHECKING:
 __all__ = ["AsyncLease"]
 
 R = TypeVar("R")
+
+_UNCONFIRMED = "its extension was not confirmed before it expired"
 
 
 class AsyncLease(LeaseCore[R]):
@@ -46,15 +50,13 @@ class AsyncLease(LeaseCore[R]):
     async def unlock(self, **fields: Any) -> Outcome:
         """Step done, more to do: release now so the next step can be claimed at once."""
         write, wait = self._unlock_write(fields)
-        await self._write(write)
-        return Outcome("unlocked", self.phase, wait, self.token)
+        return await self._write(write, Outcome("unlocked", self.phase, wait, self.token))
 
     async def relock(self, wait: float | None = None, **fields: Any) -> Outcome:
         """Waiting on something outside: release, claimable again after ``wait`` seconds
         (by default the handler's relock policy; never less than the floor of one tick)."""
         write, waited = self._relock_write(wait, fields)
-        await self._write(write)
-        return Outcome("relocked", self.phase, waited, self.token)
+        return await self._write(write, Outcome("relocked", self.phase, waited, self.token))
 
     async def advance(self, phase: str, **fields: Any) -> Outcome:
         """Enter ``phase`` (setting ``fields`` with it) and release at once.
@@ -64,75 +66,110 @@ class AsyncLease(LeaseCore[R]):
         lease is released, and the document stays in the phase the outside writer chose.
         """
         write, wait = self._advance_write(phase, fields)
-        await self._write(write)
-        return Outcome("advanced", phase, wait, self.token)
+        return await self._write(write, Outcome("advanced", phase, wait, self.token))
 
     async def remove(self) -> Outcome:
-        """Delete the document (the end of its life), fenced like every write."""
+        """Delete the document (the end of its life), fenced like ``advance``: on the
+        token and on the phase the step was claimed in, so a document whose phase an
+        outside writer changed meanwhile (the API cancelling) is kept, and released."""
+        outcome = Outcome("removed", self.phase, None, self.token)
         async with self._lock:
             self._check_allowed("remove")
-            try:
-                await self._store.delete(self.collection, self.id, self.token)
-            except LeaseLost:
-                raise self._lost("remove") from None
-            self._released(None)
-        return Outcome("removed", self.phase, None, self.token)
+            if not await self._store.delete(self.collection, self._fence(True)):
+                await self._release_after_outside_change()
+                raise self._lost("remove")
+            self._released(None, outcome)
+        return outcome
 
     async def fail(self, reason: str) -> Outcome:
         """Give up now: the failed phase, with ``reason`` recorded, no further attempts."""
-        return await self.record_error("Failed", reason, permanent=True)
+        return await self.record_error("Failed", reason, permanent=True, after=False)
 
     async def extend(self) -> None:
-        """Renew the lease for another lock timeout, for a step longer than one."""
+        """Renew the lease for another lock timeout, for a step longer than one.
+
+        The write must be confirmed before the lease expires: another replica may claim
+        the document from then on, so an extension that fails, or is confirmed only
+        after the expiry, leaves the lease lost (the step's later writes raise
+        ``LeaseLost``). On a server the write is bounded by the time left
+        (``pymongo.timeout``), so it does not outlive the lease it extends.
+        """
         now, until, update = self._extend_write()
         async with self._lock:
             self._check_allowed("extend")
+            left = self._seconds_left()
+            if left <= 0:
+                raise self._lost("extend", "it expired before its extension was sent")
             fence = queries.fenced(self.id, self.token)
-            if not await self._store.write(self.collection, fence, update):
+            try:
+                with pymongo.timeout(left):
+                    matched = await self._store.write(self.collection, fence, update)
+            except StoreError:
+                if self._seconds_left() <= 0:
+                    raise self._lost("extend", _UNCONFIRMED) from None
+                raise
+            if not matched:
                 raise self._lost("extend")
+            if self._seconds_left() <= 0:
+                raise self._lost("extend", _UNCONFIRMED)
             self._extended(now, until)
 
     # -- what the loop calls --------------------------------------------------------------
 
-    async def record_error(self, kind: str, message: str, *, permanent: bool = False) -> Outcome:
+    async def record_error(
+        self, kind: str, message: str, *, permanent: bool = False, after: bool = True
+    ) -> Outcome:
         """Count a failed attempt: retry after the handler's backoff, or, past its
-        ``max_attempts`` (or when ``permanent``), move to its failed phase.
+        ``max_attempts`` (or when ``permanent``), move to its failed phase. Once per step:
+        a second record raises ``LeaseLost``.
 
-        Works on a lease the step already released with an outcome of its own (a handler
-        that unlocked, then raised): the attempt still counts, fenced on the document
-        being as that release left it. A write the server refuses as too large is tried
-        again with less stored: the attempt must count.
+        ``after``: also on a lease the step already released with an outcome of its own
+        (a handler that advanced, then raised): that outcome stands and is returned, and
+        the error is only noted on the document, fenced on its being as that release left
+        it. A write the server refuses as too large is tried again with less stored: the
+        attempt must count.
         """
-        planned = self._error_write(kind, message, permanent)
-        *larger, last = planned.forms
-        for write in larger:
-            try:
-                await self._write(write, after=True)
+        async with self._lock:
+            # Planned and written under one hold of the lock: the state it was planned for
+            # (held, or released by the step's own outcome) is the state it is fenced on.
+            self._check_allowed("record", after)
+            planned = self._error_write(kind, message, permanent)
+            if not planned.forms:  # noted after a remove: no document to note it on
+                self._released(None, planned.outcome)
                 return planned.outcome
-            except DocumentTooLarge:
-                continue
-        await self._write(last, after=True)
-        return planned.outcome
+            *larger, last = planned.forms
+            for write in larger:
+                try:
+                    return await self._apply(write, planned.outcome)
+                except DocumentTooLarge:
+                    continue
+            return await self._apply(last, planned.outcome)
 
     async def release(self) -> Outcome:
         """Hand back a lease whose step never ran (subject to the budget, like any release)."""
         write, wait = self._release_write()
-        await self._write(write)
-        return Outcome("released", self.phase, wait, self.token)
+        return await self._write(write, Outcome("released", self.phase, wait, self.token))
 
     # -- internals -------------------------------------------------------------------------
 
-    async def _write(self, write: Write, *, after: bool = False) -> None:
-        """A releasing write, fenced as the lease's state says; serialised with the
-        heartbeat's extends. ``after``: allowed on a lease this step released itself."""
+    async def _write(self, write: Write, outcome: Outcome) -> Outcome:
+        """A releasing write by the handler, serialised with the heartbeat's extends."""
         async with self._lock:
-            self._check_allowed(write.action, after)
-            query = self._fence(write.phase_change)
-            if not await self._store.write(self.collection, query, write.update):
-                if self.held and write.phase_change:
-                    await self._release_after_outside_change()
-                raise self._lost(write.action)
-            self._released(write)
+            self._check_allowed(write.action)
+            return await self._apply(write, outcome)
+
+    async def _apply(self, write: Write, outcome: Outcome) -> Outcome:
+        """Carry ``write`` out, fenced as the lease's state says (the caller holds the lock
+        and checked the state). Returns the step's outcome: ``outcome``, or the one its
+        release gave first."""
+        query = self._fence(write.phase_change)
+        if not await self._store.write(self.collection, query, write.update):
+            if self.held and write.phase_change:
+                await self._release_after_outside_change()
+            raise self._lost(write.action)
+        self._released(write, outcome)
+        assert self.outcome is not None
+        return self.outcome
 
     async def _release_after_outside_change(self) -> None:
         """The phase-fenced write matched nothing: if the token still matches, the phase was

@@ -36,7 +36,7 @@ from pymongo.errors import (
 )
 
 from orchestrator.core import queries, replicas
-from orchestrator.core.errors import ConfigError, LeaseLost, StoreError
+from orchestrator.core.errors import ConfigError, StoreError
 from orchestrator.core.queries import as_utc
 from orchestrator.core.redact import redact
 from orchestrator.core.replicas import REPLICAS_COLLECTION, ReplicaRecord
@@ -185,12 +185,12 @@ class AsyncStore:
             result = await self.collection(name).update_one(dict(query), update)
         return result.matched_count > 0
 
-    async def delete(self, name: str, doc_id: Any, token: str) -> None:
-        """Delete under a lease; ``LeaseLost`` when the lease is no longer this token's."""
-        with driver_errors(f"remove {name}/{doc_id}"):
-            result = await self.collection(name).delete_one(queries.fenced(doc_id, token))
-        if result.deleted_count == 0:
-            raise LeaseLost(name, doc_id, token, "remove")
+    async def delete(self, name: str, query: Mapping[str, Any]) -> bool:
+        """A fenced delete (``query`` from ``queries.fenced``); False when it matched
+        nothing: the lease is no longer the writer's, or the phase was changed from outside."""
+        with driver_errors(f"remove {name}/{query.get('_id')}"):
+            result = await self.collection(name).delete_one(dict(query))
+        return result.deleted_count > 0
 
     # -- documents ----------------------------------------------------------------------
 
