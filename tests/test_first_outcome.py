@@ -191,10 +191,10 @@ class _Witness:
 
 def _racing_time_out(
     db: Database[Any], clock: FakeClock, body: Any, *, max_attempts: int
-) -> tuple[Orchestrator, dict[str, int]]:
+) -> dict[str, int]:
     """Run ``body`` as the step; its first ``update_one`` applies, then its reply waits
     until the heartbeat has timed the step out and waits for the lease's lock; then the
-    reply arrives. Returns the replica and its tick's counts."""
+    reply arrives. Returns the tick's counts."""
     in_flight, reply = threading.Event(), threading.Event()
 
     def stall(_seconds: float) -> None:
@@ -236,7 +236,7 @@ def _racing_time_out(
         reply.set()
     beat.join()
     tick.join()
-    return orch, counts
+    return counts
 
 
 def test_a_time_out_racing_the_step_s_own_advance_does_not_move_the_document_on(
@@ -248,7 +248,7 @@ def test_a_time_out_racing_the_step_s_own_advance_does_not_move_the_document_on(
     def advance(lease: Lease[Any]) -> Any:
         return lease.advance("Done")
 
-    orch, counts = _racing_time_out(db, clock, advance, max_attempts=1)
+    counts = _racing_time_out(db, clock, advance, max_attempts=1)
     doc = _doc(db)
     assert doc["phase"] == "Done" and "lastError" not in doc and "failedBy" not in doc
     assert counts.get("advanced") == 1 and "failed" not in counts
