@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import threading
 from typing import Any
 
+import anyio
+import pytest
 from pymongo.database import Database
 
 from orchestrator import Lease, LeaseLost
 from orchestrator.testing import FakeClock
+from orchestrator.testing.faults import Faults
 from tests.conftest import MakeReplica
+from tests.engines import hold, new_replica, wait
 from tests.holding import hold_step
 
 
@@ -112,3 +118,126 @@ def test_the_heartbeat_stops_once_the_lease_is_lost(
     box["go"].set()
     tick.join()
     assert isinstance(box.get("lost"), LeaseLost)
+
+
+# -- issue 16, defect 3: extensions never queue behind each other ---------------------------
+
+
+class _Rendezvous:
+    """A database whose lease extensions (``extend_update``'s shape) each wait until
+    ``count`` of them are in flight at once: a heartbeat that sends them one at a time
+    never gets there (the hang guard then breaks it)."""
+
+    EXTEND = frozenset({"lockedAt", "lockedUntil"})
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+        self._barrier = threading.Barrier(count, timeout=10)  # a hang guard, not a measure
+        self._arrived = 0
+        self._all_in: asyncio.Event | None = None
+
+    def is_extension(self, update: Any) -> bool:
+        return isinstance(update, dict) and set(update.get("$set", {})) == self.EXTEND
+
+    def wrap(self, db: Any) -> Any:
+        rendezvous = self
+
+        class Collection:
+            def __init__(self, inner: Any) -> None:
+                self._inner = inner
+
+            def __getattr__(self, name: str) -> Any:
+                return getattr(self._inner, name)
+
+            def update_one(self, query: Any, update: Any, *args: Any, **kwargs: Any) -> Any:
+                if not rendezvous.is_extension(update):
+                    return self._inner.update_one(query, update, *args, **kwargs)
+                if inspect.iscoroutinefunction(self._inner.update_one):
+                    return rendezvous._async_meet(self._inner.update_one(query, update))
+                rendezvous._barrier.wait()
+                return self._inner.update_one(query, update, *args, **kwargs)
+
+        class Database:
+            def __init__(self, inner: Any) -> None:
+                self._inner = inner
+
+            def __getattr__(self, name: str) -> Any:
+                return getattr(self._inner, name)
+
+            def get_collection(self, name: str, *args: Any, **kwargs: Any) -> Any:
+                return Collection(self._inner.get_collection(name, *args, **kwargs))
+
+        return Database(db)
+
+    async def _async_meet(self, write: Any) -> Any:
+        if self._all_in is None:
+            self._all_in = asyncio.Event()
+        self._arrived += 1
+        if self._arrived == self.count:
+            self._all_in.set()
+        async with asyncio.timeout(10):  # a hang guard, not a measure
+            await self._all_in.wait()
+        return await write
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("mode", ["threaded", "async"])
+async def test_the_heartbeat_sends_every_extension_at_once(
+    mode: str, db: Database[Any], adb: Any, clock: FakeClock
+) -> None:
+    """Four long steps, writes slow enough that four in a row outlast a lease: every
+    extension must be in flight together. Before the fix the heartbeat sent them one
+    after another, so the first waited for the others forever (here: the hang guard
+    broke it) and, under real slow writes, the last leases expired unextended."""
+    rendezvous = _Rendezvous(4)
+    replica = new_replica(
+        mode, 0, rendezvous.wrap(db), rendezvous.wrap(adb), clock, "pod-1", max_concurrency=4
+    )
+    await replica.measure_clock()
+    started, go = threading.Semaphore(0), threading.Event()
+
+    @replica.phase("jobs", "Running")
+    async def long_step(lease: Any) -> Any:
+        started.release()
+        await wait(go)
+        return await lease.advance("Done")
+
+    for _ in range(4):
+        await replica.submit("jobs", {"phase": "Running"})
+    async with anyio.create_task_group() as group:
+        group.start_soon(replica.run_once)
+        for _ in range(4):
+            assert await anyio.to_thread.run_sync(started.acquire, True, 10)
+        clock.advance(16)  # past half the 30 s lock timeout
+        try:
+            assert await replica.heartbeat() == 4
+        finally:
+            go.set()
+    assert db.jobs.count_documents({"phase": "Done"}) == 4
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("mode", ["threaded", "async"])
+async def test_an_extension_confirmed_only_after_the_lease_expired_leaves_it_lost(
+    mode: str, db: Database[Any], adb: Any, clock: FakeClock
+) -> None:
+    """The extension applies, but its reply takes 20 s: the lease expired meanwhile, and
+    another replica could have claimed the document. Before the fix the holder counted
+    the lease as extended and its step's advance landed."""
+    faults = Faults(delay=clock.advance, clock=clock)
+    replica = new_replica(mode, 0, faults.wrap(db), faults.wrap(adb), clock, "pod-1")
+    await replica.measure_clock()
+    box = hold(replica)
+    await replica.submit("jobs", {"phase": "Running"})
+    async with anyio.create_task_group() as group:
+        group.start_soon(replica.run_once)
+        assert await wait(box["claimed"])
+        clock.advance(16)
+        faults.delay_next("update_one", 20)  # confirmed 36 s into a 30 s lease
+        try:
+            assert await replica.heartbeat() == 0
+        finally:
+            box["go"].set()
+    assert isinstance(box["lost"], LeaseLost)
+    assert box["lease"].lost
+    assert replica.stats().get("lost") == 1
