@@ -7,7 +7,10 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
+from bson import ObjectId
 from pymongo.database import Database
+from pymongo.hello import Hello
+from pymongo.server_description import ServerDescription
 
 from orchestrator import Orchestrator, OrchestratorError, StoreError
 from orchestrator.core.clock import ServerClock
@@ -138,3 +141,62 @@ def test_reading_the_time_does_no_io() -> None:
     local.advance(100)
     assert clock.due, "a measurement is due..."
     assert clock.now() == first + timedelta(seconds=100), "...and now() answers without one"
+
+
+# -- issue 16, a suspicion: a failover to a node whose clock differs ------------------------
+
+
+class _Topology:
+    """What the driver knows of a replica set (``client.topology_description``), with a
+    primary the test elects; a database proxy that reports it."""
+
+    def __init__(self, db: Any) -> None:
+        self._db = db
+        self._primary: ServerDescription | None = None
+
+    def elect(self, host: str) -> None:
+        hello = Hello(
+            {
+                "ok": 1,
+                "isWritablePrimary": True,
+                "setName": "rs0",
+                "electionId": ObjectId(),
+                "setVersion": 1,
+                "maxWireVersion": 21,
+            }
+        )
+        self._primary = ServerDescription((host, 27017), hello)
+
+    def server_descriptions(self) -> dict[Any, ServerDescription]:
+        return {} if self._primary is None else {self._primary.address: self._primary}
+
+    @property
+    def topology_description(self) -> _Topology:
+        return self
+
+    @property
+    def client(self) -> _Topology:
+        return self
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._db, name)
+
+
+def test_a_new_primary_is_measured_at_the_next_tick_not_a_refresh_later() -> None:
+    """The primary fails over to a node whose clock is 40 s ahead. Before the fix the
+    replica kept its old estimate until ``clock_refresh`` (here: never), disagreeing with
+    replicas that measured the new primary; now the next tick measures it."""
+    local, server = FakeClock(), FakeClock()
+    topology = _Topology(memory_database(clock=server))
+    topology.elect("node-a")
+    orch = Orchestrator(topology, clock=local, clock_refresh=1e6)  # type: ignore[arg-type]
+    orch.measure_clock()
+    orch.run_once()
+    before = orch.clock.offset
+    orch.run_once()  # the same primary: nothing to re-measure
+    assert orch.clock.offset == before
+    server.advance(40)  # the next primary's clock
+    topology.elect("node-b")
+    orch.run_once()
+    orch.measure_clock()  # what every action does first: due now, not a refresh later
+    assert orch.clock.offset - before == timedelta(seconds=40)

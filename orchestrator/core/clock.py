@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
@@ -70,6 +70,7 @@ class ServerClock:
         self._measured_at: float | None = None
         self._offset = timedelta(0)
         self._server_time = True
+        self._server: Hashable = None  # the server last measured, as ``watch`` names it
         self._lock = threading.Lock()
 
     @property
@@ -138,6 +139,17 @@ class ServerClock:
             self._on_fallback()
         if self._on_measured is not None:
             self._on_measured(self, finished - started)
+
+    def watch(self, server: Hashable) -> None:
+        """The server the driver now sends to (``None``: unknown). A change, a primary's
+        failover to a node whose clock may differ, makes a measurement due at once,
+        rather than after ``refresh``: replicas would disagree on leases meanwhile."""
+        with self._lock:
+            changed = server is not None and self._server is not None and server != self._server
+            if server is not None:
+                self._server = server
+            if changed:
+                self._measured_at = None
 
     def failed(self, started: float) -> None:
         """A measurement begun at ``started`` failed: the last estimate stands and the

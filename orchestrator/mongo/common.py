@@ -10,7 +10,7 @@ can do the job of the one the orchestrator needs.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Hashable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC
@@ -27,6 +27,7 @@ from pymongo.errors import (
     WTimeoutError,
 )
 from pymongo.errors import DocumentTooLarge as DriverDocumentTooLarge
+from pymongo.server_type import SERVER_TYPE
 from pymongo.write_concern import WriteConcern
 
 from orchestrator.core.errors import ConfigError, StoreError
@@ -125,6 +126,28 @@ def check_server(reply: Mapping[str, Any]) -> None:
 
 
 _BAD_DATABASE_CHARS = frozenset('/\\. "$*<>:|?\x00')
+
+
+def primary_of(client: object) -> Hashable:
+    """What names the server whose clock a replica measures, from what the driver already
+    knows of its topology (no I/O): the replica set's primary and its election. A
+    failover changes it, and with it, possibly, the clock ``hello`` reports. None when
+    the client tells nothing (the in-memory store), or has no primary right now."""
+    try:
+        description = getattr(client, "topology_description", None)
+        if description is None:
+            return None
+        servers = description.server_descriptions().values()
+        return next(
+            (
+                (s.address, s.election_id, s.set_version)
+                for s in servers
+                if s.server_type == SERVER_TYPE.RSPrimary
+            ),
+            None,
+        )
+    except Exception:  # a proxy or fake client: nothing to watch
+        return None
 
 
 def check_database_name(name: object) -> None:

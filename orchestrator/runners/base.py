@@ -944,6 +944,7 @@ class Runner(Generic[DB]):
     def _tick(self) -> None:
         """A new tick (the caller holds the lock): fresh budgets, and workers to use them."""
         self._stats["ticks"] += 1
+        self.clock.watch(self._store.primary())  # a failover: re-measure at once
         self._sched.tick()
         self._top_up_workers()
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -109,6 +109,11 @@ class AsyncStore:
         common.check_server(reply)
         local = reply.get("localTime")
         return as_utc(local) if isinstance(local, datetime) else None
+
+    def primary(self) -> Hashable:
+        """The server ``hello`` measures now, as the driver knows it (no I/O):
+        ``common.primary_of``."""
+        return common.primary_of(self._db.client)
 
     async def _hello(self) -> Mapping[str, Any]:
         """``hello``, or ``isMaster`` on servers that predate it (and from then on)."""

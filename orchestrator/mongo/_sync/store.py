@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -110,6 +110,11 @@ class Store:
         common.check_server(reply)
         local = reply.get("localTime")
         return as_utc(local) if isinstance(local, datetime) else None
+
+    def primary(self) -> Hashable:
+        """The server ``hello`` measures now, as the driver knows it (no I/O):
+        ``common.primary_of``."""
+        return common.primary_of(self._db.client)
 
     def _hello(self) -> Mapping[str, Any]:
         """``hello``, or ``isMaster`` on servers that predate it (and from then on)."""
