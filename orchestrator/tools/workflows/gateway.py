@@ -211,7 +211,7 @@ class Platform:
         kept = {
             k: v
             for k, v in doc.items()
-            if k not in {"lockedAt", "lockedUntil", "lockToken", "lockedBy"}
+            if k not in {"lockedAt", "lockedUntil", "lockToken", "lastToken", "lockedBy"}
         }
         await self.db[ARCHIVE].replace_one(
             {"_id": doc["_id"]}, {**kept, "archivedAt": self.now()}, upsert=True
