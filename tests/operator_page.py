@@ -115,13 +115,17 @@ def replica_records(now: datetime) -> list[ReplicaRecord]:
 
 
 class Page(HTMLParser):
-    """The tables (by id: rows of cell texts), links, forms (action and fields) and text
-    of one page, as a person reads them, with the HTML's escapes undone."""
+    """The tables (by id: rows of cell texts), links (by text), forms (action and fields)
+    and text of one page, as a person reads them, with the HTML's escapes undone.
+    ``row_links``: per table, the links of each row (the header's included), for rows
+    whose texts read alike."""
 
     def __init__(self, html: str) -> None:
         super().__init__(convert_charrefs=True)
         self.tables: dict[str, list[list[str]]] = {}
         self.links: dict[str, str] = {}
+        self.row_links: dict[str, list[list[str]]] = {}
+        self._row_links: list[str] = []
         self.forms: list[tuple[str, str, dict[str, str]]] = []
         self.text = ""
         self._table: str | None = None
@@ -138,11 +142,13 @@ class Page(HTMLParser):
             self._table = attr.get("id", "")
             self.tables[self._table] = []
         elif tag == "tr" and self._table is not None:
-            self._row = []
+            self._row, self._row_links = [], []
         elif tag in ("td", "th") and self._row is not None:
             self._cell = []
         elif tag == "a":
             self._link, self._link_text = attr.get("href", ""), []
+            if self._row is not None:
+                self._row_links.append(self._link)
         elif tag == "form":
             self.forms.append((attr.get("method", "get"), attr.get("action", ""), {}))
         elif tag == "input" and self.forms and "name" in attr:
@@ -154,6 +160,7 @@ class Page(HTMLParser):
             self._cell = None
         elif tag == "tr" and self._row is not None and self._table is not None:
             self.tables[self._table].append(self._row)
+            self.row_links.setdefault(self._table, []).append(self._row_links)
             self._row = None
         elif tag == "table":
             self._table = None

@@ -11,22 +11,26 @@ import subprocess
 import sys
 import textwrap
 import time
-from datetime import timedelta
+from datetime import datetime, timedelta
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
+from bson import ObjectId
 from pymongo.database import Database
 from rich.console import Console
 
 import orchestrator
-from orchestrator import Lease, Orchestrator
+from orchestrator import Lease, LeaseLost, Orchestrator
 from orchestrator.core.queries import bson_time
 from orchestrator.testing import FakeClock
 from orchestrator.tools import cli, commands, demo
 from orchestrator.tools.demo import DemoOptions
 from orchestrator.tools.workflows import gateway
+from tests.conftest import MakeEither
+from tests.engines import hold, wait
 
 ROOT = Path(__file__).resolve().parent.parent
 URI = "mongodb://ops:hunter2@db.internal:27017/platform"
@@ -428,3 +432,159 @@ def test_the_demo_timeout_covers_setup(monkeypatch: pytest.MonkeyPatch) -> None:
     assert "submitting gateways did not finish" in out
     assert "submitting gateways: 3/50" in out  # the progress line, when the time moved
     assert len(submitted) == 3
+
+
+# -- issue 16: a live lease, any stored value, verbatim output, ids exactly ----------------
+
+
+@pytest.mark.anyio
+async def test_retry_refuses_a_live_lease_unless_forced(
+    replicas: MakeEither,
+    connected: Database[Any],
+    clock: FakeClock,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A replica is inside the step: retry says so and does nothing; --force takes the
+    lease (the holder's later writes then fail with LeaseLost)."""
+    replica = await replicas("pod-2")
+    box = hold(replica)
+    await replica.submit("jobs", {"_id": "job-1", "phase": "Running"})
+    argv = ["retry", "job-1", "-c", "jobs", "--phase", "Running", "--uri", URI]
+    async with anyio.create_task_group() as group:
+        group.start_soon(replica.run_once)
+        assert await wait(box["claimed"])
+        held = connected.jobs.find_one({"_id": "job-1"})
+        code, _, err = await anyio.to_thread.run_sync(run, argv, capsys)
+        assert_one_line_error(code, err, "held by a live lease of replica 'pod-2'", "--force")
+        assert connected.jobs.find_one({"_id": "job-1"}) == held
+
+        code, out, _ = await anyio.to_thread.run_sync(run, [*argv, "--force"], capsys)
+        assert code == 0
+        assert "the live lease of 'pod-2' was taken away" in out
+        assert "lockToken" not in connected.jobs.find_one({"_id": "job-1"})
+        box["go"].set()
+    assert isinstance(box["lost"], LeaseLost)
+
+
+def test_retry_takes_an_expired_lease_without_force(
+    connected: Database[Any], clock: FakeClock, capsys: pytest.CaptureFixture[str]
+) -> None:
+    seed(connected, clock)  # "stuck": its holder died; its lease ran out 70 s ago
+    code, out, _ = run(
+        ["retry", "stuck", "-c", "gateways", "--phase", "Deleting", "--uri", URI], capsys
+    )
+    assert code == 0, out
+    assert "taken away" not in out
+    assert "lockToken" not in connected.gateways.find_one({"_id": "stuck"})
+
+
+def test_status_shows_what_is_stored_whatever_it_is(
+    connected: Database[Any],
+    clock: FakeClock,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A migrated application's own ``lastError`` (a string), an error record whose parts
+    are no strings, and a phase that is no string: shown, never a traceback."""
+    monkeypatch.setenv("COLUMNS", "250")
+    connected.gateways.insert_many(
+        [
+            {"_id": "migrated", "phase": "Failed", "lastError": "provider timeout"},
+            {"_id": "odd", "phase": 7, "attempts": "3", "lastError": {"type": 1, "message": [2]}},
+            {"_id": "listed", "phase": ["a"], "lastError": ["x", {"y": None}]},
+        ]
+    )
+    code, out, _ = run(["status", "--uri", URI], capsys)
+    assert code == 0, out
+    assert "?: provider timeout" in out
+    assert "1: [2]" in out
+    code, out, _ = run(["status", "--uri", URI, "--json"], capsys)
+    assert code == 0
+    errors = {e["id"]: e for e in json.loads(out)["errors"]}
+    assert errors["migrated"]["message"] == "provider timeout"
+    assert (errors["odd"]["phase"], errors["odd"]["attempts"]) == ("7", 0)
+
+
+def test_status_prints_what_is_stored_verbatim_not_as_markup(
+    connected: Database[Any], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COLUMNS", "250")
+    connected["jobs[red]"].insert_one(
+        {
+            "_id": "[b]id[/b]",
+            "phase": "[bold]Failing",
+            "lastError": {"type": "ValidationError", "message": "[/items/0] must be a [b]string"},
+        }
+    )
+    code, out, err = run(["status", "--uri", URI], capsys)
+    assert code == 0, err
+    for text in ("jobs[red]", "[b]id[/b]", "[bold]Failing", "[/items/0] must be a [b]string"):
+        assert text in out
+
+
+def test_an_id_typed_as_text_that_names_two_documents_is_refused(
+    connected: Database[Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    connected.jobs.insert_many(
+        [
+            {
+                "_id": "42",
+                "phase": "Failed",
+                "lockToken": "t1",
+                "lockedUntil": bson_time(datetime(2000, 1, 1)),
+            },
+            {
+                "_id": 42,
+                "phase": "Failed",
+                "lockToken": "t2",
+                "lockedUntil": bson_time(datetime(2000, 1, 1)),
+            },
+        ]
+    )
+    before = list(connected.jobs.find())
+    for command in (["unlock"], ["retry", "--phase", "Running"]):
+        code, _, err = run([*command, "42", "-c", "jobs", "--uri", URI], capsys)
+        assert_one_line_error(
+            code,
+            err,
+            "names more than one document",
+            """--id-json '{"$numberInt": "42"}'""",
+            """--id-json '"42"'""",
+        )
+        assert list(connected.jobs.find()) == before
+
+    code, out, _ = run(
+        ["unlock", "--id-json", '{"$numberInt": "42"}', "-c", "jobs", "--uri", URI], capsys
+    )
+    assert code == 0, out
+    assert "lockToken" not in connected.jobs.find_one({"_id": {"$eq": 42}})
+    assert connected.jobs.find_one({"_id": {"$eq": "42"}})["lockToken"] == "t1"
+    code, out, _ = run(
+        ["retry", "--id-json", '"42"', "-c", "jobs", "--phase", "Running", "--uri", URI], capsys
+    )
+    assert code == 0, out
+    assert connected.jobs.find_one({"_id": {"$eq": "42"}})["phase"] == "Running"
+    assert connected.jobs.find_one({"_id": {"$eq": 42}})["phase"] == "Failed"
+
+    oid = ObjectId()
+    connected.jobs.insert_one({"_id": oid, "phase": "Failed", "lockToken": "t3"})
+    code, out, _ = run(["unlock", str(oid), "-c", "jobs", "--uri", URI], capsys)  # hex, as typed
+    assert code == 0, out
+    assert "lockToken" not in connected.jobs.find_one({"_id": oid})
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["unlock", "-c", "jobs"], "give its ID, or --id-json"),
+        (["unlock", "x", "--id-json", '"x"', "-c", "jobs"], "not both"),
+        (["unlock", "--id-json", "{", "-c", "jobs"], "malformed Extended JSON id"),
+        (["retry", "--id-json", '{"$numberInt": "7"}', "-c", "jobs"], "no document"),
+    ],
+)
+def test_an_id_given_wrongly_is_one_line(
+    argv: list[str], needle: str, connected: Database[Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    connected.jobs.insert_one({"_id": "x", "phase": "Failed"})
+    code, _, err = run([*argv, "--uri", URI], capsys)
+    assert_one_line_error(code, err, needle)

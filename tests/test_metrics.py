@@ -10,6 +10,7 @@ import re
 import socket
 import subprocess
 import sys
+import threading
 import urllib.request
 from typing import Any
 
@@ -23,6 +24,7 @@ from rich.console import Console
 from orchestrator import ConfigError
 from orchestrator.monitoring.prometheus import PrometheusListener, StatusCollector
 from orchestrator.testing import FakeClock, async_memory_database
+from orchestrator.testing.memory import MemoryDatabase
 from orchestrator.tools import cli, demo
 from orchestrator.tools.demo import DemoOptions
 from orchestrator.tools.status import PhaseCount, Status
@@ -158,21 +160,87 @@ def test_an_async_database_is_counted_on_its_own_loop_and_never_blocks_it() -> N
     with pytest.raises(ConfigError, match="event loop that owns its client"):
         StatusCollector(db)  # no running loop: no client would answer the scrape
 
-    async def main() -> tuple[float | None, float | None, float | None]:
+    async def main() -> tuple[Any, ...]:
         await db.jobs.insert_one({"phase": "Running"})
         registry = CollectorRegistry()
-        registry.register(StatusCollector(db, max_age=0))
+        registry.register(StatusCollector(db, max_age=0, timeout=30))
         # A scrape from another thread (prometheus_client's server) waits for the count,
         # which runs on this loop meanwhile.
         counted = await asyncio.to_thread(
             value, registry, "orchestrator_documents", collection="jobs", phase="Running"
         )
-        up = await asyncio.to_thread(value, registry, "orchestrator_status_up")
-        # A scrape on the loop itself cannot wait for it: said as down, not a deadlock.
-        blocked = value(registry, "orchestrator_status_up")
-        return counted, up, blocked
+        await db.jobs.insert_one({"phase": "Running"})
+        # A scrape on the loop itself cannot wait for the count it starts: it serves the
+        # last counts, marked stale, never a deadlock; the count runs once the loop is free.
+        on_loop: dict[str, float | None] = _families(registry)
+        on_loop["documents"] = value(registry, "orchestrator_documents", **running)
+        after = await asyncio.to_thread(
+            value, registry, "orchestrator_documents", collection="jobs", phase="Running"
+        )
+        return counted, on_loop, after
 
-    assert asyncio.run(main()) == (1, 1, 0)
+    running = {"collection": "jobs", "phase": "Running"}
+    on_loop = {"up": 1, "stale": 1, "age_seconds": pytest.approx(0, abs=60), "documents": 1}
+    assert asyncio.run(main()) == (1, on_loop, 2)
+
+
+def _families(registry: CollectorRegistry) -> dict[str, float | None]:
+    names = ("up", "stale", "age_seconds")
+    return {name: value(registry, f"orchestrator_status_{name}") for name in names}
+
+
+def test_a_slow_count_holds_no_scrape_and_never_piles_up(clock: FakeClock) -> None:
+    """A count that does not answer within the scrape's wait: the scrape serves the last
+    counts, marked stale with their age, and no second count starts while it runs."""
+    answers = [_status(1), _status(2)]
+    release, started = threading.Event(), []
+
+    def fetch() -> Status:
+        started.append(threading.current_thread().name)
+        if len(started) == 2:
+            assert release.wait(60), "the test never released the count"
+        return answers[len(started) - 1]
+
+    registry = CollectorRegistry()
+    collector = StatusCollector(fetch, max_age=10, timeout=30, monotonic=clock.monotonic)
+    registry.register(collector)
+    leased = {"collection": "jobs", "phase": "Running"}
+    assert value(registry, "orchestrator_documents_leased", **leased) == 1
+    assert _families(registry) == {"up": 1, "stale": 0, "age_seconds": 0}
+
+    collector.timeout = 0  # the next count hangs: no scrape waits for it
+    clock.advance(10)
+    for age in (10, 13, 16):  # within max_age of the count in flight: none other is due
+        assert value(registry, "orchestrator_documents_leased", **leased) == 1
+        assert _families(registry) == {"up": 1, "stale": 1, "age_seconds": age}
+        clock.advance(3)
+    assert collector.computations == 2, "one count in flight, however many scrapes"
+    assert "MainThread" not in started, "counted apart from the scrape"
+
+    release.set()
+    collector.timeout = 30  # the count in flight ends now: a scrape takes it in
+    assert value(registry, "orchestrator_documents_leased", **leased) == 2
+    assert _families(registry) == {"up": 1, "stale": 0, "age_seconds": 9}  # started at 10
+    assert collector.computations == 2
+
+
+async def test_a_databases_count_is_bounded_by_the_scrape_timeout(
+    db: Database[Any], adb: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """On a server, the count's database work is cut at ``timeout`` (pymongo's client-side
+    timeout): a budget no round trip can meet fails the count, not the scrape."""
+    if isinstance(db, MemoryDatabase):
+        pytest.skip("the in-memory store has no client-side timeout")
+    for source in (db, adb):
+        registry = CollectorRegistry()
+        collector = StatusCollector(source, timeout=1e-6)
+        registry.register(collector)
+        await asyncio.to_thread(generate_latest, registry)
+        collector.timeout = 30  # wait for the count, cut at its first operation, to end
+        assert await asyncio.to_thread(value, registry, "orchestrator_status_up") == 0
+        assert collector.computations == 1
+    assert "counting documents failed" in caplog.text
+    assert "timed out" in caplog.text.lower() or "timeout" in caplog.text.lower()
 
 
 def test_importing_orchestrator_needs_no_extra_and_the_listeners_name_theirs() -> None:

@@ -6,21 +6,29 @@ browser itself drives it in ``test_web_browser.py``).
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
 import threading
 from collections.abc import Iterator
 from dataclasses import replace
+from datetime import datetime, timedelta
+from functools import partial
+from math import isnan
 from typing import Any
 from urllib.parse import urlsplit
 
+import anyio
 import httpx
 import pytest
 from bson import ObjectId, json_util
 from bson.json_util import CANONICAL_JSON_OPTIONS
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from prometheus_client import CollectorRegistry
 from pymongo import AsyncMongoClient
 from pymongo.database import Database
 from starlette.middleware.base import BaseHTTPMiddleware, RequestResponseEndpoint
@@ -31,13 +39,15 @@ from orchestrator import ConfigError
 from orchestrator.core.replicas import RunningStep
 from orchestrator.core.resource import EPOCH
 from orchestrator.mongo import Store
+from orchestrator.monitoring.prometheus import StatusCollector
 from orchestrator.testing import FakeClock, async_view, memory_database
 from orchestrator.testing.memory import MemoryDatabase
 from orchestrator.tools import cli, commands
 from orchestrator.tools.status import collect
 from orchestrator.tools.web import serve as web_serve
 from orchestrator.web import operator_app
-from tests.conftest import MONGODB_URI
+from tests.conftest import MONGODB_URI, MakeEither
+from tests.engines import hold, wait
 from tests.operator_page import Page, replica_records, seed
 
 XSS = '<script>alert("x")</script>\'"><img src=x onerror=alert(1)>'
@@ -532,3 +542,235 @@ def test_orchestrator_web_refuses_bad_input_in_one_line(
             assert "hunter2" not in out + err
     finally:
         busy.close()
+
+
+# -- issue 16: the lease the operator saw, ids exactly, any stored value --------------------
+
+
+@pytest.mark.anyio
+async def test_a_retry_confirmed_on_a_free_document_is_refused_once_a_replica_claims_it(
+    replicas: MakeEither, db: Database[Any], page: TestClient
+) -> None:
+    """The confirmation form carries the lease the operator saw (none): a replica that
+    claims the document before the POST keeps its lease, and runs its step alone."""
+    replica = await replicas("pod-2")
+    box = hold(replica)
+    await replica.submit("jobs", {"_id": "job-1", "phase": "Running"})
+    params = {"action": "retry", "c": "jobs", "id": "job-1"}
+    shown = read(await anyio.to_thread.run_sync(partial(page.get, "/ops/confirm", params=params)))
+    [(_, target, fields)] = [form for form in shown.forms if form[0] == "post"]
+    assert "lockToken" not in db.jobs.find_one({"_id": "job-1"})  # confirmed free
+    fields["phase"] = "Running"
+    async with anyio.create_task_group() as group:
+        group.start_soon(replica.run_once)
+        assert await wait(box["claimed"])
+        held = db.jobs.find_one({"_id": "job-1"})
+        assert held["lockToken"] is not None
+        response = await anyio.to_thread.run_sync(partial(page.post, target, data=fields))
+        refused = read(response, 409)
+        assert "changed since you confirmed" in refused.text
+        assert db.jobs.find_one({"_id": "job-1"}) == held  # the live lease untouched
+        box["go"].set()
+    assert "lost" not in box  # its step went on under its own lease, to the end
+    assert db.jobs.find_one({"_id": "job-1"})["phase"] == "Done"
+
+
+def test_the_confirmation_of_a_retry_says_a_replica_holds_the_document(
+    db: Database[Any], clock: FakeClock, page: TestClient
+) -> None:
+    seed(db, clock)
+    shown = read(
+        page.get("/ops/confirm", params={"action": "retry", "c": "gateways", "id": "gw-held"})
+    )
+    assert "A replica holds it now" in shown.text
+    assert "pod-2" in shown.text
+    free = read(page.get("/ops/confirm", params={"action": "retry", "c": "gateways", "id": "gw-1"}))
+    assert "A replica holds it now" not in free.text
+
+
+IDS: list[Any] = [
+    "gw-1 ",
+    "gw-1",
+    "42",
+    42,
+    42.5,
+    {"tenant": "a"},
+    datetime(2026, 1, 1, 12, 0),
+    b"\x00\xff",
+    ObjectId("65a1b2c3d4e5f60718293a4b"),
+    "65a1b2c3d4e5f60718293a4b",
+]
+
+
+def test_the_pages_links_name_each_document_exactly_whatever_its_id(
+    db: Database[Any], clock: FakeClock, page: TestClient
+) -> None:
+    """Ids that read alike as text (``"42"`` and ``42``, ``"gw-1 "`` and ``"gw-1"``) and
+    ids with no typed form (embedded document, float, date, binary): each error's link
+    opens that document, and the retry confirmed there acts on it and no other."""
+    base = datetime(2026, 1, 1)
+    db.gateways.insert_many(
+        {
+            "_id": doc_id,
+            "phase": "Failed",
+            "attempts": 1,
+            "lastError": {
+                "type": "RuntimeError",
+                "message": f"boom {n}",
+                "phase": "Provisioning",
+                "at": base + timedelta(seconds=n),
+            },
+        }
+        for n, doc_id in enumerate(IDS)
+    )
+    for latest in reversed(range(len(IDS))):  # the latest error first
+        overview = read(page.get("/ops/"))
+        [link] = overview.row_links["errors"][1]
+        document = read(page.get(link))
+        assert f"boom {latest}" in document.text
+        confirmation = read(page.get(document.links["Retry…"]))
+        [(_, target, fields)] = [f for f in confirmation.forms if f[0] == "post"]
+        assert read(page.post(target, data=fields)).field("phase") == "Provisioning"
+        phases = [db.gateways.find_one({"_id": {"$eq": i}})["phase"] for i in IDS]
+        assert phases == ["Failed"] * latest + ["Provisioning"] * (len(IDS) - latest)
+
+
+def test_an_id_typed_as_text_that_names_two_documents_offers_both(
+    db: Database[Any], page: TestClient
+) -> None:
+    db.gateways.insert_many([{"_id": "42", "phase": "Ready"}, {"_id": 42, "phase": "Failed"}])
+    shown = read(page.get("/ops/document", params={"c": "gateways", "id": "42"}), 300)
+    assert "names more than one document" in shown.text
+    choices = {text: href for text, href in shown.links.items() if "(phase" in text}
+    assert set(choices) == {'"42" (phase Ready)', '{"$numberInt": "42"} (phase Failed)'}
+    assert read(page.get(choices['"42" (phase Ready)'])).field("phase") == "Ready"
+    assert read(page.get(choices['{"$numberInt": "42"} (phase Failed)'])).field("phase") == (
+        "Failed"
+    )
+    # Typed as it is: a trailing space is part of the id.
+    db.gateways.insert_many(
+        [{"_id": "gw-1 ", "phase": "Ready"}, {"_id": "gw-1", "phase": "Failed"}]
+    )
+    assert (
+        read(page.get("/ops/document", params={"c": "gateways", "id": "gw-1 "})).field("phase")
+        == "Ready"
+    )
+
+
+def test_a_last_error_that_is_no_document_is_shown_not_a_500(
+    db: Database[Any], page: TestClient
+) -> None:
+    """A migrated application's own ``lastError``: the overview, the document and the
+    confirmation show it as it is."""
+    db.gateways.insert_one({"_id": "gw-old", "phase": "Failed", "lastError": "provider timeout"})
+    [error] = read(page.get("/ops/")).rows("errors")
+    assert error[:3] == ["gateways", "gw-old", "Failed"]
+    assert error[5] == "?: provider timeout"
+    shown = open_document(page, "gw-old")
+    assert dict(row[:2] for row in shown.tables["last-error"])["message"] == "provider timeout"
+    read(page.get("/ops/confirm", params={"action": "retry", "c": "gateways", "id": "gw-old"}))
+
+
+_KEYS = st.text(alphabet="abcxyz", min_size=1, max_size=4)
+_DATES = st.datetimes().map(lambda d: d.replace(microsecond=d.microsecond // 1000 * 1000, fold=0))
+"""As BSON stores dates: milliseconds, naive UTC."""
+_SCALARS = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**63), max_value=2**63 - 1),
+    st.floats(),
+    st.text(max_size=12),
+    _DATES,
+    st.binary(max_size=6),
+    st.builds(ObjectId),
+)
+_VALUES = st.recursive(
+    _SCALARS,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_KEYS, inner, max_size=3),
+    max_leaves=6,
+)
+_IDS = st.one_of(
+    st.text(max_size=8),
+    st.integers(min_value=-(2**63), max_value=2**63 - 1),
+    st.floats(allow_nan=False),
+    _DATES,
+    st.binary(max_size=6),
+    st.builds(ObjectId),
+    st.dictionaries(_KEYS, _SCALARS.filter(lambda v: not (isinstance(v, float) and isnan(v)))),
+)
+_ERRORS = _VALUES | st.fixed_dictionaries(
+    {}, optional=dict.fromkeys(("type", "message", "at", "phase"), _VALUES)
+)
+_FIELDS = dict.fromkeys(
+    (
+        "phase",
+        "attempts",
+        "relocks",
+        "lockToken",
+        "lockedAt",
+        "lockedUntil",
+        "lockedBy",
+        "failedBy",
+        "updatedAt",
+        "createdAt",
+    ),
+    _VALUES,
+)
+_DOCUMENTS = st.fixed_dictionaries(
+    {"_id": _IDS},
+    optional={**_FIELDS, "lastError": _ERRORS, "previousError": _ERRORS, "region": _VALUES},
+)
+
+
+def test_every_view_shows_any_stored_value(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Whatever the fields the views read hold (a string, a number, a list, a document, a
+    date, null, or nothing): the overview, the document page, both confirmations, the
+    status command (table and JSON) and the Prometheus collector show it, and every link
+    to the document opens that document."""
+    db = memory_database(clock=FakeClock())
+    monkeypatch.setattr(commands, "connect", lambda uri, database, timeout: db)
+    monkeypatch.setenv("COLUMNS", "200")
+    app = FastAPI()
+    app.mount("/ops", operator_app(async_view(db)))
+
+    @settings(
+        max_examples=60,
+        derandomize=True,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow],
+    )
+    @given(doc=_DOCUMENTS)
+    def views(doc: dict[str, Any]) -> None:
+        db.drop_collection("gateways")
+        db.gateways.insert_one(doc)
+        ref = json_util.dumps(doc["_id"], json_options=CANONICAL_JSON_OPTIONS)
+        overview = read(client.get("/ops/"))
+        pages = [client.get("/ops/document", params={"c": "gateways", "ref": ref})]
+        pages += [link for row in overview.row_links.get("errors", [])[1:] for link in row]
+        for target in pages:
+            document = read(client.get(target) if isinstance(target, str) else target)
+            for action in ("Unlock…", "Retry…"):
+                confirmation = read(client.get(document.links[action]))
+                [fields] = [f[2] for f in confirmation.forms if f[0] == "post"]
+                assert fields["ref"] == ref, "the form names the document shown"
+
+        code, out, err = run_cli(["status", "--uri", "mongodb://h/x"])
+        assert code == 0 and "Traceback" not in err, err
+        code, out, err = run_cli(["status", "--uri", "mongodb://h/x", "--json"])
+        assert code == 0, err
+        reported = json.loads(out)
+        assert [e["ref"] for e in reported["errors"]] == ([ref] if "lastError" in doc else [])
+
+        registry = CollectorRegistry()
+        registry.register(StatusCollector(db, timeout=30))
+        assert registry.get_sample_value("orchestrator_status_up") == 1
+
+    def run_cli(argv: list[str]) -> tuple[int, str, str]:
+        code = cli.main(argv)
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    with TestClient(app) as client:
+        views()

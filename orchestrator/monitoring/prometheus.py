@@ -6,7 +6,8 @@ latencies, leases held, lost and extended, failed attempts by error type, idle p
 the server-clock offset. With ``status=db`` it also registers a ``StatusCollector``, which
 at scrape time reports how many documents of each collection and phase are leased,
 waiting, overdue and failed, from the ``orchestrator status`` aggregation, at most once
-every ``status_max_age`` seconds whatever the scrape rate.
+every ``status_max_age`` seconds whatever the scrape rate, and never holding a scrape
+longer than ``status_timeout`` seconds however slow the database.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, wait
+from functools import partial
 from typing import Generic, TypeVar
 
 from orchestrator.core.extras import install_hint
@@ -32,6 +35,7 @@ except ModuleNotFoundError as exc:  # pragma: no cover - the metrics extra is mi
         name="prometheus_client",
     ) from exc
 
+import pymongo
 from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.database import Database
 
@@ -49,9 +53,13 @@ from orchestrator.core.events import (
 from orchestrator.mongo.common import Document
 from orchestrator.tools.status import Status, collect, collect_async
 
-__all__ = ["DURATION_BUCKETS", "PrometheusListener", "StatusCollector"]
+__all__ = ["DEFAULT_STATUS_TIMEOUT", "DURATION_BUCKETS", "PrometheusListener", "StatusCollector"]
 
 logger = logging.getLogger("orchestrator")
+
+DEFAULT_STATUS_TIMEOUT = 5.0
+"""Seconds a scrape waits for the document counts: below Prometheus's default scrape
+timeout (10 s), so a slow database makes stale counts, not a failed scrape."""
 
 DURATION_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0)
 """Seconds, from a millisecond step to a step_timeout's worth (steps and relock waits
@@ -87,8 +95,9 @@ class PrometheusListener(Listener):
     given; two listeners on one registry collide). ``status``: a database to count
     documents in on scrape (or a function returning a ``Status``), an ``AsyncDatabase``
     included (then build the listener on the loop that owns its client); ``collections`` limits
-    the count, ``status_max_age`` bounds how often it is computed, ``monotonic`` is the
-    clock that ages it (tests pass a fake one).
+    the count, ``status_max_age`` bounds how often it is computed, ``status_timeout`` how
+    long a scrape waits for it (``StatusCollector``), ``monotonic`` is the clock that ages
+    it (tests pass a fake one).
     """
 
     def __init__(
@@ -98,6 +107,7 @@ class PrometheusListener(Listener):
         status: Database[Document] | AsyncDatabase[Document] | Callable[[], Status] | None = None,
         collections: Sequence[str] | None = None,
         status_max_age: float = 15.0,
+        status_timeout: float = DEFAULT_STATUS_TIMEOUT,
         monotonic: Callable[[], float] = time.monotonic,
         buckets: Sequence[float] = DURATION_BUCKETS,
     ) -> None:
@@ -174,7 +184,11 @@ class PrometheusListener(Listener):
         self.status: StatusCollector | None = None
         if status is not None:
             self.status = StatusCollector(
-                status, collections=collections, max_age=status_max_age, monotonic=monotonic
+                status,
+                collections=collections,
+                max_age=status_max_age,
+                timeout=status_timeout,
+                monotonic=monotonic,
             )
             registry.register(self.status)
 
@@ -226,9 +240,13 @@ _DOCUMENT_GAUGES = (
 )
 
 
-def _on_its_loop(db: AsyncDatabase[Document], names: list[str] | None) -> Callable[[], Status]:
+def _on_its_loop(
+    db: AsyncDatabase[Document], names: list[str] | None, bound: float | None
+) -> tuple[Callable[[], Future[Status]], Callable[[], bool]]:
     """Scrapes arrive on the metrics server's thread; an async client belongs to one loop,
-    so the count runs there and the scrape waits for it."""
+    so the count runs there (under ``bound``), and a scrape waits for it from its own
+    thread. The second function says whether the caller is on that loop's thread, where
+    waiting would block the very loop that must run the count."""
     try:
         loop = asyncio.get_running_loop()
     except RuntimeError:
@@ -236,19 +254,36 @@ def _on_its_loop(db: AsyncDatabase[Document], names: list[str] | None) -> Callab
             "status=<an AsyncDatabase>: build the listener on the event loop that owns its"
             " client (e.g. in the application's lifespan)"
         ) from None
-
-    def fetch() -> Status:
-        if threading.get_ident() == loop_thread:
-            # Waiting here would block the very loop that must run the count.
-            raise RuntimeError(
-                "a scrape on the database's own event loop cannot wait for the count: serve"
-                " /metrics from another thread (prometheus_client.start_http_server)"
-            )
-        count = collect_async(db, collections=names, errors=0)
-        return asyncio.run_coroutine_threadsafe(count, loop).result(timeout=60)
-
     loop_thread = threading.get_ident()
-    return fetch
+
+    async def count() -> Status:
+        with pymongo.timeout(bound):
+            return await collect_async(db, collections=names, errors=0)
+
+    def start() -> Future[Status]:
+        if loop.is_closed():
+            raise RuntimeError("the event loop of the database's client is closed")
+        return asyncio.run_coroutine_threadsafe(count(), loop)
+
+    return start, lambda: threading.get_ident() == loop_thread
+
+
+def _in_thread(work: Callable[[], Status]) -> Future[Status]:
+    """``work`` on a daemon thread of its own: a count that hangs never holds up the
+    scrape, nor the interpreter's exit."""
+    future: Future[Status] = Future()
+
+    def run() -> None:
+        future.set_running_or_notify_cancel()
+        try:
+            result = work()
+        except BaseException as exc:  # handed to the scrape that reads it
+            future.set_exception(exc)
+        else:
+            future.set_result(result)
+
+    threading.Thread(target=run, name="orchestrator-status-count", daemon=True).start()
+    return future
 
 
 class StatusCollector(Collector):
@@ -258,8 +293,15 @@ class StatusCollector(Collector):
     scrape storm costs the database nothing. ``source`` is a ``Database``, an
     ``AsyncDatabase`` (counted on the event loop its client belongs to: the one running
     when the collector is built) or a function returning a ``Status``.
-    A failed computation reports ``orchestrator_status_up`` 0 and no counts, and is not
-    retried before ``max_age`` either.
+
+    A slow database never holds a scrape past ``timeout`` seconds (5, below Prometheus's
+    default scrape timeout of 10): the count runs apart from the scrape (on a thread of
+    its own, or on the client's loop), with its database work bounded by ``timeout`` too
+    (``pymongo.timeout``; a function source is not bounded), and at most one count is in
+    flight: a scrape that finds one running waits for it up to ``timeout``, then serves the
+    last counts with ``orchestrator_status_stale`` 1 and their age in
+    ``orchestrator_status_age_seconds``. A failed count reports
+    ``orchestrator_status_up`` 0 and no counts, and is not retried before ``max_age``.
     """
 
     def __init__(
@@ -268,76 +310,138 @@ class StatusCollector(Collector):
         *,
         collections: Sequence[str] | None = None,
         max_age: float = 15.0,
+        timeout: float = DEFAULT_STATUS_TIMEOUT,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._fetch: Callable[[], Status]
+        if isinstance(max_age, bool) or not isinstance(max_age, int | float) or not max_age >= 0:
+            raise ConfigError(f"status_max_age must be a number of seconds >= 0, not {max_age!r}")
+        if (
+            isinstance(timeout, bool)
+            or not isinstance(timeout, int | float)
+            or not 0 <= timeout <= 3600
+        ):
+            raise ConfigError(f"status_timeout must be between 0 and 3600 seconds, not {timeout!r}")
+        names = list(collections) if collections else None
+        bound = timeout or None  # 0: the scrape never waits; the count is not cut short
+        self._start: Callable[[], Future[Status]]
+        self._on_loop: Callable[[], bool] = lambda: False
         lister = getattr(source, "list_collection_names", None)
         if inspect.iscoroutinefunction(lister):
-            self._fetch = _on_its_loop(source, list(collections) if collections else None)  # type: ignore[arg-type]
+            self._start, self._on_loop = _on_its_loop(source, names, bound)  # type: ignore[arg-type]
         elif callable(lister):
             db: Database[Document] = source  # type: ignore[assignment]  # or a look-alike
-            names = list(collections) if collections else None
 
-            def fetch() -> Status:
-                return collect(db, collections=names, errors=0)
+            def count() -> Status:
+                with pymongo.timeout(bound):
+                    return collect(db, collections=names, errors=0)
 
-            self._fetch = fetch
+            self._start = partial(_in_thread, count)
         elif callable(source):
-            self._fetch = source
+            self._start = partial(_in_thread, source)
         else:
             raise ConfigError(
                 "status: a Database, an AsyncDatabase or a function returning a Status,"
                 f" not {type(source).__name__}"
             )
-        if isinstance(max_age, bool) or not isinstance(max_age, int | float) or not max_age >= 0:
-            raise ConfigError(f"status_max_age must be a number of seconds >= 0, not {max_age!r}")
+        self.timeout = float(timeout)
+        """Seconds a scrape waits for a count in flight before it serves the last counts."""
         self._max_age = max_age
         self._monotonic = monotonic
         self._lock = threading.Lock()
-        self._status: Status | None = None
-        self._computed_at: float | None = None
+        self._running: Future[Status] | None = None
+        self._started_at: float | None = None  # of the latest count, finished or not
+        self._status: Status | None = None  # the latest finished count's, None if it failed
+        self._status_at = 0.0  # when the count that gave ``_status`` started
+        self._late_logged = False
         self.computations = 0
-        """How many times the counts were computed (each a query per collection)."""
+        """How many counts were started (each a query per collection)."""
 
     def describe(self) -> Iterator[GaugeMetricFamily]:
         """The metrics' names, without a query: the registry asks at registration."""
-        yield from self._families(None)
+        yield from self._families(None, 0.0, stale=False)
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        yield from self._families(self._current())
-
-    def _current(self) -> Status | None:
-        with self._lock:  # concurrent scrapes wait for one computation
+        with self._lock:
+            self._settle()
             now = self._monotonic()
-            if self._computed_at is None or now - self._computed_at >= self._max_age:
-                self._computed_at = now
-                self.computations += 1
-                try:
-                    self._status = self._fetch()
-                except Exception as exc:
-                    self._status = None
-                    logger.warning(
-                        f"metrics: counting documents failed: {exc}",
-                        extra={"outcome": "status-failed"},
-                    )
-            return self._status
+            due = self._started_at is None or now - self._started_at >= self._max_age
+            if self._running is None and due:
+                self._begin(now)
+            running = self._running
+        if running is not None:
+            wait([running], timeout=0 if self._on_loop() else self.timeout)
+        with self._lock:
+            self._settle()
+            stale = self._running is not None
+            if stale and not self._late_logged:
+                self._late_logged = True
+                logger.warning(
+                    "metrics: counting documents is still running when the scrape stops"
+                    " waiting; serving the last counts (marked stale) until it ends",
+                    extra={"outcome": "status-late"},
+                )
+            status, age = self._status, self._monotonic() - self._status_at
+        yield from self._families(status, age, stale=stale)
 
-    def _families(self, status: Status | None) -> Iterator[GaugeMetricFamily]:
+    def _begin(self, now: float) -> None:
+        """Start a count (under the lock)."""
+        self._started_at = now
+        self.computations += 1
+        self._late_logged = False
+        try:
+            self._running = self._start()
+        except Exception as exc:  # e.g. the client's loop is closed
+            self._failed(exc)
+
+    def _settle(self) -> None:
+        """Take in the count in flight if it has ended (under the lock)."""
+        running = self._running
+        if running is None or not running.done():
+            return
+        self._running = None
+        try:
+            status = running.result()
+        except Exception as exc:
+            self._failed(exc)
+        else:
+            self._status, self._status_at = status, self._started_at or 0.0
+
+    def _failed(self, exc: Exception) -> None:
+        self._status = None
+        logger.warning(
+            f"metrics: counting documents failed: {exc}", extra={"outcome": "status-failed"}
+        )
+
+    def _families(
+        self, status: Status | None, age: float, *, stale: bool
+    ) -> Iterator[GaugeMetricFamily]:
         up = GaugeMetricFamily(
             "orchestrator_status_up",
             "1 when the last count of documents succeeded, else 0.",
+        )
+        stale_family = GaugeMetricFamily(
+            "orchestrator_status_stale",
+            "1 when a count is still running past the scrape's wait: the counts are the last ones.",
+        )
+        age_family = GaugeMetricFamily(
+            "orchestrator_status_age_seconds",
+            "Seconds since the count of the documents reported started.",
         )
         families = [
             (GaugeMetricFamily(name, doc, labels=("collection", "phase")), field)
             for name, field, doc in _DOCUMENT_GAUGES
         ]
+        stale_family.add_metric((), 1.0 if stale else 0.0)
         if status is not None:
             up.add_metric((), 1.0)
+            age_family.add_metric((), max(age, 0.0))
             for row in status.phases:
                 for family, field in families:
                     family.add_metric((row.collection, row.phase), float(getattr(row, field)))
         else:
             up.add_metric((), 0.0)
         yield up
+        yield stale_family
+        yield age_family
         for family, _ in families:
             yield family

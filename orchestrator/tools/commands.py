@@ -27,6 +27,7 @@ from pymongo.uri_parser import parse_uri
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from orchestrator.core import queries
 from orchestrator.core.extras import DISTRIBUTION
@@ -36,13 +37,21 @@ from orchestrator.core.settings import DEFAULT_DATABASE
 from orchestrator.mongo import Store, check_reachable, check_reachable_async, connect
 from orchestrator.mongo.common import Document
 from orchestrator.runners.aio import AsyncOrchestrator
-from orchestrator.runners.base import StopReport
+from orchestrator.runners.base import StopReport, drive
 from orchestrator.runners.threaded import Orchestrator
 from orchestrator.tools.demo import DemoOptions
 from orchestrator.tools.demo import run as run_demo
 from orchestrator.tools.graph import mermaid
 from orchestrator.tools.loading import CommandError, Engine, load_orchestrator
-from orchestrator.tools.operations import error_phase, plan_retry
+from orchestrator.tools.operations import (
+    ambiguous,
+    error_phase,
+    find_typed,
+    live_lease,
+    parse_id_json,
+    plan_retry,
+    plan_unlock,
+)
 from orchestrator.tools.status import Status, collect
 
 EXIT_FAILED = 1  # the command ran and found something wrong (demo invariants)
@@ -409,15 +418,17 @@ def status(
 
 
 def _print_status(name: str, status: Status) -> None:
+    """Every value read from the database goes in as ``Text``, printed verbatim: a phase
+    or a message holding ``[b]`` or ``[/items/0]`` is no markup."""
     console = Console()
-    table = Table(title=f"{name} at {status.at:%Y-%m-%d %H:%M:%S} UTC")
+    table = Table(title=Text(f"{name} at {status.at:%Y-%m-%d %H:%M:%S} UTC"))
     for column in ("collection", "phase", "documents", "leased now", "overdue", "waiting"):
         table.add_column(column, justify="left" if column in {"collection", "phase"} else "right")
     table.add_column("failed", justify="right")
     for row in status.phases:
         table.add_row(
-            row.collection,
-            row.phase,
+            Text(row.collection),
+            Text(row.phase),
             str(row.count),
             str(row.leased),
             _warn(row.overdue),
@@ -439,12 +450,12 @@ def _print_status(name: str, status: Status) -> None:
         for error in status.errors:
             at = f"{error.at:%H:%M:%S}" if error.at else ""
             errors.add_row(
-                error.collection,
-                error.id,
-                error.phase or "",
+                Text(error.collection),
+                Text(error.id),
+                Text(error.phase if error.phase is not None else ""),
                 str(error.attempts),
                 at,
-                f"{error.type}: {error.message}"[:200],
+                Text(f"{error.type}: {error.message}"[:200]),
             )
         console.print(errors)
     _print_replicas(console, status)
@@ -493,60 +504,89 @@ def _warn(value: int) -> str:
     return f"[red]{value}[/]" if value else "0"
 
 
+ID_JSON_HELP = (
+    'The document\'s id as Extended JSON, exactly: \'{"$numberInt": "42"}\' is the integer 42,'
+    ' \'"42"\' the string, \'{"$oid": "..."}\' an ObjectId. Instead of ID, when ID names'
+    " more than one document or an id has no typed form."
+)
+
+
 @main.command(epilog=EPILOG, short_help="Make a document claimable at once.")
-@click.argument("doc_id", metavar="ID")
+@click.argument("doc_id", metavar="[ID]", required=False)
 @click.option("--collection", "-c", required=True, help="The document's collection.")
+@click.option("--id-json", metavar="JSON", help=ID_JSON_HELP)
 @database_options(default_db=None)
 def unlock(
-    doc_id: str, collection: str, uri: str | None, db: str | None, connect_timeout: float
+    doc_id: str | None,
+    collection: str,
+    id_json: str | None,
+    uri: str | None,
+    db: str | None,
+    connect_timeout: float,
 ) -> int:
     """Make a document claimable at once (a live holder's later writes raise LeaseLost).
+
+    ID is the id as typed: a string, or an ObjectId's hex or an integer's digits, which
+    name that value or the string alike (refused when both exist: then --id-json).
 
     \b
     Example:
       orchestrator unlock gw-01 -c gateways
     """
     store = _operator_store(uri, db, connect_timeout, collection)
-    doc = store.operator_update(collection, queries.id_filter(doc_id), queries.release_update())
-    if doc is None:
-        raise CommandError(f"no document {doc_id!r} in collection {collection!r}")
+    doc = _the_document(store, collection, doc_id, id_json)
+    plan = plan_unlock(collection, doc["_id"], doc.get("phase"), doc.get("lockToken"))
+    # Only the lease read above: a replica that claimed it meanwhile keeps its own.
+    after = store.operator_update(collection, plan.guard, plan.update())
+    if after is None:
+        raise CommandError(f"{collection}/{doc['_id']} changed meanwhile; run unlock again")
     click.echo(f"unlocked {collection}/{doc['_id']} (phase {doc.get('phase')}): claimable now")
     return 0
 
 
 @main.command(epilog=EPILOG, short_help="Reset a document's attempts and send it back to a phase.")
-@click.argument("doc_id", metavar="ID")
+@click.argument("doc_id", metavar="[ID]", required=False)
 @click.option("--collection", "-c", required=True, help="The document's collection.")
 @click.option(
     "--phase",
     help="The phase to send it back to.  [default: the phase its last error happened in]",
 )
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Retry even while a replica holds a live lease on it: the holder's step goes on "
+    "while another replica may claim the document and run its step too.",
+)
+@click.option("--id-json", metavar="JSON", help=ID_JSON_HELP)
 @database_options(default_db=None)
 def retry(
-    doc_id: str,
+    doc_id: str | None,
     collection: str,
     phase: str | None,
+    force: bool,
+    id_json: str | None,
     uri: str | None,
     db: str | None,
     connect_timeout: float,
 ) -> int:
     """Reset a document's attempts and send it back to a phase.
 
+    ID is the id as typed (see unlock --help). A document held by a live lease (a
+    replica is in its step now) is refused unless --force.
+
     \b
     Example:
       orchestrator retry gw-01 -c gateways --phase Deleting
     """
     store = _operator_store(uri, db, connect_timeout, collection)
-    doc = store.find_one(collection, queries.id_filter(doc_id))
-    if doc is None:
-        raise CommandError(f"no document {doc_id!r} in collection {collection!r}")
+    doc = _the_document(store, collection, doc_id, id_json)
     if phase is None:
         phase = error_phase(doc)
         if phase is None:
             raise CommandError(
                 f"{collection}/{doc['_id']} has no recorded error phase; pass --phase"
             )
-    plan = plan_retry(collection, doc["_id"], doc.get("phase"), phase)
+    plan = plan_retry(collection, doc["_id"], doc.get("phase"), doc.get("lockToken"), phase)
     now = store.server_time()
     if now is None:
         now = datetime.now(UTC)
@@ -555,14 +595,46 @@ def retry(
             "updatedAt is stamped with this machine's clock",
             err=True,
         )
-    # Only if nobody moved it meanwhile: the phase read above is still the phase.
+    held = live_lease(doc, now)
+    if held and not force:
+        raise CommandError(
+            f"{collection}/{doc['_id']} is held by a live lease of replica"
+            f" {doc.get('lockedBy')!r} until {doc['lockedUntil']:%Y-%m-%d %H:%M:%S} UTC: a"
+            " retry now lets another replica run its step while that one is still in it;"
+            " wait for the lease to end, or pass --force"
+        )
+    # Only if nobody moved it meanwhile: the phase and the lease read above are still so.
     if store.operator_update(collection, plan.guard, plan.update(now)) is None:
         raise CommandError(f"{collection}/{doc['_id']} changed meanwhile; run retry again")
     click.echo(
         f"retrying {collection}/{doc['_id']}: {plan.source} -> {plan.target}, "
         "attempts reset, claimable now"
+        + (f" (the live lease of {doc.get('lockedBy')!r} was taken away)" if held else "")
     )
     return 0
+
+
+def _the_document(store: Store, collection: str, raw: str | None, exact: str | None) -> Document:
+    """The one document the operator names, by its id as typed (``raw``) or as Extended
+    JSON (``exact``); an id typed as text that names two documents is refused, saying how
+    to name each."""
+    if exact is not None:
+        if raw is not None:
+            raise click.UsageError("give ID or --id-json, not both", click.get_current_context())
+        doc = store.find_one(collection, queries.exact_id_filter(parse_id_json(exact)))
+        if doc is None:
+            raise CommandError(f"no document {exact} in collection {collection!r}")
+        return doc
+    if raw is None:
+        raise click.UsageError(
+            "which document? give its ID, or --id-json", click.get_current_context()
+        )
+    found = drive(find_typed(store, collection, raw))
+    if not found:
+        raise CommandError(f"no document {raw!r} in collection {collection!r}")
+    if len(found) > 1:
+        raise CommandError(ambiguous(collection, raw, found, "--id-json"))
+    return found[0]
 
 
 # -- web -------------------------------------------------------------------------------------

@@ -455,8 +455,8 @@ class _Display:
             finished = await done(status)
             now = self.monotonic()
             if finished or now - last_line >= 1.0:
-                line = await self._line(status, stage)
-                self.console.print(line, highlight=False, soft_wrap=True)
+                line = await self._line(status, stage)  # phases as stored: no markup
+                self.console.print(line, markup=False, highlight=False, soft_wrap=True)
                 last_line = now
             if finished:
                 return None

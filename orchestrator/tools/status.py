@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 from functools import partial
 from typing import Any
 
+from bson.errors import BSONError
 from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.database import Database
 
@@ -22,6 +23,7 @@ from orchestrator.core.replicas import (
 from orchestrator.mongo import AsyncStore, Store
 from orchestrator.mongo.common import Document
 from orchestrator.runners.base import Plan, adrive, drive
+from orchestrator.tools.operations import id_json
 
 
 @dataclass(frozen=True)
@@ -41,8 +43,15 @@ class PhaseCount:
 
 @dataclass(frozen=True)
 class RecentError:
+    """A document's last error as a report shows it: every part as text, whatever the
+    stored fields hold (``lastError`` may be a string a migrated application wrote).
+    ``id``: the document's id as text, for reading (the string ``"42"`` and the integer
+    ``42`` read alike); ``ref``: its canonical Extended JSON, exact whatever its type
+    (``operations.id_json``), for finding it again; None when the id cannot be encoded."""
+
     collection: str
     id: str
+    ref: str | None
     phase: str | None
     attempts: int
     type: str
@@ -158,15 +167,27 @@ def _collect(
 
 
 def _error(collection: str, doc: Document) -> RecentError:
-    error = doc.get("lastError") or {}
-    at = error.get("at")
-    attempts = doc.get("attempts")
+    error = doc.get("lastError")
+    if isinstance(error, dict):
+        kind, message, at = error.get("type", "?"), error.get("message", ""), error.get("at")
+    else:  # not an error record: shown as it is
+        kind, message, at = "?", "" if error is None else error, None
+    attempts, phase = doc.get("attempts"), doc.get("phase")
+    try:
+        ref: str | None = id_json(doc.get("_id"))
+    except (TypeError, ValueError, BSONError):
+        ref = None
     return RecentError(
         collection=collection,
-        id=str(doc.get("_id")),
-        phase=doc.get("phase"),
-        attempts=attempts if isinstance(attempts, int) else 0,
-        type=str(error.get("type", "?")),
-        message=str(error.get("message", "")),
+        id=_text(doc.get("_id")),
+        ref=ref,
+        phase=None if phase is None else _text(phase),
+        attempts=attempts if isinstance(attempts, int) and not isinstance(attempts, bool) else 0,
+        type=_text(kind),
+        message=_text(message),
         at=as_utc(at) if isinstance(at, datetime) else None,
     )
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else str(value)

@@ -23,15 +23,20 @@ What it guards against:
   This needs no token, so it works unchanged behind a load balancer across replicas of
   the application, and whatever authentication the application mounts it behind.
 - **Acting on what was confirmed.** The confirmation form carries the state the operator
-  saw (phase, and for unlock the lease token); the action applies only while the
-  document is still so, else it says the document changed meanwhile (409).
+  saw (its phase and lease token); the action applies only while the document is still
+  so, else it says the document changed meanwhile (409): a retry confirmed on a free
+  document never takes the lease of a replica that claimed it since.
+- **Acting on the document shown.** Links and forms name a document by its id as
+  canonical Extended JSON (``ref``), exact whatever its type: the string ``"42"`` and the
+  integer ``42``, ``"gw-1 "`` and ``"gw-1"`` are different documents. An id typed as text
+  (``id``) that names two documents gets a page listing both, not one of them.
 """
 
 from __future__ import annotations
 
 import inspect
 import math
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -53,8 +58,15 @@ from orchestrator.core.replicas import REPLICAS_COLLECTION
 from orchestrator.core.resource import EPOCH, LEASE_FIELDS
 from orchestrator.mongo import AsyncStore
 from orchestrator.mongo.common import Document
+from orchestrator.runners.base import adrive
 from orchestrator.tools.loading import CommandError
-from orchestrator.tools.operations import error_phase, plan_retry, plan_unlock
+from orchestrator.tools.operations import (
+    error_phase,
+    find_typed,
+    id_json,
+    plan_retry,
+    plan_unlock,
+)
 from orchestrator.tools.status import Status, collect_async
 
 __all__ = ["operator_app"]
@@ -142,11 +154,13 @@ def operator_app(
 
 
 class _Refused(Exception):
-    """A request the page answers with an explanation and an HTTP status, not a result."""
+    """A request the page answers with an explanation and an HTTP status, not a result;
+    ``choices``: links (text, URL) to the documents the request may have meant."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, choices: Sequence[tuple[str, str]] = ()) -> None:
         super().__init__(message)
         self.status = status
+        self.choices = list(choices)
 
 
 @dataclass(frozen=True)
@@ -164,20 +178,25 @@ class _Links:
         return f"{self.root}/{name}"
 
     def document(self, collection: str, doc_id: Any, **extra: str) -> str:
-        return f"{self.root}/document?{urlencode({'c': collection, **_id_param(doc_id), **extra})}"
+        """The page of the document whose ``_id`` is ``doc_id``, exactly."""
+        return self._document(collection, {"ref": id_json(doc_id), **extra})
+
+    def recorded(self, collection: str, ref: str | None, typed: str) -> str:
+        """The page of the document a report names by ``ref`` (its id as canonical
+        Extended JSON), or by its id as text when it has none."""
+        return self._document(collection, {"ref": ref} if ref is not None else {"id": typed})
+
+    def typed(self, collection: str, raw: str) -> str:
+        """The document an id shown as text names (a replica records its steps' ids so),
+        found as an operator types it: a choice when it names two."""
+        return self._document(collection, {"id": raw})
+
+    def _document(self, collection: str, params: dict[str, str]) -> str:
+        return f"{self.root}/document?{urlencode({'c': collection, **params})}"
 
     def confirm(self, action: str, collection: str, doc_id: Any) -> str:
-        params = {"action": action, "c": collection, **_id_param(doc_id)}
+        params = {"action": action, "c": collection, "ref": id_json(doc_id)}
         return f"{self.root}/confirm?{urlencode(params)}"
-
-
-def _id_param(doc_id: Any) -> dict[str, str]:
-    """``id`` for an id shown as text (the latest errors show ids so), found as an operator
-    types it (``queries.id_filter``); ``ref`` for a document's own ``_id``: canonical
-    Extended JSON, exact whatever its type."""
-    if isinstance(doc_id, str):
-        return {"id": doc_id}
-    return {"ref": json_util.dumps(doc_id, json_options=CANONICAL_JSON_OPTIONS)}
 
 
 class _Page:
@@ -212,7 +231,9 @@ class _Page:
             try:
                 response = await handler(request, links)
             except _Refused as exc:
-                response = self.render(links, "error.html", exc.status, message=str(exc))
+                response = self.render(
+                    links, "error.html", exc.status, message=str(exc), choices=exc.choices
+                )
             except CommandError as exc:
                 response = self.render(links, "error.html", 400, message=str(exc))
             except StoreError as exc:
@@ -226,6 +247,7 @@ class _Page:
     def render(self, links: _Links, template: str, code: int = 200, **context: Any) -> Response:
         context.setdefault("refresh", None)
         context.setdefault("at", None)
+        context.setdefault("choices", [])
         html = self.templates.get_template(template).render(
             links=links, database=self.database.name, **context
         )
@@ -255,7 +277,7 @@ class _Page:
 
     async def document(self, request: Request, links: _Links) -> Response:
         params = request.query_params
-        if not params.get("id", "").strip() and not params.get("ref"):
+        if not params.get("id") and not params.get("ref"):
             # Which one? A form, on a page that does not reload under the typing operator.
             return self.render(
                 links,
@@ -263,9 +285,8 @@ class _Page:
                 collections=await self._collections(),
                 chosen=params.get("c", ""),
             )
-        collection, doc = await self._find(params)
+        collection, doc = await self._find(params, links)
         now = await self._now()
-        rows = await self.store.phase_summary(collection, now, queries.exact_id_filter(doc["_id"]))
         notice = NOTICES.get(request.query_params.get("done", ""))
         return self.render(
             links,
@@ -274,7 +295,8 @@ class _Page:
             at=now,
             collection=collection,
             doc_id=doc["_id"],
-            state=_state(rows[0] if rows else None),
+            ref=id_json(doc["_id"]),
+            state=await self._state(collection, doc, now),
             lease=[(label, name, doc.get(name, _MISSING)) for name, label in LEASE_ROWS],
             last_error=_error_view(doc.get("lastError")),
             previous_error=_error_view(doc.get("previousError")),
@@ -286,20 +308,22 @@ class _Page:
         action = request.query_params.get("action")
         if action not in ("unlock", "retry"):
             raise _Refused(400, "unknown action: the page offers unlock and retry")
-        collection, doc = await self._find(request.query_params)
+        collection, doc = await self._find(request.query_params, links)
         seen = {"phase": doc.get("phase"), "lockToken": doc.get("lockToken")}
+        now = await self._now()
         return self.render(
             links,
             "confirm.html",
-            at=await self._now(),
+            at=now,
             action=action,
             collection=collection,
             doc_id=doc["_id"],
+            state=await self._state(collection, doc, now),
             phase=doc.get("phase", _MISSING),
             holder=doc.get("lockedBy", _MISSING),
             until=doc.get("lockedUntil", _MISSING),
             attempts=doc.get("attempts", 0),
-            ref=json_util.dumps(doc["_id"], json_options=CANONICAL_JSON_OPTIONS),
+            ref=id_json(doc["_id"]),
             seen=json_util.dumps(seen, json_options=CANONICAL_JSON_OPTIONS),
             target=error_phase(doc) or "",
             last_error=_error_view(doc.get("lastError")),
@@ -318,7 +342,7 @@ class _Page:
         target = form.get("phase", "").strip()
         if not target:
             raise _Refused(400, "name the phase to send the document back to")
-        plan = plan_retry(collection, doc_id, seen.get("phase"), target)
+        plan = plan_retry(collection, doc_id, seen.get("phase"), seen.get("lockToken"), target)
         server = await self.store.server_time()
         now = server or datetime.now(UTC)
         await self._apply(collection, doc_id, plan.guard, plan.update(now))
@@ -365,20 +389,39 @@ class _Page:
             raise _Refused(404, f"no collection {name!r} in database {self.database.name!r}")
         return name
 
-    async def _find(self, params: Mapping[str, str]) -> tuple[str, Document]:
+    async def _find(self, params: Mapping[str, str], links: _Links) -> tuple[str, Document]:
+        """The document ``ref`` names exactly, or the one an id typed as text (``id``, as it
+        is: ``"gw-1 "`` is not ``"gw-1"``) names; a typed id that names two is refused
+        with a link to each."""
         collection = await self._collection(params.get("c"))
-        ref, raw = params.get("ref"), params.get("id", "").strip()
+        ref, raw = params.get("ref"), params.get("id", "")
         if ref:
             query = queries.exact_id_filter(_parse_json(ref, "document reference"))
+            doc = await self.store.find_one(collection, query)
+            found = [] if doc is None else [doc]
         elif raw:
-            query = queries.id_filter(raw)
+            found = await adrive(find_typed(self.store, collection, raw))
         else:
             raise _Refused(400, "which document? give its id (id=...)")
-        doc = await self.store.find_one(collection, query)
-        if doc is None:
+        if not found:
             shown = raw or ref
             raise _Refused(404, f"no document {shown!r} in collection {collection!r}")
-        return collection, doc
+        if len(found) > 1:
+            choices = [
+                (
+                    f"{id_json(d['_id'])} (phase {_text(d.get('phase', _MISSING))})",
+                    links.document(collection, d["_id"]),
+                )
+                for d in found
+            ]
+            message = f"{raw!r} names more than one document in {collection!r}: which one?"
+            raise _Refused(300, message, choices)
+        return collection, found[0]
+
+    async def _state(self, collection: str, doc: Document, now: datetime) -> dict[str, Any]:
+        """The document's lease state as the counts judge it (``queries.status_pipeline``)."""
+        rows = await self.store.phase_summary(collection, now, queries.exact_id_filter(doc["_id"]))
+        return _state(rows[0] if rows else None)
 
     async def _now(self) -> datetime:
         """The server's time, as leases are judged (this machine's when it reports none)."""
