@@ -413,7 +413,7 @@ class Runner(Generic[DB]):
             found = yield partial(
                 self._store.has_claimable,
                 probe.collection,
-                [(h.match, h.name) for h in probe.handlers],
+                [(h.match, h.exclusion) for h in probe.handlers],
                 self._judgement_time(),
                 self.settings.horizon,
             )
@@ -528,7 +528,7 @@ class Runner(Generic[DB]):
                 handler.match,
                 now - timedelta(seconds=self.clock.uncertainty),
                 self.settings.horizon,
-                handler.name,
+                handler.exclusion,
                 queries.claim_update(now, until, token, self.settings.replica_id),
                 # How long it was due is read from its fields before the claim, if listened to.
                 (lambda before: due.append(queries.due_since(before)))
