@@ -9,6 +9,7 @@ can do the job of the one the orchestrator needs.
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Hashable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -126,6 +127,15 @@ def check_server(reply: Mapping[str, Any]) -> None:
 
 
 _BAD_DATABASE_CHARS = frozenset('/\\. "$*<>:|?\x00')
+
+
+def database_kind(db: object) -> bool | None:
+    """True for a database of PyMongo's async API (``AsyncDatabase``, its in-memory and
+    fault-injecting stand-ins), False for a sync one, None for what is no database."""
+    command = getattr(db, "command", None)
+    if not callable(command) or not callable(getattr(db, "get_collection", None)):
+        return None
+    return inspect.iscoroutinefunction(command)
 
 
 def primary_of(client: object) -> Hashable:
