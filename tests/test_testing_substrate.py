@@ -409,7 +409,7 @@ def test_fake_clock_is_thread_safe() -> None:
         ({"clock": 42}, "clock must be a Clock"),
         ({"wire_version": "21"}, "wire_version must be an int"),
         ({"wire_version": -1}, "wire_version must be a maxWireVersion"),
-        ({"name": ""}, "name must be a non-empty database name"),
+        ({"name": 7}, "name must be a database name"),
     ],
 )
 def test_memory_database_refuses_an_option_of_the_wrong_kind_in_one_line(

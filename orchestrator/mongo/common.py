@@ -19,6 +19,8 @@ from typing import Any
 
 from bson.codec_options import CodecOptions, DatetimeConversion
 from bson.errors import BSONError
+from pymongo.asynchronous.database import AsyncDatabase
+from pymongo.database import Database
 from pymongo.errors import (
     AutoReconnect,
     ConnectionFailure,
@@ -131,7 +133,12 @@ _BAD_DATABASE_CHARS = frozenset('/\\. "$*<>:|?\x00')
 
 def database_kind(db: object) -> bool | None:
     """True for a database of PyMongo's async API (``AsyncDatabase``, its in-memory and
-    fault-injecting stand-ins), False for a sync one, None for what is no database."""
+    fault-injecting stand-ins: their ``command`` is a coroutine function), False for a sync
+    one, None for what is no database."""
+    if isinstance(db, AsyncDatabase):
+        return True
+    if isinstance(db, Database):
+        return False
     command = getattr(db, "command", None)
     if not callable(command) or not callable(getattr(db, "get_collection", None)):
         return None

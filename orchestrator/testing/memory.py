@@ -142,8 +142,8 @@ def _check_options(
 ) -> None:
     """The kit's options, checked where they are given: a wrong one otherwise surfaces
     deep in a replica's first command (a bool() of a database, in ``hello``)."""
-    if not isinstance(name, str) or not name:
-        raise TypeError(f"name must be a non-empty database name, not {name!r}")
+    if not isinstance(name, str):
+        raise TypeError(f"name must be a database name, not {type(name).__name__}")
     if clock is not None and not (
         callable(getattr(clock, "now", None)) and callable(getattr(clock, "monotonic", None))
     ):
