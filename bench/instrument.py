@@ -123,10 +123,28 @@ class CountingDatabase:
     def __getitem__(self, name: str) -> CountingCollection:
         return self.get_collection(name)
 
-    def command(self, command: Any, *args: Any, **kwargs: Any) -> Any:
-        name = command if isinstance(command, str) else next(iter(command))
-        timed = _timed(self.meter, f"command:{name}", self._db.command)
-        return timed(command, *args, **kwargs)
-
     def __getattr__(self, name: str) -> Any:
+        if name == "command":
+            # A coroutine function on an async database, as there: the engines tell the
+            # two drivers' databases apart by it.
+            command = self._db.command
+            timed: dict[str, Any] = {}
+
+            def counted(command_name: Any) -> Any:
+                name = command_name if isinstance(command_name, str) else next(iter(command_name))
+                if name not in timed:
+                    timed[name] = _timed(self.meter, f"command:{name}", command)
+                return timed[name]
+
+            if inspect.iscoroutinefunction(command):
+
+                async def run_async(spec: Any, *args: Any, **kwargs: Any) -> Any:
+                    return await counted(spec)(spec, *args, **kwargs)
+
+                return run_async
+
+            def run(spec: Any, *args: Any, **kwargs: Any) -> Any:
+                return counted(spec)(spec, *args, **kwargs)
+
+            return run
         return getattr(self._db, name)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Iterator
 from typing import Any
 
 import pytest
@@ -36,6 +36,8 @@ from orchestrator.testing.memory import MemoryDatabase
 from tests.engines import Replica, new_replica
 
 MONGODB_URI = os.environ.get("MONGODB_URI")
+NO_SERVER = "MONGODB_URI is not set"
+"""Why the ``mongodb`` tier is skipped (the reason every skip of that tier gives)."""
 
 
 def server_name(db: Database[Any]) -> str:
@@ -60,6 +62,25 @@ def pytest_report_header(config: pytest.Config) -> str | None:
         client.close()
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """Without MONGODB_URI the ``mongodb`` tier's skips are filed here, under one location,
+    so ``-ra`` folds them into one line with their count instead of one line per test
+    function (some 180 lines that bury a failure). Every other skip keeps its own line."""
+    report = yield
+    if report.skipped and item.get_closest_marker("mongodb") is not None:
+        longrepr = report.longrepr
+        if isinstance(longrepr, tuple) and longrepr[2].removeprefix("Skipped: ") == NO_SERVER:
+            report.longrepr = (
+                __file__,
+                pytest_runtest_makereport.__code__.co_firstlineno,
+                NO_SERVER,
+            )
+    return report
+
+
 @pytest.fixture
 def clock() -> FakeClock:
     return FakeClock()
@@ -73,7 +94,7 @@ def clock() -> FakeClock:
             "mongodb",
             marks=[
                 pytest.mark.mongodb,
-                pytest.mark.skipif(not MONGODB_URI, reason="MONGODB_URI is not set"),
+                pytest.mark.skipif(not MONGODB_URI, reason=NO_SERVER),
             ],
         ),
     ]

@@ -522,6 +522,28 @@ def test_status_prints_what_is_stored_verbatim_not_as_markup(
         assert text in out
 
 
+def test_status_and_retry_show_control_characters_as_escapes_never_as_terminal_codes(
+    connected: Database[Any], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stored value holding an ESC sequence (``\x1b[2J`` clears the screen) printed as
+    it is would act on the operator's terminal; it is shown as the escape it is."""
+    monkeypatch.setenv("COLUMNS", "250")
+    connected.jobs.insert_one(
+        {
+            "_id": "gw\x1b[2J",
+            "phase": "Failed\x1b]0;owned\x07",
+            "lastError": {"type": "E", "message": "boom\x1b[31m", "phase": "Running"},
+        }
+    )
+    code, out, err = run(["status", "--uri", URI], capsys)
+    assert code == 0, err
+    assert "\x1b" not in out
+    assert "gw\\x1b[2J" in out and "boom\\x1b[31m" in out
+    code, out, err = run(["retry", "--uri", URI, "-c", "jobs", "gw\x1b[2J"], capsys)
+    assert code == 0, err
+    assert "\x1b" not in out + err and "\\x1b" in out
+
+
 def test_an_id_typed_as_text_that_names_two_documents_is_refused(
     connected: Database[Any], capsys: pytest.CaptureFixture[str]
 ) -> None:

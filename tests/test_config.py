@@ -2,12 +2,25 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from orchestrator import ConfigError, Lease, Orchestrator, Resource, Settings
-from orchestrator.testing import FakeClock, memory_database
+from orchestrator import (
+    AsyncOrchestrator,
+    ConfigError,
+    Lease,
+    Listener,
+    Orchestrator,
+    Resource,
+    Settings,
+    StepFinishedEvent,
+)
+from orchestrator.testing import FakeClock, async_memory_database, memory_database
 
 
 @pytest.mark.parametrize(
@@ -188,3 +201,66 @@ def test_lease_field_names_follow_the_model_and_refuse_managed_fields() -> None:
     assert stored is not None
     assert stored["customDomain"] == "shop.example.com"
     assert refused and "lockedAt" in refused[0]
+
+
+# -- issue 16, defects 14 and 15: refused at construction, not at the first step ------------
+
+
+@pytest.mark.parametrize(
+    ("engine", "make_db", "said"),
+    [
+        (
+            "threaded",
+            async_memory_database,
+            "not an AsyncDatabase: use AsyncOrchestrator",
+        ),
+        ("async", memory_database, "not a sync Database: use Orchestrator"),
+        ("threaded", lambda: {"not": "a database"}, "not dict"),
+        ("async", lambda: "mongodb://localhost", "not str"),
+    ],
+)
+def test_an_engine_refuses_a_database_of_the_other_driver_at_construction(
+    engine: str, make_db: Any, said: str
+) -> None:
+    """Before the fix the wrong database was accepted and the first claim failed with a
+    TypeError (``orchestrator run``: a traceback)."""
+    runner = Orchestrator if engine == "threaded" else AsyncOrchestrator
+    with pytest.raises(ConfigError, match=said) as refused:
+        runner(make_db())
+    assert "\n" not in str(refused.value)
+
+
+def test_orchestrator_run_says_which_database_in_one_line(tmp_path: Path) -> None:
+    (tmp_path / "wrongworker.py").write_text(
+        "from orchestrator import Orchestrator\n"
+        "from orchestrator.testing import async_memory_database\n"
+        "worker = Orchestrator(async_memory_database())\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "orchestrator", "run", "wrongworker:worker"],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)},
+        capture_output=True,
+        text=True,
+        timeout=60,  # a bound against hanging, not a timing claim
+        check=False,
+    )
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert "not an AsyncDatabase: use AsyncOrchestrator" in result.stderr
+
+
+class _AsyncMethods(Listener):
+    async def step_finished(self, event: StepFinishedEvent) -> None:  # type: ignore[override]
+        raise AssertionError("never awaited")
+
+
+def test_a_listener_with_an_async_method_is_refused_where_it_is_added() -> None:
+    """Before the fix it was accepted, and the coroutine it returned was never awaited:
+    the listener silently got nothing."""
+    with pytest.raises(ConfigError, match=r"_AsyncMethods.step_finished is async"):
+        Orchestrator(memory_database(), listeners=[_AsyncMethods()])
+    orch = AsyncOrchestrator(async_memory_database())
+    with pytest.raises(ConfigError, match="never awaited"):
+        orch.add_listener(_AsyncMethods())

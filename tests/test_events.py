@@ -143,15 +143,21 @@ async def test_the_heartbeat_and_a_time_out_are_reported(
     replicas: MakeEither, clock: FakeClock
 ) -> None:
     recorder = Recorder()
-    worker = await replicas("pod-1", listeners=[recorder], tick=30, step_timeout=60)
+    # The lease outlives the step_timeout (extended at 300 s, it lasts to 900 s), so when
+    # the clock jumps to the time-out no claim can take the document back: an idle
+    # worker's claim still on its way would, from an expired lease. And in minutes,
+    # run_once's own heartbeat (every lock_timeout/6 of real time) never runs meanwhile.
+    worker = await replicas(
+        "pod-1", listeners=[recorder], lock_timeout=600, tick=600, step_timeout=600
+    )
     box = hold(worker)
     await worker.submit("jobs", {"_id": "long", "phase": "Running"})
     async with anyio.create_task_group() as group:
         group.start_soon(worker.run_once)
         assert await wait(box["claimed"])
-        clock.advance(20)
+        clock.advance(300)
         assert await worker.heartbeat() == 1
-        clock.advance(45)  # 65 s: past step_timeout
+        clock.advance(350)  # 650 s: past step_timeout
         await worker.heartbeat()
     box["go"].set()
     if worker.threaded:  # its thread returns at last (an async step was cancelled)
@@ -159,10 +165,10 @@ async def test_the_heartbeat_and_a_time_out_are_reported(
 
     extended = recorder.of(LeaseExtendedEvent)
     assert [(e.document_id, e.held_for) for e in extended] == [
-        ("long", pytest.approx(20.0, abs=0.002))
+        ("long", pytest.approx(300.0, abs=0.002))
     ]
     finished = recorder.of(StepFinishedEvent)
-    assert [(f.outcome, f.duration) for f in finished] == [("timed_out", 65.0)], "one per claim"
+    assert [(f.outcome, f.duration) for f in finished] == [("timed_out", 650.0)], "one per claim"
     # (A thread step's late write after it is also reported, as a failed attempt.)
     assert recorder.of(AttemptFailedEvent)[0].error_type == "StepTimeout"
 

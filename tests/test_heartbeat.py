@@ -22,7 +22,10 @@ from tests.holding import hold_step
 def test_the_heartbeat_keeps_a_long_step_s_lease_alive(
     make: MakeReplica, db: Database[Any], clock: FakeClock
 ) -> None:
-    worker, other = make("pod-worker"), make("pod-other")
+    # Minutes: run_once's own heartbeat, every lock_timeout/6 of real time (50 s), never
+    # runs during the test, so each extension below is this test's heartbeat call.
+    worker = make("pod-worker", lock_timeout=300, tick=300, step_timeout=None)
+    other = make("pod-other")
     box = hold_step(worker)
     stolen: list[int] = []
 
@@ -36,10 +39,10 @@ def test_the_heartbeat_keeps_a_long_step_s_lease_alive(
     tick.start()
     assert box["claimed"].wait(5)
 
-    clock.advance(10)
+    clock.advance(100)
     assert worker.heartbeat() == 0, "not yet half the lock timeout"
-    for _ in range(4):  # 80 s in all, far past the 30 s lock timeout
-        clock.advance(15)
+    for _ in range(4):  # 700 s in all, far past the 300 s lock timeout
+        clock.advance(150)
         assert worker.heartbeat() == 1
         other.run_once()
     assert stolen == []
@@ -98,7 +101,9 @@ def test_a_step_that_never_returns_is_timed_out_and_counted_failed(
 def test_the_heartbeat_stops_once_the_lease_is_lost(
     make: MakeReplica, db: Database[Any], clock: FakeClock
 ) -> None:
-    worker = make("pod-worker")
+    # One slot: another worker's claim still on its way when the clock passes the lease's
+    # expiry would take the document back from the other replica.
+    worker = make("pod-worker", max_concurrency=1)
     box = hold_step(worker)
     worker.submit("jobs", {"phase": "Running"})
     tick = threading.Thread(target=worker.run_once)

@@ -97,7 +97,7 @@ async def test_a_filter_without_phase_does_not_refail_what_it_failed(
     doc = db.items.find_one({})
     assert doc is not None
     assert doc["phase"] == "Failed"
-    assert doc["failedBy"] == delete.__module__ + "." + delete.__qualname__
+    assert doc["failedBy"] == 'items {"state": "Deleted"}'
 
 
 async def test_a_document_failing_validation_is_not_claimed_again_by_a_phaseless_filter(

@@ -283,3 +283,37 @@ def test_the_estimate_never_runs_backwards_when_a_measurement_comes_out_earlier(
     assert before > first and held == before
     clock.advance(3.5)  # the new anchor (10 - 3 s) plus 3.5 s is past the held value
     assert server.now() == first + timedelta(seconds=10.5)
+
+
+@pytest.mark.anyio
+async def test_a_long_wait_is_honoured_by_a_replica_with_a_shorter_max_wait(
+    replicas: MakeEither, db: Database[Any], clock: FakeClock
+) -> None:
+    """Issue 16, defect 10: a 10-day relock written by a replica with ``max_wait`` of 30
+    days. Before the fix a replica with the default ``max_wait`` took any ``lockedUntil``
+    past its own ``max(max_wait, 1 day)`` for corrupt, and ran the step 5 s later."""
+    patient = await replicas("patient", max_wait=30 * 86_400)
+    hasty = await replicas("hasty")
+    ran: list[str] = []
+    ten_days = 10 * 86_400
+
+    @patient.phase("jobs", "Waiting")
+    async def wait_long(lease: Any) -> Any:
+        ran.append("patient")
+        return await lease.relock(wait=ten_days)
+
+    @hasty.phase("jobs", "Waiting")
+    async def wait_short(lease: Any) -> Any:
+        ran.append("hasty")
+        return await lease.relock()
+
+    await patient.submit("jobs", {"phase": "Waiting"})
+    await patient.run_once()
+    clock.advance(5)
+    await hasty.run_once()
+    clock.advance(ten_days - 10)
+    await hasty.run_once()
+    assert ran == ["patient"]
+    clock.advance(10)
+    await hasty.run_once()
+    assert ran == ["patient", "hasty"]

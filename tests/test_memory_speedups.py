@@ -66,10 +66,19 @@ def _documents(seed: int) -> list[dict[str, Any]]:
 
 NOW = BASE.replace(tzinfo=UTC)
 FILTERS = [
-    queries.claim_filter({"phase": "A"}, NOW, 60, "h1"),
+    queries.claim_filter({"phase": "A"}, NOW, 60, queries.failed_exclusion("h1", "x", "A", {})),
     queries.claim_filter({"phase": "C"}, NOW, 60),
-    queries.probe_filter([({"phase": "A"}, "h1"), ({"phase": "B"}, "h2")], NOW, 60),
-    queries.claim_filter({"$or": [{"phase": "A"}, {"phase": "B"}]}, NOW, 60, "h2"),
+    queries.probe_filter(
+        [({"phase": "A"}, queries.failed_exclusion("h1", "h1", "B", {})), ({"phase": "B"}, None)],
+        NOW,
+        60,
+    ),
+    queries.claim_filter(
+        {"$or": [{"phase": "A"}, {"phase": "B"}]},
+        NOW,
+        60,
+        queries.failed_exclusion("h2", "h1", "B", {}),
+    ),
     {"phase": {"$in": ["A", "B"]}, "lockedUntil": {"$lt": BASE}},
     {"lockedUntil": {"$gte": BASE.replace(tzinfo=UTC)}},
     {"failedBy": {"$ne": "h1"}},

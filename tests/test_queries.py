@@ -14,10 +14,9 @@ NOW = datetime(2026, 1, 1, 12, 0, 0, 123456, tzinfo=UTC)
 
 
 def test_claim_filter_keeps_the_handler_match_and_requires_a_lease_past_its_own_expiry() -> None:
-    f = q.claim_filter({"phase": "Deleting"}, NOW, 3600, "app.delete")
+    f = q.claim_filter({"phase": "Deleting"}, NOW, 3600)
     assert f == {
         "phase": "Deleting",
-        "failedBy": {"$ne": "app.delete"},
         "$or": [
             {"lockedUntil": {"$not": {"$gt": datetime(2026, 1, 1, 12, 0, 0, 123000)}}},
             {"lockedUntil": {"$gt": datetime(2026, 1, 1, 13, 0, 0, 123000)}},
@@ -26,11 +25,27 @@ def test_claim_filter_keeps_the_handler_match_and_requires_a_lease_past_its_own_
 
 
 def test_a_handler_filter_with_its_own_or_keeps_both_conditions() -> None:
-    f = q.claim_filter({"$or": [{"phase": "A"}, {"phase": "B"}]}, NOW, 60, "h")
-    assert f["$and"][0] == {"$or": [{"phase": "A"}, {"phase": "B"}], "failedBy": {"$ne": "h"}}
+    f = q.claim_filter({"$or": [{"phase": "A"}, {"phase": "B"}]}, NOW, 60)
+    assert f["$and"][0] == {"$or": [{"phase": "A"}, {"phase": "B"}]}
     assert "$or" in f["$and"][1]
     with pytest.raises(ConfigError, match="failedBy"):
         q.check_match({"phase": "A", "failedBy": "x"})
+
+
+def test_the_failed_mark_applies_only_in_the_failed_phase_it_names() -> None:
+    """A handler pinned to another phase needs no exclusion; one whose filter may match
+    its failed phase is kept off a document only while it is there, marked by its key (or
+    by its name, as marks were written before keys)."""
+    assert q.failed_exclusion("jobs {...}", "app.create", "Failed", {"phase": "Creating"}) is None
+    exclusion = q.failed_exclusion("jobs {...}", "app.report", "Failed", {"kind": "w"})
+    assert exclusion == {
+        "$or": [
+            {"$and": [{"failedBy": {"$ne": "jobs {...}"}}, {"failedBy": {"$ne": "app.report"}}]},
+            {"phase": {"$ne": "Failed"}},
+        ]
+    }
+    f = q.claim_filter({"kind": "w"}, NOW, 60, exclusion)
+    assert f["$and"][:2] == [{"kind": "w"}, exclusion]
 
 
 def test_claim_update_sets_time_expiry_token_and_holder() -> None:

@@ -267,17 +267,23 @@ async def test_claim_finds_nothing_when_nothing_is_free(backend: Backend, clock:
     assert await store.claim("none", {"phase": "Q"}, now, HORIZON, None, {"$set": {"x": 1}}) is None
 
 
-async def test_a_handler_does_not_claim_what_it_failed(backend: Backend, clock: FakeClock) -> None:
+async def test_a_handler_does_not_claim_what_it_failed_while_it_stays_failed(
+    backend: Backend, clock: FakeClock
+) -> None:
     store = backend.open()
     now = clock.now()
     await seed(store, "jobs", {"_id": 1, "phase": "Failed", "failedBy": "create"})
     update = claim_update(now, "t")
-    assert await store.claim("jobs", {"phase": "Failed"}, now, HORIZON, "create", update) is None
-    assert (
-        await store.has_claimable("jobs", [({"phase": "Failed"}, "create")], now, HORIZON) is False
-    )
-    doc = await store.claim("jobs", {"phase": "Failed"}, now, HORIZON, "report", update)
+    create = queries.failed_exclusion("create", "app.create", "Failed", {"kind": "w"})
+    report = queries.failed_exclusion("report", "app.report", "Failed", {"kind": "w"})
+    assert await store.claim("jobs", {"phase": "Failed"}, now, HORIZON, create, update) is None
+    assert await store.has_claimable("jobs", [({"phase": "Failed"}, create)], now, HORIZON) is False
+    doc = await store.claim("jobs", {"phase": "Failed"}, now, HORIZON, report, update)
     assert doc is not None and doc["_id"] == 1
+    # Moved out of the failed phase (by the API, say), it is the marking handler's again.
+    await seed(store, "jobs", {"_id": 2, "phase": "Creating", "kind": "w", "failedBy": "create"})
+    doc = await store.claim("jobs", {"kind": "w"}, now, HORIZON, create, update)
+    assert doc is not None and doc["_id"] == 2
 
 
 async def test_concurrent_claims_take_each_document_once(
@@ -317,16 +323,16 @@ async def test_probe_answers_whether_any_handler_could_claim_and_writes_nothing(
         {"_id": 2, "phase": "B", "lockedUntil": EPOCH},
     )
     before = await store.find_one("jobs", {"_id": 2})
-    assert await store.has_claimable("jobs", [({"phase": "A"}, "a")], now, HORIZON) is False
+    assert await store.has_claimable("jobs", [({"phase": "A"}, None)], now, HORIZON) is False
     assert (
         await store.has_claimable(
-            "jobs", [({"phase": "A"}, "a"), ({"phase": "B"}, "b")], now, HORIZON
+            "jobs", [({"phase": "A"}, None), ({"phase": "B"}, None)], now, HORIZON
         )
         is True
     )
     assert await store.find_one("jobs", {"_id": 2}) == before
     later = now + timedelta(minutes=1)
-    assert await store.has_claimable("jobs", [({"phase": "A"}, "a")], later, HORIZON) is True
+    assert await store.has_claimable("jobs", [({"phase": "A"}, None)], later, HORIZON) is True
 
 
 # -- fenced writes -----------------------------------------------------------------------------

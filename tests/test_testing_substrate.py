@@ -14,8 +14,10 @@ from pymongo import ReturnDocument, WriteConcern
 from pymongo.collection import Collection
 from pymongo.errors import DuplicateKeyError, InvalidOperation
 
+from orchestrator import Orchestrator
 from orchestrator.core.clock import SystemClock
 from orchestrator.testing import FakeClock, memory_database
+from orchestrator.testing.faults import Faults
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 START = datetime(2026, 1, 1, tzinfo=UTC)
@@ -394,3 +396,79 @@ def test_fake_clock_is_thread_safe() -> None:
     run_threads(8, advance)
     assert clock.monotonic() == 2000.0
     assert clock.now() == START + timedelta(seconds=2000)
+
+
+# -- issue 16: the kit checks its options where they are given ------------------------------
+
+
+@pytest.mark.parametrize(
+    ("options", "said"),
+    [
+        ({"hello": memory_database()}, "hello must be True or False"),
+        ({"server_time": "yes"}, "server_time must be True or False"),
+        ({"clock": 42}, "clock must be a Clock"),
+        ({"wire_version": "21"}, "wire_version must be an int"),
+        ({"wire_version": -1}, "wire_version must be a maxWireVersion"),
+        ({"name": 7}, "name must be a database name"),
+    ],
+)
+def test_memory_database_refuses_an_option_of_the_wrong_kind_in_one_line(
+    options: dict[str, Any], said: str
+) -> None:
+    """Before the fix ``memory_database(hello=<a database>)`` was accepted, and a replica's
+    first ``hello`` raised NotImplementedError (the bool of a database)."""
+    with pytest.raises((TypeError, ValueError), match=said) as refused:
+        memory_database(**options)
+    assert "\n" not in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    ("options", "said"),
+    [
+        ({"seed": "zero"}, "seed must be an int"),
+        ({"rate": "often"}, "rate must be a probability"),
+        ({"rates": ["find"]}, "rates must map operation names"),
+        ({"rates": {"fnid": 0.5}}, "unknown operation 'fnid'"),
+        ({"slow_seconds": float("nan")}, "slow_seconds must be a finite number"),
+        ({"delay": 5}, "delay must be callable"),
+        ({"clock": "now"}, "clock must be a Clock"),
+    ],
+)
+def test_faults_refuse_an_option_of_the_wrong_kind_in_one_line(
+    options: dict[str, Any], said: str
+) -> None:
+    with pytest.raises((TypeError, ValueError), match=said):
+        Faults(**options)
+    with pytest.raises(ValueError, match="seconds must be a finite number"):
+        Faults().delay_next("update_one", "5")  # type: ignore[arg-type]
+
+
+class _Nonsense:
+    """A database whose ``hello`` raises what no driver raises."""
+
+    def __init__(self, db: Any) -> None:
+        self._db = db
+
+    def command(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError("not a server")
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._db, name)
+
+
+def test_a_store_that_raises_something_else_fails_the_action_not_the_tick() -> None:
+    """Before the fix the worker died with the measurement's action in flight, and
+    ``run_once`` waited for it forever. Now each action fails, is logged, and the tick
+    ends; nothing is claimed by a clock that was never measured."""
+    orch = Orchestrator(_Nonsense(memory_database()))  # type: ignore[arg-type]
+
+    @orch.phase("jobs", "Running")
+    def step(lease: Any) -> Any:
+        return lease.advance("Done")
+
+    done: list[dict[str, int]] = []
+    tick = threading.Thread(target=lambda: done.append(orch.run_once()), daemon=True)
+    tick.start()
+    tick.join(30)  # a hang guard, not a measured time
+    assert done, "run_once hung"
+    assert done[0].get("claim_errors", 0) >= 1 and "claimed" not in done[0]

@@ -185,7 +185,7 @@ def test_a_document_page_shows_its_lease_judged_as_the_counts_judge_it(
     broken = open_document(page, "gw-broken")
     assert broken.field("phase") == "Failed"
     assert broken.field("attempts") == "1"
-    assert broken.field("failedBy").endswith("provision")
+    assert broken.field("failedBy") == 'gateways {"phase": "Provisioning"}'
     assert "released" in broken.field("lockedUntil")
     error = dict(row[:2] for row in broken.tables["last-error"])
     assert error["type"] == "RuntimeError"

@@ -15,6 +15,7 @@ With no listener registered, nothing is built or called.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import threading
 from collections.abc import Iterable
@@ -181,6 +182,12 @@ class Listener:
         """An idle replica probed a collection for work."""
 
 
+_EVENT_METHODS = tuple(
+    name for name, value in vars(Listener).items() if callable(value) and not name.startswith("_")
+)
+"""The methods the runner calls, each with one event."""
+
+
 class Listeners:
     """One replica's listeners, and the one place that calls them.
 
@@ -204,6 +211,14 @@ class Listeners:
             raise ConfigError(
                 f"a listener subclasses orchestrator.Listener, not {type(listener).__name__}"
             )
+        for method in _EVENT_METHODS:
+            hook = getattr(listener, method, None)
+            if inspect.iscoroutinefunction(hook) or inspect.isasyncgenfunction(hook):
+                raise ConfigError(
+                    f"{type(listener).__qualname__}.{method} is async: listeners are called "
+                    "on the step's path and never awaited; make it a plain def (hand slow "
+                    "work to a queue or a task of your own)"
+                )
         with self._lock:
             self.active = (*self.active, listener)
 

@@ -217,7 +217,7 @@ class LeaseCore(Generic[R]):
         if final:
             failed = self.handler.failed_phase
             until, _ = self._free_until()
-            name = self.handler.name
+            name = self.handler.key
 
             def build(record: dict[str, Any]) -> dict[str, Any]:
                 return queries.fail_update(failed, attempts, record, now, name, until)

@@ -51,7 +51,10 @@ def as_utc(value: datetime) -> datetime:
 
 
 def claim_filter(
-    match: Mapping[str, Any], now: datetime, horizon: float, handler: str | None = None
+    match: Mapping[str, Any],
+    now: datetime,
+    horizon: float,
+    exclusion: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The handler's filter, limited to documents nobody holds: ``lockedUntil`` is not a
     date in ``(now, now + horizon]``.
@@ -63,29 +66,50 @@ def claim_filter(
     a lease that would never expire. Both branches are index ranges on (phase,
     lockedUntil), scanned in index order, so the server merges them for the sort.
 
-    ``handler``: a document this handler moved to its failed phase (``failedBy``) is not
-    claimed by it again, so a handler whose filter also matches the failed phase cannot
-    spin on what it gave up on; an operator's retry clears the mark.
+    ``exclusion`` (``failed_exclusion``): what keeps a handler off the documents it moved
+    to its failed phase, so a handler whose filter also matches that phase cannot spin on
+    what it gave up on.
     """
     horizon_at = bson_time(now + timedelta(seconds=horizon))
-    free = [
-        {"lockedUntil": {"$not": {"$gt": bson_time(now)}}},
-        {"lockedUntil": {"$gt": horizon_at}},
-    ]
-    claim: dict[str, Any] = dict(match)  # check_match keeps lease fields out of it
-    if handler is not None:
-        claim["failedBy"] = {"$ne": handler}
-    if "$or" in claim:
-        return {"$and": [claim, {"$or": free}]}
-    return {**claim, "$or": free}
+    free = {
+        "$or": [
+            {"lockedUntil": {"$not": {"$gt": bson_time(now)}}},
+            {"lockedUntil": {"$gt": horizon_at}},
+        ]
+    }
+    # check_match keeps lease fields out of the handler's filter.
+    parts = [dict(match), *([dict(exclusion)] if exclusion else []), free]
+    merged: dict[str, Any] = {}
+    for part in parts:
+        if merged.keys() & part.keys():
+            return {"$and": parts}
+        merged.update(part)
+    return merged
+
+
+def failed_exclusion(
+    key: str, legacy: str, failed_phase: str, match: Mapping[str, Any]
+) -> dict[str, Any] | None:
+    """Keeps the handler ``key`` off a document it moved to ``failed_phase`` (``failedBy``)
+    while the document is still there; once the API or an operator moves it to another
+    phase, its handler claims it again. ``legacy``: the handler's name, which marked its
+    documents before it had a key (a shared name, so only old marks). None when the
+    handler's filter pins another phase: the mark can never apply."""
+    phase = match.get("phase")
+    if isinstance(phase, str) and phase != failed_phase:
+        return None
+    marks = [{"failedBy": {"$ne": mark}} for mark in dict.fromkeys((key, legacy))]
+    return {"$or": [{"$and": marks}, {"phase": {"$ne": failed_phase}}]}
 
 
 def probe_filter(
-    matches: Iterable[tuple[Mapping[str, Any], str]], now: datetime, horizon: float
+    matches: Iterable[tuple[Mapping[str, Any], Mapping[str, Any] | None]],
+    now: datetime,
+    horizon: float,
 ) -> dict[str, Any]:
     """What any of several handlers could claim now: the ``$or`` of their claim filters, so
     one read finding nothing proves that none of their claims would find anything."""
-    return {"$or": [claim_filter(m, now, horizon, name) for m, name in matches]}
+    return {"$or": [claim_filter(m, now, horizon, exclusion) for m, exclusion in matches]}
 
 
 PROBE_PROJECTION: dict[str, Any] = {"_id": 1}
@@ -266,7 +290,8 @@ def fail_update(
     until: datetime = EPOCH,
 ) -> dict[str, Any]:
     """Give up: the failed phase, the error kept for operators, released; ``failedBy``
-    keeps the handler that gave up from claiming the document again."""
+    (the handler's key) keeps the handler that gave up from claiming the document again
+    while it stays in that phase (``failed_exclusion``)."""
     return {
         "$set": {
             "phase": failed_phase,

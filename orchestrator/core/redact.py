@@ -41,3 +41,12 @@ class RedactingFilter(logging.Filter):
         if record.stack_info:
             record.stack_info = redact(record.stack_info)
         return True
+
+
+def visible(text: str) -> str:
+    """``text`` with what a terminal would act on (ESC sequences, other control characters)
+    written out as escapes: a value read from the database can neither restyle nor rewrite
+    an operator's screen."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in text)

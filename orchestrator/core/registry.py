@@ -38,6 +38,12 @@ class Handler:
     retry_policy: BackoffPolicy
     name: str = field(default="")
     to: tuple[str, ...] = ()  # declared transitions; empty: any phase, none drawn
+    key: str = ""
+    """The registration's identity, written as ``failedBy``: its collection and filter,
+    which no two registrations of one orchestrator share (its name may be shared: handlers
+    made by one helper function, lambdas) and every replica of the same code agrees on."""
+    exclusion: Mapping[str, Any] | None = None
+    """The claim's condition that keeps it off what it failed (``queries.failed_exclusion``)."""
 
 
 def resolve(target: Target) -> tuple[str, type[Resource] | None]:
@@ -96,6 +102,9 @@ class Registry:
                 f"{_describe(func)}: {self._keys[key].name} already handles "
                 f"{collection} documents matching {key[1]}"
             )
+        name = _describe(func)
+        failed_phase = opts.failed_phase or self._settings.failed_phase
+        handler_key = f"{collection} {key[1]}"
         handler = Handler(
             func=func,
             collection=collection,
@@ -103,11 +112,13 @@ class Registry:
             phase=phase,
             model=model,
             max_attempts=opts.max_attempts or self._settings.max_attempts,
-            failed_phase=opts.failed_phase or self._settings.failed_phase,
+            failed_phase=failed_phase,
             relock_policy=opts.relock_policy or self._settings.relock_policy,
             retry_policy=opts.retry_policy or self._settings.retry_policy,
-            name=_describe(func),
+            name=name,
             to=opts.to or (),
+            key=handler_key,
+            exclusion=queries.failed_exclusion(handler_key, name, failed_phase, match),
         )
         self._keys[key] = handler
         self.handlers.append(handler)

@@ -26,11 +26,15 @@ from orchestrator.core.validation import explain
 
 DAY = 86_400.0
 MAX_LOCK_TIMEOUT = DAY
-"""No lease lasts longer: a reader treats a lease further ahead than this (or than its own
-``max_wait``) as bogus, so the bound is what keeps a long-lease holder safe from readers
-with other settings. A longer step keeps its lease with the heartbeat."""
+"""No lease lasts longer. A longer step keeps its lease with the heartbeat."""
 MAX_DURATION = 30 * DAY
 """Longest wait or step: keeps every date the library computes far inside datetime's range."""
+HORIZON = MAX_DURATION + DAY
+"""A ``lockedUntil`` further ahead than this is no lease or wait any replica writes,
+whatever its settings (a wait is at most ``MAX_DURATION``, a lease at most
+``MAX_LOCK_TIMEOUT``; a day more for clocks that disagree), so it counts as free. One
+constant for every reader: a bound from the reader's own settings (its ``max_wait``) made
+a replica with a shorter one cut short the long waits another wrote."""
 DEFAULT_DATABASE = "orchestrator"
 """The database every tool uses when none is named (a URI without a path, no ``--db``): the
 CLI, the demo, the worker, the example API server, the in-memory stores and the quickstart
@@ -144,9 +148,8 @@ class Settings(BaseModel):
 
     @property
     def horizon(self) -> float:
-        """A lease or wait further ahead than this is bogus: no replica writes one, whatever
-        its settings (its lock timeout is at most ``MAX_LOCK_TIMEOUT``)."""
-        return max(self.max_wait, MAX_LOCK_TIMEOUT)
+        """``HORIZON``: the same for every replica, whatever its settings."""
+        return HORIZON
 
     @classmethod
     def build(cls, **values: Any) -> Settings:

@@ -9,6 +9,7 @@ can do the job of the one the orchestrator needs.
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Hashable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -18,6 +19,8 @@ from typing import Any
 
 from bson.codec_options import CodecOptions, DatetimeConversion
 from bson.errors import BSONError
+from pymongo.asynchronous.database import AsyncDatabase
+from pymongo.database import Database
 from pymongo.errors import (
     AutoReconnect,
     ConnectionFailure,
@@ -126,6 +129,20 @@ def check_server(reply: Mapping[str, Any]) -> None:
 
 
 _BAD_DATABASE_CHARS = frozenset('/\\. "$*<>:|?\x00')
+
+
+def database_kind(db: object) -> bool | None:
+    """True for a database of PyMongo's async API (``AsyncDatabase``, its in-memory and
+    fault-injecting stand-ins: their ``command`` is a coroutine function), False for a sync
+    one, None for what is no database."""
+    if isinstance(db, AsyncDatabase):
+        return True
+    if isinstance(db, Database):
+        return False
+    command = getattr(db, "command", None)
+    if not callable(command) or not callable(getattr(db, "get_collection", None)):
+        return None
+    return inspect.iscoroutinefunction(command)
 
 
 def primary_of(client: object) -> Hashable:

@@ -54,6 +54,10 @@ class AsyncOrchestrator(Runner[AsyncDatabase[Document]]):
     """
 
     _engine = "async"
+    _database_help = (
+        "an AsyncDatabase (pymongo's AsyncMongoClient, or orchestrator.testing's"
+        " async_memory_database() or async_view(db))"
+    )
     _store_type = AsyncStore
     _lease_type = AsyncLease
     _measure = staticmethod(measure)

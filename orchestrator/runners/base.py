@@ -53,7 +53,7 @@ from orchestrator.core.resource import Resource
 from orchestrator.core.scheduler import Claim, Probe, Scheduler
 from orchestrator.core.settings import Settings
 from orchestrator.core.validation import explain
-from orchestrator.mongo.common import Document
+from orchestrator.mongo.common import Document, database_kind
 
 logger = logging.getLogger("orchestrator")
 logger.addFilter(RedactingFilter())
@@ -175,6 +175,7 @@ class Runner(Generic[DB]):
     ) -> None:
         if settings is not None and given:
             raise ConfigError("pass either a Settings object or keyword settings, not both")
+        self._check_database(db)
         self.settings = settings if settings is not None else Settings.build(**given)
         self._events = Listeners(self.settings.replica_id, listeners)
         self._step_numbers = itertools.count(1)
@@ -217,6 +218,21 @@ class Runner(Generic[DB]):
 
     def _setup(self) -> None:
         """What a runner keeps beside the shared state (the asyncio runner: its event)."""
+
+    _database_help: str
+    """Which database this runner needs, and where to get one: its refusal's words."""
+
+    def _check_database(self, db: object) -> None:
+        """Refuse at construction a database of the other driver, or none at all: it would
+        fail only later, at the first claim, with a TypeError."""
+        kind = database_kind(db)
+        if kind is (self._engine == "async"):
+            return
+        what = {True: "an AsyncDatabase", False: "a sync Database", None: type(db).__name__}
+        other = {True: ": use AsyncOrchestrator", False: ": use Orchestrator", None: ""}
+        raise ConfigError(
+            f"{type(self).__name__} runs on {self._database_help}, not {what[kind]}{other[kind]}"
+        )
 
     @property
     def replica_id(self) -> str:
@@ -386,11 +402,14 @@ class Runner(Generic[DB]):
         back by step_timeout (a threaded worker stuck in it is replaced)."""
         try:
             yield from self._measure_if_due()
-        except StoreError as exc:
-            # No estimate yet and the server unreachable: nothing is claimed by a clock
-            # that was never measured; the next action tries again.
+        except Exception as exc:
+            # No estimate yet and the server unreachable (or answering nonsense: whatever
+            # the store raises ends this action, never the worker, whose action would
+            # stay in flight and wedge the tick): nothing is claimed by a clock that was
+            # never measured; the next action tries again.
+            what = str(exc) if isinstance(exc, StoreError) else f"{type(exc).__name__}: {exc}"
             logger.warning(
-                f"cannot measure the server's clock; nothing is claimed until it can: {exc}",
+                f"cannot measure the server's clock; nothing is claimed until it can: {what}",
                 extra={**self._log_base, "outcome": "error"},
             )
             with self._cv:
@@ -413,7 +432,7 @@ class Runner(Generic[DB]):
             found = yield partial(
                 self._store.has_claimable,
                 probe.collection,
-                [(h.match, h.name) for h in probe.handlers],
+                [(h.match, h.exclusion) for h in probe.handlers],
                 self._judgement_time(),
                 self.settings.horizon,
             )
@@ -528,7 +547,7 @@ class Runner(Generic[DB]):
                 handler.match,
                 now - timedelta(seconds=self.clock.uncertainty),
                 self.settings.horizon,
-                handler.name,
+                handler.exclusion,
                 queries.claim_update(now, until, token, self.settings.replica_id),
                 # How long it was due is read from its fields before the claim, if listened to.
                 (lambda before: due.append(queries.due_since(before)))

@@ -47,6 +47,9 @@ class Orchestrator(Runner[Database[Document]]):
     """
 
     _engine = "threaded"
+    _database_help = (
+        "a sync Database (pymongo's MongoClient, or orchestrator.testing.memory_database())"
+    )
     _store_type = Store
     _lease_type = Lease
     _measure = staticmethod(measure)

@@ -12,6 +12,7 @@ loop's thread, so it must not block).
 from __future__ import annotations
 
 import inspect
+import math
 import random
 import threading
 import time
@@ -20,7 +21,7 @@ from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, TypeVar, cast, overload
+from typing import TYPE_CHECKING, Any, TypeGuard, TypeVar, cast, overload
 
 from pymongo.errors import (
     AutoReconnect,
@@ -104,12 +105,21 @@ class Faults:
         delay: Callable[[float], None] = time.sleep,
         clock: Clock | None = None,
     ) -> None:
+        if not isinstance(seed, int) or isinstance(seed, bool):
+            raise TypeError(f"seed must be an int, not {type(seed).__name__}")
         for name, value in (("rate", rate), ("lost_reply", lost_reply), ("slow", slow)):
             _check_probability(name, value)
+        if rates is not None and not isinstance(rates, Mapping):
+            raise TypeError(f"rates must map operation names to rates, not {type(rates).__name__}")
         for name, value in (rates or {}).items():
+            _check_operation(name)
             _check_probability(f"rates[{name!r}]", value)
-        if slow_seconds < 0:
-            raise ValueError("slow_seconds must be >= 0")
+        if not _is_number(slow_seconds) or not math.isfinite(slow_seconds) or slow_seconds < 0:
+            raise ValueError(f"slow_seconds must be a finite number >= 0, not {slow_seconds!r}")
+        if not callable(delay):
+            raise TypeError(f"delay must be callable (seconds -> None), not {type(delay).__name__}")
+        if clock is not None and not callable(getattr(clock, "now", None)):
+            raise TypeError(f"clock must be a Clock (now()), not {type(clock).__name__}")
         self.rate = rate
         self.rates = dict(rates or {})
         self.lost_reply = lost_reply
@@ -147,6 +157,7 @@ class Faults:
     def cut_off(self, seconds: float, start: datetime | None = None) -> None:
         """No operation reaches the database for ``seconds`` from ``start`` (default: now,
         by ``clock``): each fails with ``ServerSelectionTimeoutError``."""
+        _check_seconds(seconds)
         begin = start if start is not None else self._clock.now()
         with self._lock:
             self._outages.append(_Outage(begin, begin + timedelta(seconds=seconds)))
@@ -165,8 +176,7 @@ class Faults:
         """The next ``operation`` is applied, then its reply takes ``seconds`` (through
         ``delay``) to arrive: a slow network on the way back."""
         _check_operation(operation)
-        if seconds < 0:
-            raise ValueError("seconds must be >= 0")
+        _check_seconds(seconds)
         with self._lock:
             self._delayed.append((operation, seconds))
 
@@ -284,8 +294,17 @@ class Faults:
             return None, None, 0.0
 
 
+def _is_number(value: object) -> TypeGuard[float]:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _check_seconds(seconds: object) -> None:
+    if not _is_number(seconds) or not math.isfinite(seconds) or seconds < 0:
+        raise ValueError(f"seconds must be a finite number >= 0, not {seconds!r}")
+
+
 def _check_probability(name: str, value: float) -> None:
-    if not 0.0 <= value <= 1.0:
+    if not _is_number(value) or not 0.0 <= value <= 1.0:
         raise ValueError(f"{name} must be a probability in [0, 1], not {value!r}")
 
 

@@ -121,6 +121,7 @@ def memory_database(
       ``find_one_and_update``); an insert that large raises pymongo's ``DocumentTooLarge``.
     - Writes wait for their write concern: see ``Replication`` (``db.replication``).
     """
+    _check_options(name, clock, server_time, hello, wire_version)
     if codec_options is not None and not isinstance(codec_options, CodecOptions):
         raise TypeError("codec_options must be a bson.codec_options.CodecOptions")
     server = _Server(
@@ -134,6 +135,29 @@ def memory_database(
         replication=Replication(),
     )
     return cast("Database[dict[str, Any]]", MemoryClient(server)[name])
+
+
+def _check_options(
+    name: object, clock: object, server_time: object, hello: object, wire_version: object
+) -> None:
+    """The kit's options, checked where they are given: a wrong one otherwise surfaces
+    deep in a replica's first command (a bool() of a database, in ``hello``)."""
+    if not isinstance(name, str):
+        raise TypeError(f"name must be a database name, not {type(name).__name__}")
+    if clock is not None and not (
+        callable(getattr(clock, "now", None)) and callable(getattr(clock, "monotonic", None))
+    ):
+        raise TypeError(
+            f"clock must be a Clock (now() and monotonic(), e.g. FakeClock), not "
+            f"{type(clock).__name__}"
+        )
+    for option, value in (("server_time", server_time), ("hello", hello)):
+        if not isinstance(value, bool):
+            raise TypeError(f"{option} must be True or False, not {type(value).__name__}")
+    if not isinstance(wire_version, int) or isinstance(wire_version, bool):
+        raise TypeError(f"wire_version must be an int, not {type(wire_version).__name__}")
+    if not 0 <= wire_version <= 100:
+        raise ValueError(f"wire_version must be a maxWireVersion (0 to 100), not {wire_version}")
 
 
 class Replication:

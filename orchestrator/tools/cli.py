@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from orchestrator.core.errors import OrchestratorError
 from orchestrator.core.extras import EXTRA_OF_MODULE, install_hint
-from orchestrator.core.redact import redact
+from orchestrator.core.redact import redact, visible
 from orchestrator.tools.loading import CommandError
 
 EXIT_ERROR = 2
@@ -71,7 +71,7 @@ def _run(args: list[str]) -> int:
 
 
 def _error(where: str, message: str) -> None:
-    one_line = " ".join(redact(message).split())  # whatever the driver said
+    one_line = visible(" ".join(redact(message).split()))  # whatever the driver said
     print(f"{where}: error: {one_line}", file=sys.stderr)
 
 

@@ -31,7 +31,7 @@ from rich.text import Text
 
 from orchestrator.core import queries
 from orchestrator.core.extras import DISTRIBUTION
-from orchestrator.core.redact import redact
+from orchestrator.core.redact import redact, visible
 from orchestrator.core.replicas import REPLICAS_COLLECTION, ReplicaRecord
 from orchestrator.core.settings import DEFAULT_DATABASE
 from orchestrator.mongo import Store, check_reachable, check_reachable_async, connect
@@ -417,6 +417,11 @@ def status(
     return 0
 
 
+def _shown(value: str) -> Text:
+    """A value read from the database, for a rich table: verbatim (no markup), visible."""
+    return Text(visible(value))
+
+
 def _print_status(name: str, status: Status) -> None:
     """Every value read from the database goes in as ``Text``, printed verbatim: a phase
     or a message holding ``[b]`` or ``[/items/0]`` is no markup."""
@@ -427,8 +432,8 @@ def _print_status(name: str, status: Status) -> None:
     table.add_column("failed", justify="right")
     for row in status.phases:
         table.add_row(
-            Text(row.collection),
-            Text(row.phase),
+            _shown(row.collection),
+            _shown(row.phase),
             str(row.count),
             str(row.leased),
             _warn(row.overdue),
@@ -450,12 +455,12 @@ def _print_status(name: str, status: Status) -> None:
         for error in status.errors:
             at = f"{error.at:%H:%M:%S}" if error.at else ""
             errors.add_row(
-                Text(error.collection),
-                Text(error.id),
-                Text(error.phase if error.phase is not None else ""),
+                _shown(error.collection),
+                _shown(error.id),
+                _shown(error.phase if error.phase is not None else ""),
                 str(error.attempts),
                 at,
-                Text(f"{error.type}: {error.message}"[:200]),
+                _shown(f"{error.type}: {error.message}"[:200]),
             )
         console.print(errors)
     _print_replicas(console, status)
@@ -473,11 +478,11 @@ def _print_replicas(console: Console, status: Status) -> None:
     table.add_column("steps now")
     for replica in status.replicas:
         table.add_row(
-            escape(replica.replica_id),  # written by whoever can write the collection
-            escape(replica.host),
+            escape(visible(replica.replica_id)),  # written by whoever can write the collection
+            escape(visible(replica.host)),
             str(replica.pid),
-            escape(replica.engine),
-            escape(replica.version),
+            escape(visible(replica.engine)),
+            escape(visible(replica.version)),
             f"{replica.seen_ago(status.at):.0f}s ago",
             f"{replica.lock_timeout:g}s",
             f"{replica.tick:g}s",
@@ -486,7 +491,9 @@ def _print_replicas(console: Console, status: Status) -> None:
         )
     console.print(table)
     for disagreement in status.disagreements:
-        console.print(f"[yellow]warning:[/] {escape(disagreement.message)}", soft_wrap=True)
+        console.print(
+            f"[yellow]warning:[/] {escape(visible(disagreement.message))}", soft_wrap=True
+        )
 
 
 def _steps_now(replica: ReplicaRecord, now: datetime) -> str:
@@ -497,7 +504,7 @@ def _steps_now(replica: ReplicaRecord, now: datetime) -> str:
     ]
     more = len(replica.steps) - len(shown)
     text = ", ".join(shown) + (f", +{more} more" if more else "")
-    return escape(f"{len(replica.steps)}: {text}" if shown else "0")
+    return escape(visible(f"{len(replica.steps)}: {text}") if shown else "0")
 
 
 def _warn(value: int) -> str:
@@ -540,7 +547,9 @@ def unlock(
     after = store.operator_update(collection, plan.guard, plan.update())
     if after is None:
         raise CommandError(f"{collection}/{doc['_id']} changed meanwhile; run unlock again")
-    click.echo(f"unlocked {collection}/{doc['_id']} (phase {doc.get('phase')}): claimable now")
+    click.echo(
+        visible(f"unlocked {collection}/{doc['_id']} (phase {doc.get('phase')}): claimable now")
+    )
     return 0
 
 
@@ -607,9 +616,11 @@ def retry(
     if store.operator_update(collection, plan.guard, plan.update(now)) is None:
         raise CommandError(f"{collection}/{doc['_id']} changed meanwhile; run retry again")
     click.echo(
-        f"retrying {collection}/{doc['_id']}: {plan.source} -> {plan.target}, "
-        "attempts reset, claimable now"
-        + (f" (the live lease of {doc.get('lockedBy')!r} was taken away)" if held else "")
+        visible(
+            f"retrying {collection}/{doc['_id']}: {plan.source} -> {plan.target}, "
+            "attempts reset, claimable now"
+            + (f" (the live lease of {doc.get('lockedBy')!r} was taken away)" if held else "")
+        )
     )
     return 0
 

@@ -135,13 +135,13 @@ class Store:
         match: Mapping[str, Any],
         judged_at: datetime,
         horizon: float,
-        handler: str | None,
+        exclusion: Mapping[str, Any] | None,
         update: Mapping[str, Any],
         seen: Callable[[Document], None] | None = None,
     ) -> Document | None:
         """One atomic find-and-modify: the longest-free document ``match`` selects whose
-        lease is free at ``judged_at``, taken with ``update`` (``claim_update``); None when
-        there is none.
+        lease is free at ``judged_at`` (and that ``exclusion`` lets through), taken with
+        ``update`` (``claim_update``); None when there is none.
 
         Atomic, so that of replicas claiming at once exactly one gets each document; in
         ``CLAIM_SORT`` order, so that a document waiting longest is served first and none
@@ -151,7 +151,7 @@ class Store:
         """
         with driver_errors(f"claim on {name}"):
             before = self.collection(name).find_one_and_update(
-                queries.claim_filter(match, judged_at, horizon, handler),
+                queries.claim_filter(match, judged_at, horizon, exclusion),
                 dict(update),
                 sort=queries.CLAIM_SORT,
                 return_document=ReturnDocument.BEFORE,
@@ -165,7 +165,7 @@ class Store:
     def has_claimable(
         self,
         name: str,
-        matches: Sequence[tuple[Mapping[str, Any], str]],
+        matches: Sequence[tuple[Mapping[str, Any], Mapping[str, Any] | None]],
         now: datetime,
         horizon: float,
     ) -> bool:
