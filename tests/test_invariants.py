@@ -641,7 +641,7 @@ class LeaseMachine(RuleBasedStateMachine):
         self.violations: list[Violation] = []
         self.script: deque[Do] = deque()
         self.policy_values: dict[str, deque[Any]] = {"relock": deque(), "retry": deque()}
-        self.old_leases: list[Any] = []
+        self.old_leases: list[tuple[Replica, Any]] = []  # steps' leases, once they ended
         self.stall: Stall | None = None
         self.fault: WriteFault | None = None
         self.pending: list[OperatorView] = []
@@ -1130,7 +1130,7 @@ class LeaseMachine(RuleBasedStateMachine):
         try:
             result = await self.perform(replica, attempt, lease, behaviour)
         except Crash:
-            self.old_leases.append(lease)
+            self.old_leases.append((replica, lease))
             raise
         except BaseException as exc:  # cancellations too: the handler's error
             error = exc
@@ -1145,7 +1145,7 @@ class LeaseMachine(RuleBasedStateMachine):
             attempt.after = "neutral" if lease.lost else "failure"
         attempt.kind = attempt.after
         attempt.action = "the loop's write after the handler"
-        self.old_leases.append(lease)
+        self.old_leases.append((replica, lease))
         if error is not None:
             raise error
         return result
@@ -1209,7 +1209,7 @@ class LeaseMachine(RuleBasedStateMachine):
             return "garbage"
         if name == "old-lease":
             old = next(
-                (o for o in reversed(self.old_leases) if type(o) is type(lease) and not o.held),
+                (o for r, o in reversed(self.old_leases) if self.foreign(r, o, replica, lease)),
                 None,
             )
             return None if old is None else await through(lambda: old.advance("B"))
@@ -1234,6 +1234,13 @@ class LeaseMachine(RuleBasedStateMachine):
             replica.stop_claiming()  # a dead process claims nothing more
             raise Crash
         return None  # "none"
+
+    @staticmethod
+    def foreign(owner: Replica, old: Any, replica: Replica, lease: Any) -> bool:
+        """Whether a step of ``replica`` may call ``old``, an ended step's lease: of the
+        same type, and (an asyncio replica's) of its own event loop, which is free now."""
+        same_loop = owner.loop is None or owner is replica
+        return type(old) is type(lease) and same_loop and not old.held
 
     async def act(
         self, replica: Replica, attempt: Attempt, action: str, kind: str, call: Callable[[], Any]
