@@ -880,7 +880,7 @@ class LeaseMachine(RuleBasedStateMachine):
                 f"{replica.name} claimed {name} {replica.claims[(doc_id, now)]} times in one "
                 f"tick (max_unlocks_per_tick={replica.budget})",
             )
-            replica.orch.request_stop()  # the loop must end for the example to be reported
+            replica.stop_claiming()  # the loop must end for the example to be reported
             replica.alive = False
 
     def lease_write(
@@ -1723,8 +1723,14 @@ class LeaseMachine(RuleBasedStateMachine):
             self.stall.go.set()
             if self.stall.future is not None:
                 concurrent.futures.wait([self.stall.future], HANG_GUARD)
+        errors: list[BaseException] = []
         for replica in self.replicas:
-            replica.close()
+            try:
+                replica.close()
+            except Exception as exc:  # every other replica is still closed
+                errors.append(exc)
+        if errors:
+            raise errors[0]
 
 
 @pytest.fixture(scope="module", autouse=True)
