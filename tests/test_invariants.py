@@ -1,36 +1,56 @@
-"""A randomized, stateful test of the lease invariants the README promises (issue 8).
+"""A randomized, stateful test of the lease invariants the README promises (issues 8 and 16).
 
-Several replicas (``Orchestrator`` objects driven by ``run_once``) share one in-memory
-database and one ``FakeClock``. Hypothesis interleaves ticks, clock advances, wall-clock
-steps of single replicas, handler outcomes of every kind (wrong ones included), crashes,
-stalls past the lease, operator unlock and retry, outside phase changes, malformed
-documents, colliding submits and replicas with different lock timeouts, and shrinks any
-failure to a short list of steps.
+Several replicas share one in-memory database and one ``FakeClock``: threaded
+``Orchestrator`` objects driven by ``run_once``, and ``AsyncOrchestrator`` objects (each on
+an event loop of its own, over the async view of the same database) with ``async def``
+handlers or plain ``def`` ones. Hypothesis interleaves ticks, clock advances, wall-clock
+steps of single replicas, handler outcomes of every kind (wrong ones included), an outcome
+followed by an exception (unlock, relock, advance or remove, then raise), removals,
+cancellations of every kind (``concurrent.futures.CancelledError`` and
+``asyncio.CancelledError`` raised, an async step cancelling its own task), crashes, stalls
+past the lease (before the step's first lease call, or between it and the rest), the
+stalled replica's heartbeat (its extension confirmed in time, its reply slow or late, or
+its write stalled while the other replicas tick past the expiry), operator unlock and
+retry racing claims (planned and guarded by ``orchestrator.tools.operations``, as the
+command line and the page do), outside phase changes (a cancel) racing a stalled
+``remove()``, malformed documents, colliding submits, replicas with different lock
+timeouts and ``max_wait`` (600 s and 30 days), and handlers that share one name (made by
+one helper function) on different phases; it shrinks any failure to a short list of steps.
 
 Every write to the collection goes through a recorder that sees the documents before and
-after it and attributes it to the lease that attempted it (by the token in its filter), so
-each invariant is judged from what was written, independently of how the library decides.
-Each invariant raises its own ``Violation`` subclass: hypothesis then reports distinct
-defects separately, each with its own shrunk example.
+after it and attributes it to the lease that attempted it (by the token its filter names:
+``lockToken``, or ``lastToken`` for an error noted after the step's own release), so each
+invariant is judged from what was written, independently of how the library decides. Each
+invariant raises its own ``Violation`` subclass: hypothesis then reports distinct defects
+separately, each with its own shrunk example.
+
+The machine drives time: ``run_once``'s own heartbeat (every second of real time) is off
+in its replicas (``Driven``), so a stalled step's lease is extended only when an example
+says so, and every example replays exactly.
 
 CI runs the "ci" profile; ``HYPOTHESIS_PROFILE=soak uv run pytest tests/test_invariants.py -s``
-runs longer, and ``-s`` prints the figures (runs, actions, stale writes attempted/landed).
+runs longer, and ``-s`` prints the figures (runs, actions and steps of each kind, stale
+writes attempted/landed).
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import inspect
 import logging
 import math
 import os
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Coroutine, Iterator, Mapping
+from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from functools import partial
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -43,25 +63,32 @@ from hypothesis.stateful import (
     rule,
 )
 
-from orchestrator import Lease, LeaseLost, Orchestrator, Outcome, Resource
+from orchestrator import AsyncOrchestrator, LeaseLost, Orchestrator, Outcome, Resource
 from orchestrator.core import queries
 from orchestrator.core.queries import as_utc
 from orchestrator.mongo import Store
 from orchestrator.testing import FakeClock, memory_database
+from orchestrator.testing.async_memory import AsyncMemoryDatabase
 from orchestrator.testing.memory import DOCUMENT_WRITES
+from orchestrator.tools.operations import error_phase, live_lease, plan_retry, plan_unlock
+
+T = TypeVar("T")
 
 COLLECTION = "jobs"
 FAILED = "Failed"
 NEXT = {"A": "B", "B": "Done"}  # "advance to another phase"; from anywhere else: "A"
 LOCK_TIMEOUTS = (10, 30, 60)
+DAY = 86_400.0
+MAX_WAITS = (600.0, 30 * DAY)  # a relock wait one replica writes, every replica honours
+ENGINES = ("threaded", "async", "async-def")  # async-def: plain def handlers on threads
 TICK = 1.0  # also the relock floor
-MAX_WAIT = 600.0
 CLOCK_REFRESH = 60.0
 MAX_ATTEMPTS = 3
 MAX_DOCUMENTS = 10
 MAX_REPLICAS = 4
+MAX_PENDING = 4  # operator confirmations open at once
 # Long enough for every lease, wait and clock estimate to run out: the liveness horizon.
-SETTLE = MAX_WAIT + max(LOCK_TIMEOUTS) + CLOCK_REFRESH + 1
+SETTLE = max(MAX_WAITS) + max(LOCK_TIMEOUTS) + CLOCK_REFRESH + 1
 TOLERANCE = 0.0011  # BSON dates keep milliseconds
 HANG_GUARD = 60.0  # real seconds: only a deadlock reaches it; nothing here is timed
 LEASE_ONLY = frozenset({"lockedAt", "lockedUntil", "lockToken", "lockedBy"})
@@ -115,7 +142,8 @@ class LeaseLeftHeld(Violation):
 
 
 class AttemptsInconsistent(Violation):
-    """``attempts`` is not the failed-attempt streak, or ``lastError`` disagrees with it."""
+    """``attempts`` is not the failed-attempt streak, ``lastError`` disagrees with it, or an
+    error after the step's own outcome changed more than that outcome allows."""
 
 
 class FailedPhaseMissed(Violation):
@@ -139,15 +167,29 @@ class StepReran(Violation):
 
 
 class DocumentLost(Violation):
-    """A document disappeared, or one submit key made two documents."""
+    """A document disappeared (other than by its holder's ``remove()`` in the phase it
+    claimed it in), or one submit key made two documents."""
 
 
 class DocumentStuck(Violation):
     """A document some handler matches was not claimed once every wait had run out."""
 
 
+class UnconfirmedLeaseHeld(Violation):
+    """A lease whose extension was not confirmed before it expired is still held."""
+
+
+class ConfirmedLeaseDropped(Violation):
+    """An extension confirmed well before the lease's expiry left the lease lost."""
+
+
+class OperatorMisapplied(Violation):
+    """An operator's unlock or retry changed a document that was no longer as the operator
+    saw it, or a retry without ``--force`` took a live lease."""
+
+
 class TickRaised(Violation):
-    """An exception escaped ``run_once``."""
+    """An exception escaped ``run_once`` (or a heartbeat)."""
 
 
 class TickHung(Violation):
@@ -186,35 +228,49 @@ class Do:
         return self.name if self.wait is None else f"{self.name}({self.wait!r})"
 
 
+FIRST_OUTCOMES = ("unlock", "relock", "advance", "remove")
 SIMPLE = (
     "unlock",  # unlock(n=n+1): progress, next step at once
     "none",  # return None: the loop unlocks, no progress
     "relock",  # relock(n=n+1) with the policy's wait
     "advance",  # advance to another phase
     "advance-same",  # advance to the phase it is in
+    "remove",  # delete the document: the end of its life
     "fail",
     "raise",
     "garbage",  # return something that is not an outcome
     "old-lease",  # return an earlier step's lease.advance(...): a foreign LeaseLost
     "two-outcomes",  # unlock, then return advance(...)
     "extend",  # extend, then unlock
+    *(f"{outcome}-then-raise" for outcome in FIRST_OUTCOMES),  # the first outcome stands
+    "cancel-futures",  # raise concurrent.futures.CancelledError (an SDK's future)
+    "cancel-asyncio",  # raise asyncio.CancelledError
+    "cancel-self",  # an async step cancels its own task (a thread's: raises it)
     "crash",
 )
 DEFAULT = Do("relock")
 DEFAULT_WAITS = {"relock": 2.0, "retry": 3.0}
+LONG_WAITS = (2 * DAY, 40 * DAY)  # past one day (the 600 s replicas' horizon); past 30 days
 
+waits = st.one_of(st.floats(0, 1000), st.sampled_from(LONG_WAITS))
 behaviours = st.sampled_from([*SIMPLE, "relock-wait"]).flatmap(
-    lambda name: (
-        st.floats(0, 1000).map(partial(Do, name)) if name == "relock-wait" else st.just(Do(name))
-    )
+    lambda name: waits.map(partial(Do, name)) if name == "relock-wait" else st.just(Do(name))
 )
 late_behaviours = behaviours.filter(lambda b: b.name != "crash")
 policy_values = st.one_of(
-    st.floats(0, 1000), st.sampled_from([math.nan, None, -1.0, math.inf, "soon"])
+    st.floats(0, 1000), st.sampled_from([math.nan, None, -1.0, math.inf, "soon", *LONG_WAITS])
 )
 clock_moves = st.one_of(
     st.integers(0, 2_000), st.integers(2_000, 70_000), st.integers(70_000, 700_000)
 )  # milliseconds, so every time is exact in BSON
+documents = st.one_of(st.none(), st.integers(0, 99))  # None: the stalled step's, if any
+replica_configs = st.tuples(
+    st.sampled_from(LOCK_TIMEOUTS),
+    st.sampled_from([0, 20, -20, 300, -300]),  # wall-clock skew
+    st.sampled_from([1, 3]),  # max_unlocks_per_tick
+    st.sampled_from(ENGINES),
+    st.sampled_from(MAX_WAITS),
+)
 
 
 def good_wait(value: Any) -> bool:
@@ -226,8 +282,8 @@ def good_wait(value: Any) -> bool:
     )
 
 
-def bounded(wait: float) -> float:
-    return min(max(wait, TICK), MAX_WAIT)
+def bounded(wait: float, max_wait: float) -> float:
+    return min(max(wait, TICK), max_wait)
 
 
 def free_at(doc: Mapping[str, Any]) -> datetime:
@@ -241,16 +297,77 @@ def counter(doc: Mapping[str, Any]) -> int:
     return n if isinstance(n, int) and not isinstance(n, bool) else 0
 
 
-def matched(doc: Mapping[str, Any]) -> bool:
-    """Whether some handler's filter matches ``doc`` (the handlers registered below)."""
-    return doc.get("phase") in ("A", "B", FAILED) or doc.get("kind") == "w"
+def claimers(doc: Mapping[str, Any], failed_by: str | None) -> set[str]:
+    """The handlers (registered below) that may claim ``doc``: those whose filter matches
+    it, but the one that moved it to the failed phase (``failed_by``)."""
+    phase = doc.get("phase")
+    labels = {
+        label
+        for label, match in (("on_A", "A"), ("on_B", "B"), ("on_failed", FAILED))
+        if phase == match
+    }
+    if doc.get("kind") == "w":
+        labels.add("watch")
+    return labels - {failed_by}
 
 
 def at(moment: datetime) -> str:
     return f"t+{(moment - START).total_seconds():g}s"
 
 
-_context = threading.local()  # .attempt: the step of this pool thread; .actor: the machine
+def run_inline(coroutine: Coroutine[Any, Any, T]) -> T:
+    """Run a step written as a coroutine on a handler's thread: every lease call it makes
+    there returns at once, so it never suspends."""
+    try:
+        coroutine.send(None)
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
+    coroutine.close()
+    raise RuntimeError("a step on a handler's thread suspended")
+
+
+async def through(call: Callable[[], Any]) -> Any:
+    """``call()``, awaited when it returns an awaitable (an ``AsyncLease``'s methods)."""
+    result = call()
+    if inspect.isawaitable(result):
+        result = await result
+    return result
+
+
+def failure_of(future: Future[Any]) -> BaseException | None:
+    """What a finished future raised (its cancellation too), or None."""
+    if future.cancelled():
+        return concurrent.futures.CancelledError("cancelled")
+    return future.exception()
+
+
+_context = threading.local()  # .actor: who the machine is acting as, on this thread
+
+
+@contextmanager
+def acting_as(actor: str | None) -> Iterator[None]:
+    """Writes made on this thread meanwhile are ``actor``'s (submit, operator, outside)."""
+    _context.actor = actor
+    try:
+        yield
+    finally:
+        _context.actor = None
+
+
+class DrivenOrchestrator(Orchestrator):
+    """A threaded replica whose heartbeat runs only when the machine says so: run_once's
+    own, every second of real time, would extend a stalled step's lease at a moment no
+    example could replay."""
+
+    def _safe_heartbeat(self) -> None:
+        return None
+
+
+class DrivenAsyncOrchestrator(AsyncOrchestrator):
+    """The asyncio replica, its heartbeat run by the machine only (``DrivenOrchestrator``)."""
+
+    async def _safe_heartbeat(self) -> None:
+        return None
 
 
 class ScriptedPolicy:
@@ -259,11 +376,12 @@ class ScriptedPolicy:
     def __init__(self, machine: LeaseMachine, kind: str) -> None:
         self.machine = machine
         self.kind = kind
+        self.replica: Replica | None = None  # whose steps ask (one at a time: concurrency 1)
 
     def wait(self, *, waited: float, count: int, lock_timeout: float) -> Any:
         values = self.machine.policy_values[self.kind]
         value = values.popleft() if values else DEFAULT_WAITS[self.kind]
-        attempt = getattr(_context, "attempt", None)
+        attempt = self.replica.current if self.replica is not None else None
         if attempt is not None:
             attempt.policy = (self.kind, value)
         return value
@@ -272,12 +390,84 @@ class ScriptedPolicy:
 @dataclass(eq=False)
 class Replica:
     name: str
-    orch: Orchestrator
+    orch: Orchestrator | AsyncOrchestrator
+    engine: str
     local: Any  # a skewed view of the FakeClock: its own wall time, the shared monotonic
     lock_timeout: float
+    max_wait: float
     budget: int
+    loop: asyncio.AbstractEventLoop | None = None  # the asyncio replica's, on ``thread``
+    thread: threading.Thread | None = None
     alive: bool = True
+    current: Attempt | None = None  # the step it runs now, or ran last
     claims: Counter[tuple[Any, datetime]] = field(default_factory=Counter)
+
+    @property
+    def awaits(self) -> bool:
+        """Its handlers are ``async def``, awaited on its event loop."""
+        return self.engine == "async"
+
+    def start(self, call: Callable[[], Any], actor: str | None = None) -> Future[Any]:
+        """Begin one of its methods as its engine runs it: on a thread of its own, or on
+        its event loop; the result (or exception) comes in the future."""
+        if self.loop is not None:
+            return asyncio.run_coroutine_threadsafe(self._on_loop(call, actor), self.loop)
+        future: Future[Any] = Future()
+
+        def run() -> None:
+            with acting_as(actor):
+                try:
+                    result = call()
+                except BaseException as exc:
+                    future.set_exception(exc)
+                else:
+                    future.set_result(result)
+
+        threading.Thread(target=run, name=f"machine-{self.name}", daemon=True).start()
+        return future
+
+    def run(self, call: Callable[[], Any], actor: str | None = None) -> Any:
+        """One of its methods, waited for (a threaded one: on this thread)."""
+        if self.loop is None:
+            with acting_as(actor):
+                return call()
+        future = self.start(call, actor)
+        done, _ = concurrent.futures.wait([future], HANG_GUARD)
+        if not done:
+            raise TickHung(f"{self.name}'s {getattr(call, '__name__', call)} did not return")
+        return future.result()
+
+    @staticmethod
+    async def _on_loop(call: Callable[[], Any], actor: str | None) -> Any:
+        with acting_as(actor):
+            return await through(call)
+
+    def stop_claiming(self) -> None:
+        """``request_stop``, on the event loop's thread for an asyncio replica."""
+        if self.loop is None or threading.current_thread() is self.thread:
+            self.orch.request_stop()
+        else:
+            self.loop.call_soon_threadsafe(self.orch.request_stop)
+
+    def close(self) -> None:
+        """Stop the replica (and its event loop)."""
+        try:
+            self.run(partial(self.orch.stop, timeout=0))  # every tick it began has ended
+        finally:
+            if self.loop is not None and self.thread is not None:
+                asyncio.run_coroutine_threadsafe(_wind_down(), self.loop).result(HANG_GUARD)
+                self.loop.call_soon_threadsafe(self.loop.stop)
+                self.thread.join(HANG_GUARD)
+                self.loop.close()
+
+
+async def _wind_down() -> None:
+    """Cancel what is left on the loop (a worker of a dead replica) and its threads."""
+    tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    await asyncio.get_running_loop().shutdown_default_executor()
 
 
 @dataclass(eq=False)
@@ -291,12 +481,19 @@ class Attempt:
     expires_at: datetime
     phase: Any
     n: int
+    renewed_at: datetime = EPOCH  # the claim, or the last extension that landed
+    lease: Any = None  # the lease object its handler got
     handler: str = ""
     crashed: bool = False
     stalled: bool = False
-    kind: str = "neutral"  # what a write landing now means: success, failure, extend
+    left_to_expire: bool = False  # its holder found it lost while the document kept it
+    kind: str = "neutral"  # what a write landing now means: success, failure, remove
     action: str = "before the handler"
     after: str = "neutral"  # what the loop's write after the handler means
+    first: str | None = None  # the step's own first outcome that landed
+    moved: bool = False  # that outcome moved the document out of the claimed phase
+    failures: int = 0  # failed attempts recorded for this step
+    extensions: int = 0
     permanent: bool = False
     policy: tuple[str, Any] | None = None
     explicit_wait: float | None = None
@@ -310,17 +507,45 @@ class DocModel:
     free_at: datetime | None  # claimable from then when no lease holds it (None: unknown)
     streak: int | None  # failed attempts in the current streak (None: unknown)
     failed_by: str | None = None
+    noted: bool = False  # lastError is an error noted after an advance: streak 0 with it
 
 
 @dataclass(eq=False)
 class Stall:
     replica: Replica
     then: Do
+    where: str  # "before" the handler's first lease call, or "between" it and the rest
     claimed: threading.Event = field(default_factory=threading.Event)
     go: threading.Event = field(default_factory=threading.Event)
-    thread: threading.Thread | None = None
+    future: Future[Any] | None = None
     attempt: Attempt | None = None
-    error: BaseException | None = None
+    paused: bool = False
+
+
+@dataclass(eq=False)
+class WriteFault:
+    """What happens to the next write of lease ``token`` (the heartbeat's extension): its
+    reply comes ``delay`` seconds late, or (``stalled``) it waits for ``go`` before it
+    reaches the server, after saying so on ``arrived``."""
+
+    token: str
+    arrived: threading.Event
+    delay: float = 0.0
+    stalled: bool = False
+    go: threading.Event = field(default_factory=threading.Event)
+    used: bool = False
+
+
+@dataclass(frozen=True)
+class OperatorView:
+    """What an operator saw before confirming an action, and how they apply it."""
+
+    action: str  # "unlock" or "retry"
+    doc_id: Any
+    phase: Any
+    token: Any
+    target: str | None  # a retry's phase
+    forced: bool  # a retry that may take a live lease (the page, or --force)
 
 
 # -- the recorder: every write to the collection, seen before and after -----------------------
@@ -370,11 +595,13 @@ class RecordingCollection:
 
 
 def token_in(query: Any) -> str | None:
-    """The lease token a fenced filter names, if any."""
+    """The lease token a fenced filter names, if any: ``lockToken``, or ``lastToken`` (an
+    error noted on the document as the step's own release left it)."""
     if isinstance(query, Mapping):
-        token = query.get("lockToken")
-        if isinstance(token, str):
-            return token
+        for key in ("lockToken", "lastToken"):
+            token = query.get(key)
+            if isinstance(token, str):
+                return token
         for value in query.values():
             found = token_in(value)
             if found is not None:
@@ -396,12 +623,17 @@ class LeaseMachine(RuleBasedStateMachine):
         self.clock = FakeClock(START)
         self.raw = memory_database(clock=self.clock)
         self.db = RecordingDatabase(self.raw, self)
+        # The asyncio replicas' database: the async view of the same recorded one.
+        self.adb = AsyncMemoryDatabase(self.db)  # type: ignore[arg-type]
         self.operator = Store(self.db)  # type: ignore[arg-type]
         self.lock = threading.RLock()
         self.mirror: dict[Any, dict[str, Any]] = {}
         self.docs: dict[Any, DocModel] = {}
         self.last_writer: dict[Any, object] = {}  # who made each document as it is now
-        self.names: list[str] = []
+        self.outside_since: set[Any] = set()  # changed from outside since its last_writer
+        self.names: list[str] = []  # the documents there should be, by name
+        self.serial = 0
+        self.twins = False  # on_A, on_B and on_failed share one name
         self.replicas: list[Replica] = []
         self.attempts: dict[str, Attempt] = {}
         self.seen: dict[tuple[Any, str, int], Attempt] = {}
@@ -409,8 +641,11 @@ class LeaseMachine(RuleBasedStateMachine):
         self.violations: list[Violation] = []
         self.script: deque[Do] = deque()
         self.policy_values: dict[str, deque[Any]] = {"relock": deque(), "retry": deque()}
-        self.old_leases: list[Lease[Any]] = []
+        self.old_leases: list[tuple[Replica, Any]] = []  # steps' leases, once they ended
         self.stall: Stall | None = None
+        self.fault: WriteFault | None = None
+        self.pending: list[OperatorView] = []
+        self.operator_view: OperatorView | None = None  # the operator's action being applied
         self.count = 0
 
     # -- bookkeeping ----------------------------------------------------------------------
@@ -421,14 +656,6 @@ class LeaseMachine(RuleBasedStateMachine):
     def action(self, name: str) -> None:
         FIGURES["actions"] += 1
         FIGURES[f"action: {name}"] += 1
-
-    @contextmanager
-    def acting_as(self, actor: str) -> Iterator[None]:
-        _context.actor = actor
-        try:
-            yield
-        finally:
-            _context.actor = None
 
     def alive(self) -> list[Replica]:
         return [r for r in self.replicas if r.alive]
@@ -441,31 +668,57 @@ class LeaseMachine(RuleBasedStateMachine):
     def pick(self, replicas: list[Replica], index: int) -> Replica:
         return replicas[index % len(replicas)]
 
-    def document(self, index: int) -> dict[str, Any]:
+    def document(self, index: int | None) -> dict[str, Any]:
+        """The ``index``-th document; None: the one the stalled step works on, if any."""
+        stall = self.stall
+        if index is None and stall is not None and stall.attempt is not None:
+            held = self.mirror.get(stall.attempt.doc_id)
+            if held is not None:
+                return held
         docs = list(self.mirror.values())
-        return docs[index % len(docs)]
+        return docs[(index or 0) % len(docs)]
 
-    def add_replica(self, lock_timeout: float, skew: float, budget: int) -> Replica:
+    def new_name(self) -> str:
+        self.serial += 1
+        name = f"d{self.serial}"
+        self.names.append(name)
+        return name
+
+    def add_replica(
+        self, lock_timeout: float, skew: float, budget: int, engine: str, max_wait: float
+    ) -> Replica:
         self.count += 1
         name = f"r{self.count}"
         local = self.clock.skewed(skew)
-        orch = Orchestrator(
-            self.db,  # type: ignore[arg-type]
-            replica_id=name,
-            clock=local,
-            lock_timeout=lock_timeout,
-            tick=TICK,
-            max_concurrency=1,  # steps in claim order: the same example runs the same way
-            max_attempts=MAX_ATTEMPTS,
-            max_unlocks_per_tick=budget,
-            heartbeat=False,  # a stalled replica is frozen: it cannot renew its lease
-            step_timeout=None,
-            clock_refresh=CLOCK_REFRESH,
-            max_wait=MAX_WAIT,
-            relock_policy=ScriptedPolicy(self, "relock"),
-            retry_policy=ScriptedPolicy(self, "retry"),
+        relock, retry = ScriptedPolicy(self, "relock"), ScriptedPolicy(self, "retry")
+        options: dict[str, Any] = {
+            "replica_id": name,
+            "clock": local,
+            "lock_timeout": lock_timeout,
+            "tick": TICK,
+            "max_concurrency": 1,  # steps in claim order: the same example runs the same way
+            "max_attempts": MAX_ATTEMPTS,
+            "max_unlocks_per_tick": budget,
+            "heartbeat": True,  # run by the machine's heartbeat action only (Driven...)
+            "step_timeout": None,
+            "clock_refresh": CLOCK_REFRESH,
+            "max_wait": max_wait,
+            "relock_policy": relock,
+            "retry_policy": retry,
+        }
+        orch: Orchestrator | AsyncOrchestrator
+        loop = thread = None
+        if engine == "threaded":
+            orch = DrivenOrchestrator(self.db, **options)  # type: ignore[arg-type]
+        else:
+            orch = DrivenAsyncOrchestrator(self.adb, **options)  # type: ignore[arg-type]
+            loop = asyncio.new_event_loop()
+            thread = threading.Thread(target=loop.run_forever, name=f"loop-{name}", daemon=True)
+            thread.start()
+        replica = Replica(
+            name, orch, engine, local, float(lock_timeout), max_wait, budget, loop, thread
         )
-        replica = Replica(name, orch, local, float(lock_timeout), budget)
+        relock.replica = retry.replica = replica
         for label, match in (
             ("on_A", {"phase": "A"}),
             ("on_B", {"phase": "B"}),
@@ -475,13 +728,26 @@ class LeaseMachine(RuleBasedStateMachine):
             orch.when(COLLECTION, match)(self.handler(replica, label))
         self.replicas.append(replica)
         FIGURES["replicas"] += 1
+        FIGURES[f"replicas: {engine}"] += 1
         return replica
 
-    def handler(self, replica: Replica, label: str) -> Callable[[Lease[Any]], Any]:
-        def step(lease: Lease[Any]) -> Any:
-            return self.step(replica, label, lease)
+    def handler(self, replica: Replica, label: str) -> Callable[[Any], Any]:
+        """The step of ``label`` for ``replica``'s engine. Named after its label, unless the
+        run's handlers share a name: then on_A, on_B and on_failed keep the name this helper
+        gives each function it makes, as handlers made by one factory do."""
+        step: Callable[[Any], Any]
+        if replica.awaits:
 
-        step.__qualname__ = label  # the handler's name, as failedBy and the logs give it
+            async def step(lease: Any) -> Any:
+                return await self.step(replica, label, lease)
+
+        else:
+
+            def step(lease: Any) -> Any:
+                return run_inline(self.step(replica, label, lease))
+
+        if not (self.twins and label != "watch"):
+            step.__qualname__ = label  # the handler's name, as failedBy and the logs give it
         return step
 
     # -- the recorder's side --------------------------------------------------------------
@@ -490,19 +756,33 @@ class LeaseMachine(RuleBasedStateMachine):
         self, collection: Any, operation: str, method: Callable[..., Any], *args: Any, **kwargs: Any
     ) -> Any:
         """Run one write, then judge it from the documents before and after it."""
+        query = None if operation.startswith("insert") else (args or [kwargs.get("filter")])[0]
+        fault = self.fault_for(query)
+        if fault is not None and fault.stalled:
+            fault.arrived.set()  # on its way, not at the server yet
+            if not fault.go.wait(HANG_GUARD):
+                self.violate(TickHung, "a stalled write was never let through")
         with self.lock:
             before = self.mirror
-            query = None if operation.startswith("insert") else (args or [kwargs.get("filter")])[0]
             result: Any = None
             try:
                 result = method(*args, **kwargs)
-                return result
             finally:
                 # Read with the default codec options whoever wrote: the library's store
                 # reads aware datetimes, and the mirror must compare like with like.
                 after = {doc["_id"]: doc for doc in self.raw[COLLECTION].find({})}
                 self.mirror = after
                 self.observe(query, result, before, after)
+        if fault is not None and fault.delay:
+            self.clock.advance(fault.delay)  # applied; its reply takes that long to come back
+        return result
+
+    def fault_for(self, query: Any) -> WriteFault | None:
+        fault = self.fault
+        if fault is None or fault.used or token_in(query) != fault.token:
+            return None
+        fault.used = True
+        return fault
 
     def observe(
         self,
@@ -514,6 +794,7 @@ class LeaseMachine(RuleBasedStateMachine):
         now = self.clock.now()
         changed = [i for i in before.keys() | after.keys() if before.get(i) != after.get(i)]
         actor = getattr(_context, "actor", None)
+        token = token_in(query)
         claimed = set()
         for doc_id in changed:
             old, new = before.get(doc_id), after.get(doc_id)
@@ -522,15 +803,16 @@ class LeaseMachine(RuleBasedStateMachine):
                 self.last_writer[doc_id] = actor
                 claimed.add(doc_id)
             elif new is None:
-                self.violate(DocumentLost, f"document {old} was deleted")
+                if token not in self.attempts:  # a lease's remove is judged as its write
+                    self.violate(DocumentLost, f"document {old} was deleted by {actor}")
             else:
-                token = new.get("lockToken")
-                if isinstance(token, str) and token != old.get("lockToken"):
+                new_token = new.get("lockToken")
+                if isinstance(new_token, str) and new_token != old.get("lockToken"):
                     self.claimed(doc_id, old, new, now)
-                    self.last_writer[doc_id] = self.attempts.get(token)
+                    self.last_writer[doc_id] = self.attempts.get(new_token)
+                    self.outside_since.discard(doc_id)
                     claimed.add(doc_id)
         rest = [i for i in changed if i not in claimed]
-        token = token_in(query)
         if token is not None:
             if token in self.attempts:
                 self.lease_write(self.attempts[token], result, before, after, rest, now)
@@ -538,11 +820,13 @@ class LeaseMachine(RuleBasedStateMachine):
         if actor is not None:
             for doc_id in rest:
                 self.actor_write(actor, before[doc_id], after[doc_id])
-                self.last_writer[doc_id] = actor
-            return
-        attempt = getattr(_context, "attempt", None)  # an unfenced write from a step's thread
-        if attempt is not None and (rest or result is not None):
-            self.lease_write(attempt, result, before, after, rest, now)
+                if actor == "outside":
+                    # A phase change the fence of a step's error record (after its own
+                    # release) does not see once it is undone: that record may land.
+                    self.outside_since.add(doc_id)
+                else:
+                    self.last_writer[doc_id] = actor
+                    self.outside_since.discard(doc_id)
         elif rest:
             self.violate(UnattributedWrite, f"an unfenced write changed {rest}")
 
@@ -564,7 +848,7 @@ class LeaseMachine(RuleBasedStateMachine):
         token = new["lockToken"]
         lock_timeout = timedelta(seconds=replica.lock_timeout)
         attempt = Attempt(
-            token, replica, doc_id, now, now + lock_timeout, new.get("phase"), counter(new)
+            token, replica, doc_id, now, now + lock_timeout, new.get("phase"), counter(new), now
         )
         self.attempts[token] = attempt
         attempt.streak = self.docs[doc_id].streak
@@ -586,7 +870,8 @@ class LeaseMachine(RuleBasedStateMachine):
         elif old.get("lockToken") is None and model.free_at is not None and now < model.free_at:
             self.violate(
                 LiveLeaseTaken,
-                f"{replica.name} claimed {name}, released to wait until {at(model.free_at)}",
+                f"{replica.name} (max_wait {replica.max_wait:g}) claimed {name}, released to "
+                f"wait until {at(model.free_at)}",
             )
         replica.claims[(doc_id, now)] += 1
         if replica.claims[(doc_id, now)] > replica.budget + 1:
@@ -632,17 +917,47 @@ class LeaseMachine(RuleBasedStateMachine):
                     f"{(old or {}).get('name')} landed: {old} -> {new}",
                 )
             return
-        if landed and old is not None and new is not None:
+        if landed and doc_id in self.outside_since and old.get("lockToken") != attempt.token:
+            FIGURES["errors recorded across an outside phase change undone"] += 1
+        if landed:
+            self.outside_since.discard(doc_id)
+        if landed and old is not None and new is None:
+            self.removed(attempt, old)
+        elif landed and old is not None and new is not None:
             self.last_writer[doc_id] = attempt
             self.landed(attempt, old, new, now)
+
+    def removed(self, attempt: Attempt, old: dict[str, Any]) -> None:
+        """Only the holder's ``remove()`` deletes, and only in the phase it claimed in."""
+        name = old.get("name")
+        self.last_writer[attempt.doc_id] = attempt
+        if attempt.kind != "remove":
+            self.violate(DocumentLost, f"{attempt.action} of {attempt.replica.name} deleted {name}")
+        elif old.get("phase") != attempt.phase:
+            self.violate(
+                DocumentLost,
+                f"{attempt.replica.name}'s step claimed {name} in phase {attempt.phase!r} and "
+                f"removed it after an outside writer changed its phase to {old.get('phase')!r}",
+            )
+        else:
+            if name in self.names:
+                self.names.remove(name)
+            attempt.first = attempt.first or "remove"
+            attempt.moved = True
+            FIGURES["documents removed"] += 1
 
     def landed(
         self, attempt: Attempt, old: dict[str, Any], new: dict[str, Any], now: datetime
     ) -> None:
         model = self.docs[attempt.doc_id]
         if new.get("lockToken") == attempt.token:
-            if attempt.kind == "extend":
-                attempt.expires_at = now + timedelta(seconds=attempt.replica.lock_timeout)
+            until = new.get("lockedUntil")
+            if until != old.get("lockedUntil") and isinstance(until, datetime):
+                attempt.expires_at = as_utc(until)  # what every other replica judges by
+                locked = new.get("lockedAt")
+                attempt.renewed_at = as_utc(locked) if isinstance(locked, datetime) else now
+                attempt.extensions += 1
+                FIGURES["leases extended"] += 1
             return
         name = new.get("name")
         if new.get("phase") != old.get("phase") and old.get("phase") != attempt.phase:
@@ -651,18 +966,33 @@ class LeaseMachine(RuleBasedStateMachine):
                 f"{attempt.action} of {name} claimed in phase {attempt.phase!r} overwrote "
                 f"phase {old.get('phase')!r} with {new.get('phase')!r}",
             )
-        model.free_at = free_at(new)
         fields = {k for k in old.keys() | new.keys() if old.get(k) != new.get(k)}
         kind = "neutral" if fields <= LEASE_ONLY else attempt.kind  # a bare release
+        if old.get("lockToken") == attempt.token and attempt.first is None:
+            attempt.first = attempt.action
+            attempt.moved = new.get("phase") != attempt.phase
+        elif kind == "failure" and attempt.moved:
+            self.noted(attempt, new, fields)
+            return
+        model.free_at = free_at(new)
         parks = False
         if kind == "success":
             model.streak = 0
+            model.noted = False
             attempt.progress_landed = counter(new) == attempt.n + 1
             if attempt.action == "advance":
                 model.failed_by = None
         elif kind == "failure":
             # One step is one attempt, even when it gave an outcome before it failed.
+            attempt.failures += 1
+            if attempt.failures > 1:
+                self.violate(
+                    AttemptsInconsistent,
+                    f"{attempt.replica.name}'s step on {name} recorded {attempt.failures} "
+                    "failed attempts",
+                )
             model.streak = None if attempt.streak is None else attempt.streak + 1
+            model.noted = False
             streak = model.streak if model.streak is not None else new.get("attempts")
             parks = attempt.permanent or (isinstance(streak, int) and streak >= MAX_ATTEMPTS)
             if new.get("phase") != (FAILED if parks else old.get("phase")):
@@ -678,6 +1008,19 @@ class LeaseMachine(RuleBasedStateMachine):
         if new.get("phase") != FAILED:
             model.failed_by = None
 
+    def noted(self, attempt: Attempt, new: dict[str, Any], fields: set[str]) -> None:
+        """An error after the step's own outcome moved the document on: that outcome
+        stands, and the error is only noted as ``lastError``."""
+        FIGURES["errors noted after an advance"] += 1
+        if fields != {"lastError"}:
+            self.violate(
+                AttemptsInconsistent,
+                f"an error after {attempt.replica.name}'s {attempt.first} of {new.get('name')} "
+                f"changed {sorted(fields)}; only lastError may be noted",
+            )
+        model = self.docs[attempt.doc_id]
+        model.noted = model.streak == 0
+
     def check_wait(
         self, attempt: Attempt, kind: str, new: dict[str, Any], wait: float, parks: bool
     ) -> None:
@@ -685,18 +1028,19 @@ class LeaseMachine(RuleBasedStateMachine):
         (or after the floor, when the document used up its budget)."""
         name = new.get("name")
         policy, value = attempt.policy or ("", None)
+        max_wait = attempt.replica.max_wait
         expected: float | None = None
         if kind == "failure" and not parks:
             if policy == "retry" and good_wait(value):
-                expected = bounded(value)
-            elif not TICK - TOLERANCE <= wait <= MAX_WAIT + TOLERANCE:
+                expected = bounded(value, max_wait)
+            elif not TICK - TOLERANCE <= wait <= max_wait + TOLERANCE:
                 self.violate(PolicyNotFollowed, f"unsafe wait {wait} after a bad retry value")
                 return
         elif kind == "success" and attempt.action == "relock":
             if attempt.explicit_wait is not None:
-                expected = bounded(attempt.explicit_wait)
+                expected = bounded(attempt.explicit_wait, max_wait)
             elif policy == "relock" and good_wait(value):
-                expected = bounded(value)
+                expected = bounded(value, max_wait)
             else:
                 self.violate(
                     PolicyNotFollowed,
@@ -720,21 +1064,48 @@ class LeaseMachine(RuleBasedStateMachine):
         if holder is not None and new.get("lockToken") != holder.token:
             FIGURES[f"leases taken back by {actor}"] += 1
         if actor in ("operator-unlock", "operator-retry"):
+            self.operator_wrote(actor, old, holder)
             model.free_at = free_at(new)
         if actor == "operator-retry":
             model.streak = 0
+            model.noted = False
         if new.get("phase") != FAILED or actor == "operator-retry":
             model.failed_by = None
 
+    def operator_wrote(self, actor: str, old: dict[str, Any], holder: Attempt | None) -> None:
+        """An operator's action lands only on the document as the operator saw it, and a
+        retry without --force never on a live lease."""
+        view = self.operator_view
+        name = old.get("name")
+        if view is None or actor != f"operator-{view.action}":
+            self.violate(UnattributedWrite, f"{actor} wrote {name} with no action confirmed")
+            return
+        if (old.get("phase"), old.get("lockToken")) != (view.phase, view.token):
+            self.violate(
+                OperatorMisapplied,
+                f"{view.action} of {name} confirmed on phase {view.phase!r}, lease "
+                f"{view.token!r} applied to phase {old.get('phase')!r}, lease "
+                f"{old.get('lockToken')!r}",
+            )
+        live = holder is not None and self.clock.now() < holder.expires_at
+        if view.action == "retry" and not view.forced and live:
+            assert holder is not None
+            self.violate(
+                OperatorMisapplied,
+                f"a retry without --force took {name} from {holder.replica.name}'s live lease "
+                f"(until {at(holder.expires_at)})",
+            )
+
     # -- the handlers' side ---------------------------------------------------------------
 
-    def step(self, replica: Replica, label: str, lease: Lease[Any]) -> Any:
+    async def step(self, replica: Replica, label: str, lease: Any) -> Any:
         attempt = self.attempts.get(lease.token)
         if attempt is None:
             self.violate(UnattributedWrite, f"{label} runs a lease nobody saw claimed")
             return None
-        _context.attempt = attempt
+        replica.current = attempt
         attempt.handler = label
+        attempt.lease = lease
         doc = lease.doc
         model = self.docs[attempt.doc_id]
         if model.failed_by == label and doc.get("phase") == FAILED:
@@ -750,88 +1121,137 @@ class LeaseMachine(RuleBasedStateMachine):
                 f"{replica.name} after {previous.replica.name}'s run had landed",
             )
         self.seen[key] = attempt
-        behaviour = self.next_behaviour(replica, attempt)
+        behaviour = await self.next_behaviour(replica, attempt)
         FIGURES["steps"] += 1
         FIGURES[f"step: {behaviour.name}"] += 1
+        FIGURES[f"steps: {replica.engine}"] += 1
+        error: BaseException | None = None
+        result: Any = None
         try:
-            result = self.perform(replica, attempt, lease, behaviour)
+            result = await self.perform(replica, attempt, lease, behaviour)
         except Crash:
+            self.old_leases.append((replica, lease))
             raise
-        except Exception:
-            # Judged by the step's own lease: lost, nothing more is written; else an error.
+        except BaseException as exc:  # cancellations too: the handler's error
+            error = exc
+        await self.pause(replica, attempt)  # a stall "between" pauses here at the latest
+        # Judged by the step's own lease, as the loop will find it: lost, nothing more is
+        # written; else an error (or a wrong result) is a failed attempt.
+        if error is not None:
             attempt.after = "neutral" if lease.lost else "failure"
-            raise
-        else:
-            own = result is None or (isinstance(result, Outcome) and result.token == lease.token)
-            if own:
-                attempt.after = "success" if lease.held else "neutral"
-            else:  # garbage, or another lease's outcome
-                attempt.after = "neutral" if lease.lost else "failure"
-            return result
-        finally:
-            attempt.kind = attempt.after
-            attempt.action = "the loop's write after the handler"
-            self.old_leases.append(lease)
+        elif result is None or (isinstance(result, Outcome) and result.token == lease.token):
+            attempt.after = "success" if lease.held else "neutral"
+        else:  # garbage, or another lease's outcome
+            attempt.after = "neutral" if lease.lost else "failure"
+        attempt.kind = attempt.after
+        attempt.action = "the loop's write after the handler"
+        self.old_leases.append((replica, lease))
+        if error is not None:
+            raise error
+        return result
 
-    def next_behaviour(self, replica: Replica, attempt: Attempt) -> Do:
+    async def next_behaviour(self, replica: Replica, attempt: Attempt) -> Do:
         stall = self.stall
         if stall is not None and stall.replica is replica and stall.attempt is None:
             stall.attempt = attempt
-            attempt.stalled = True
-            stall.claimed.set()
-            if not stall.go.wait(HANG_GUARD):
-                self.violate(TickHung, "a stalled step was never released")
+            if stall.where == "before":
+                await self.pause(replica, attempt)
             return stall.then
         if not self.script:
             return DEFAULT
         self.script.rotate(-1)  # the tick's steps take the script in turn, round and round
         return self.script[-1]
 
-    def perform(self, replica: Replica, attempt: Attempt, lease: Lease[Any], do: Do) -> Any:
+    async def pause(self, replica: Replica, attempt: Attempt) -> None:
+        """The stalled step freezes here until released (once)."""
+        stall = self.stall
+        if stall is None or stall.attempt is not attempt or stall.paused:
+            return
+        stall.paused = True
+        attempt.stalled = True
+        stall.claimed.set()
+        if replica.awaits:  # its event loop goes on meanwhile: the heartbeat runs there
+            released = await asyncio.to_thread(stall.go.wait, HANG_GUARD)
+        else:
+            released = stall.go.wait(HANG_GUARD)
+        if not released:
+            self.violate(TickHung, "a stalled step was never released")
+
+    async def perform(self, replica: Replica, attempt: Attempt, lease: Any, do: Do) -> Any:
         n = counter(lease.doc) + 1
         phase = lease.phase
-        act = partial(self.act, attempt)
-        if do.name == "unlock":
-            return act("unlock", "success", lambda: lease.unlock(n=n))
-        if do.name == "relock":
-            return act("relock", "success", lambda: lease.relock(n=n))
-        if do.name == "relock-wait":
+        act = partial(self.act, replica, attempt)
+        target = NEXT.get(phase or "", "A")
+        outcomes: dict[str, tuple[str, Callable[[], Any]]] = {
+            "unlock": ("success", lambda: lease.unlock(n=n)),
+            "relock": ("success", lambda: lease.relock(n=n)),
+            "advance": ("success", lambda: lease.advance(target, n=n)),
+            "remove": ("remove", lease.remove),
+        }
+        name = do.name
+        if name in outcomes:
+            return await act(name, *outcomes[name])
+        if name.endswith("-then-raise"):
+            first = name.removesuffix("-then-raise")
+            await act(first, *outcomes[first])
+            raise ValueError(f"a bug after {first}()")
+        if name == "relock-wait":
             attempt.explicit_wait = do.wait
-            return act("relock", "success", lambda: lease.relock(wait=do.wait, n=n))
-        if do.name == "advance":
-            target = NEXT.get(phase or "", "A")
-            return act("advance", "success", lambda: lease.advance(target, n=n))
-        if do.name == "advance-same":
-            return act("advance", "success", lambda: lease.advance(phase or "A", n=n))
-        if do.name == "fail":
+            return await act("relock", "success", lambda: lease.relock(wait=do.wait, n=n))
+        if name == "advance-same":
+            return await act("advance", "success", lambda: lease.advance(phase or "A", n=n))
+        if name == "fail":
             attempt.permanent = True
-            return act("fail", "failure", lambda: lease.fail("given up on purpose"))
-        if do.name == "raise":
+            return await act("fail", "failure", lambda: lease.fail("given up on purpose"))
+        if name == "raise":
             raise ValueError("a bug in the handler")
-        if do.name == "garbage":
+        if name == "garbage":
             return "garbage"
-        if do.name == "old-lease":
-            old = next((o for o in reversed(self.old_leases) if not o.held), None)
-            return None if old is None else old.advance("B")
-        if do.name == "two-outcomes":
-            act("unlock", "success", lambda: lease.unlock(n=n))
-            return act("advance", "success", lambda: lease.advance("B"))
-        if do.name == "extend":
-            act("extend", "extend", lease.extend)
-            return act("unlock", "success", lambda: lease.unlock(n=n))
-        if do.name == "crash":
+        if name == "old-lease":
+            old = next(
+                (o for r, o in reversed(self.old_leases) if self.foreign(r, o, replica, lease)),
+                None,
+            )
+            return None if old is None else await through(lambda: old.advance("B"))
+        if name == "two-outcomes":
+            await act("unlock", "success", lambda: lease.unlock(n=n))
+            return await act("advance", "success", lambda: lease.advance("B"))
+        if name == "extend":
+            await act("extend", "extend", lease.extend)
+            return await act("unlock", "success", lambda: lease.unlock(n=n))
+        if name == "cancel-futures":
+            raise concurrent.futures.CancelledError("the SDK call's future was cancelled")
+        if name == "cancel-asyncio":
+            raise asyncio.CancelledError("an awaited call was cancelled")
+        if name == "cancel-self":
+            task = asyncio.current_task() if replica.awaits else None
+            if task is not None:
+                task.cancel()
+                await asyncio.sleep(0)  # the cancellation lands here
+            raise asyncio.CancelledError("no task to cancel on a thread: raised instead")
+        if name == "crash":
             attempt.crashed = True
-            replica.orch.request_stop()  # a dead process claims nothing more
+            replica.stop_claiming()  # a dead process claims nothing more
             raise Crash
         return None  # "none"
 
-    def act(self, attempt: Attempt, action: str, kind: str, call: Callable[[], Any]) -> Any:
+    @staticmethod
+    def foreign(owner: Replica, old: Any, replica: Replica, lease: Any) -> bool:
+        """Whether a step of ``replica`` may call ``old``, an ended step's lease: of the
+        same type, and (an asyncio replica's) of its own event loop, which is free now."""
+        same_loop = owner.loop is None or owner is replica
+        return type(old) is type(lease) and same_loop and not old.held
+
+    async def act(
+        self, replica: Replica, attempt: Attempt, action: str, kind: str, call: Callable[[], Any]
+    ) -> Any:
         """A lease method called by the handler: its write is judged as ``kind``; a write
-        that reached the database under a lost lease must raise LeaseLost."""
+        that reached the database under a lost lease must raise LeaseLost. A stall
+        "between" pauses after the first one."""
         attempt.kind, attempt.action, attempt.stale_write = kind, action, False
         refused = False
         try:
-            return call()
+            return await through(call)
         except LeaseLost:
             refused = True
             raise
@@ -841,14 +1261,17 @@ class LeaseMachine(RuleBasedStateMachine):
                     StaleWriteNotRefused, f"{action} under {attempt.replica.name}'s lost lease"
                 )
             attempt.kind, attempt.action = "neutral", "in the handler"
+            await self.pause(replica, attempt)
 
     # -- driving replicas -----------------------------------------------------------------
 
     def tick(self, replica: Replica) -> None:
         replica.claims.clear()
         try:
-            replica.orch.run_once()
-        except Exception as exc:
+            replica.run(replica.orch.run_once)
+        except TickHung:
+            raise
+        except BaseException as exc:
             self.violate(TickRaised, f"run_once of {replica.name} raised {exc!r}")
         self.bury(replica)
 
@@ -858,49 +1281,79 @@ class LeaseMachine(RuleBasedStateMachine):
         if crashed or not replica.alive:
             replica.alive = False
             FIGURES["replicas crashed"] += crashed
-            self.add_replica(replica.lock_timeout, 0, replica.budget)
+            self.add_replica(
+                replica.lock_timeout, 0, replica.budget, replica.engine, replica.max_wait
+            )
+
+    def begin_stall(self, which: int, then: Do, where: str) -> Stall | None:
+        """A replica's next step freezes mid-step; None when it found nothing to claim."""
+        replica = self.pick(self.alive(), which)
+        stall = Stall(replica, then, where)
+        self.stall = stall
+        replica.claims.clear()
+        stall.future = replica.start(replica.orch.run_once)
+        stall.future.add_done_callback(lambda _: stall.claimed.set())  # nothing to claim
+        if not stall.claimed.wait(HANG_GUARD):
+            raise TickHung(f"{replica.name}'s tick neither stalled nor returned")
+        if stall.attempt is None or not stall.paused:
+            self.release_stall()  # no work, or the step never reached its pause
+            return None
+        FIGURES["stalls"] += 1
+        FIGURES[f"stalls {where}"] += 1
+        return stall
 
     def release_stall(self) -> None:
         stall = self.stall
-        assert stall is not None and stall.thread is not None
+        assert stall is not None and stall.future is not None
         stall.go.set()
-        stall.thread.join(HANG_GUARD)
-        if stall.thread.is_alive():
+        done, _ = concurrent.futures.wait([stall.future], HANG_GUARD)
+        if not done:
             raise TickHung(f"{stall.replica.name}'s tick did not return after its stall")
         self.stall = None
         if stall.attempt is not None:
             stall.attempt.stalled = False
-        if stall.error is not None:
-            self.violate(TickRaised, f"run_once of {stall.replica.name} raised {stall.error!r}")
+        error = failure_of(stall.future)
+        if error is not None:
+            self.violate(TickRaised, f"run_once of {stall.replica.name} raised {error!r}")
         self.bury(stall.replica)
+
+    def operate(self, view: OperatorView) -> bool:
+        """Apply a confirmed operator action as the command line and the page do: planned
+        by ``orchestrator.tools.operations`` from what the operator saw, guarded by it;
+        True when it applied."""
+        now = self.operator.server_time()
+        assert now is not None
+        if view.action == "retry":
+            assert view.target is not None
+            retry = plan_retry(COLLECTION, view.doc_id, view.phase, view.token, view.target)
+            guard, update = retry.guard, retry.update(now)
+        else:
+            unlock = plan_unlock(COLLECTION, view.doc_id, view.phase, view.token)
+            guard, update = unlock.guard, unlock.update()
+        self.operator_view = view
+        try:
+            with acting_as(f"operator-{view.action}"):
+                applied = self.operator.operator_update(COLLECTION, guard, update) is not None
+        finally:
+            self.operator_view = None
+        FIGURES[f"operator {view.action}: {'applied' if applied else 'refused, changed'}"] += 1
+        return applied
 
     # -- rules ----------------------------------------------------------------------------
 
-    @initialize(
-        configs=st.lists(
-            st.tuples(
-                st.sampled_from(LOCK_TIMEOUTS),
-                st.sampled_from([0, 20, -20, 300, -300]),
-                st.sampled_from([1, 3]),
-            ),
-            min_size=2,
-            max_size=3,
-        )
-    )
-    def start(self, configs: list[tuple[int, int, int]]) -> None:
+    @initialize(configs=st.lists(replica_configs, min_size=2, max_size=3), twins=st.booleans())
+    def start(self, configs: list[tuple[int, int, int, str, float]], twins: bool) -> None:
         FIGURES["runs"] += 1
-        for lock_timeout, skew, budget in configs:
-            self.add_replica(lock_timeout, skew, budget)
+        FIGURES["runs with handlers sharing a name"] += twins
+        self.twins = twins
+        for config in configs:
+            self.add_replica(*config)
 
     @precondition(lambda self: len(self.alive()) < MAX_REPLICAS)
-    @rule(
-        lock_timeout=st.sampled_from(LOCK_TIMEOUTS),
-        skew=st.sampled_from([0, 20, -20, 300, -300]),
-        budget=st.sampled_from([1, 3]),
-    )
-    def new_replica(self, lock_timeout: int, skew: int, budget: int) -> None:
+    @rule(config=replica_configs)
+    def new_replica(self, config: tuple[int, int, int, str, float]) -> None:
         self.action("new replica")
-        self.add_replica(lock_timeout, skew, budget)
+        self.add_replica(*config)
 
     @precondition(lambda self: len(self.names) < MAX_DOCUMENTS)
     @rule(
@@ -911,11 +1364,9 @@ class LeaseMachine(RuleBasedStateMachine):
     )
     def submit(self, via: int, phase: str, kind: str, model: bool) -> None:
         self.action("submit")
-        name = f"d{len(self.names)}"
-        self.names.append(name)
-        fields = {"name": name, "phase": phase, "kind": kind, "n": 0}
-        with self.acting_as("submit"):
-            self.pick(self.alive(), via).orch.submit(Job if model else COLLECTION, fields)
+        fields = {"name": self.new_name(), "phase": phase, "kind": kind, "n": 0}
+        replica = self.pick(self.alive(), via)
+        replica.run(partial(replica.orch.submit, Job if model else COLLECTION, fields), "submit")
 
     @precondition(lambda self: self.names)
     @rule(which=st.integers(0, 99), first=st.integers(0, 3), second=st.integers(0, 3))
@@ -924,8 +1375,8 @@ class LeaseMachine(RuleBasedStateMachine):
         self.action("colliding submits")
         name = self.names[which % len(self.names)]
         for via in (first, second):
-            with self.acting_as("submit"):
-                self.pick(self.alive(), via).orch.submit(Job, {"name": name, "phase": "A"})
+            replica = self.pick(self.alive(), via)
+            replica.run(partial(replica.orch.submit, Job, {"name": name, "phase": "A"}), "submit")
 
     @precondition(lambda self: len(self.names) < MAX_DOCUMENTS)
     @rule(
@@ -953,10 +1404,8 @@ class LeaseMachine(RuleBasedStateMachine):
     )
     def malformed(self, flaw: str, kind: str) -> None:
         self.action("malformed document")
-        name = f"d{len(self.names)}"
-        self.names.append(name)
         now = queries.bson_time(self.clock.now())
-        doc: dict[str, Any] = {"name": name, "phase": "A", "kind": kind, "lockedAt": now}
+        doc: dict[str, Any] = {"name": self.new_name(), "phase": "A", "kind": kind, "lockedAt": now}
         far, near = now + timedelta(days=3650), now + timedelta(seconds=100)
         changes: dict[str, dict[str, Any]] = {
             "no lockedAt": {"lockedAt": None},
@@ -985,7 +1434,7 @@ class LeaseMachine(RuleBasedStateMachine):
                 doc.pop(key)
             else:
                 doc[key] = None if value == "null" else value
-        with self.acting_as("malformed"):
+        with acting_as("malformed"):
             self.db[COLLECTION].insert_one(doc)
 
     @precondition(lambda self: self.idle())
@@ -1015,31 +1464,14 @@ class LeaseMachine(RuleBasedStateMachine):
         self.pick(self.idle(), which).local.step_wall(seconds)
 
     @precondition(lambda self: self.stall is None)
-    @rule(which=st.integers(0, 3), then=late_behaviours)
-    def stall_a_step(self, which: int, then: Do) -> None:
-        """A replica's next step freezes mid-step (a GC pause, a frozen VM) until released."""
-        self.action("stall")
-        replica = self.pick(self.alive(), which)
-        stall = Stall(replica, then)
-        self.stall = stall
-
-        def run() -> None:
-            try:
-                replica.claims.clear()
-                replica.orch.run_once()
-            except BaseException as exc:
-                stall.error = exc
-            finally:
-                stall.claimed.set()  # also when there was nothing to claim
-
-        stall.thread = threading.Thread(target=run, name=f"stalled-{replica.name}")
-        stall.thread.start()
-        if not stall.claimed.wait(HANG_GUARD):
-            raise TickHung(f"{replica.name}'s tick neither stalled nor returned")
-        if stall.attempt is None:
-            self.release_stall()  # no work: the tick simply ran
-        else:
-            FIGURES["stalls"] += 1
+    @rule(
+        which=st.integers(0, 3), then=late_behaviours, where=st.sampled_from(["before", "between"])
+    )
+    def stall_a_step(self, which: int, then: Do, where: str) -> None:
+        """A replica's next step freezes (a GC pause, a frozen VM) until released: before
+        its first lease call, or between it and the rest of the step."""
+        self.action(f"stall {where}")
+        self.begin_stall(which, then, where)
 
     @precondition(lambda self: self.stall is not None)
     @rule()
@@ -1048,43 +1480,187 @@ class LeaseMachine(RuleBasedStateMachine):
         self.action("release stall")
         self.release_stall()
 
-    @precondition(lambda self: self.mirror)
-    @rule(which=st.integers(0, 99))
-    def operator_unlock(self, which: int) -> None:
-        """``orchestrator unlock``: claimable at once; a live holder's writes then fail."""
-        self.action("operator unlock")
-        doc = self.document(which)
-        with self.acting_as("operator-unlock"):
-            self.operator.operator_update(COLLECTION, {"_id": doc["_id"]}, queries.release_update())
+    @precondition(lambda self: self.stall is None)
+    @rule(
+        which=st.integers(0, 3),
+        then=st.sampled_from(["remove", "remove-then-raise"]),
+        phase=st.sampled_from(["Cancelled", "A", "B"]),
+    )
+    def remove_racing_a_cancel(self, which: int, then: str, phase: str) -> None:
+        """A step about to remove its document stalls while the application's API changes
+        the phase (cancels it): the remove must be refused, the document kept and released."""
+        self.action("remove racing an outside phase change")
+        stall = self.begin_stall(which, Do(then), "before")
+        if stall is None:
+            return
+        assert stall.attempt is not None
+        doc_id = stall.attempt.doc_id
+        changed = doc_id in self.mirror and self.mirror[doc_id].get("phase") != phase
+        if doc_id in self.mirror:
+            with acting_as("outside"):
+                self.db[COLLECTION].update_one({"_id": doc_id}, {"$set": {"phase": phase}})
+        self.release_stall()
+        if changed and doc_id in self.mirror:
+            FIGURES["removes refused after an outside phase change"] += 1
+
+    @rule(
+        which=st.integers(0, 3),
+        then=late_behaviours,
+        age=st.sampled_from([0.3, 0.6, 0.9, 1.2]),
+        reply=st.sampled_from(["prompt", "slow", "late", "stalled"]),
+    )
+    def heartbeat(self, which: int, then: Do, age: float, reply: str) -> None:
+        """The stalled step's replica runs its heartbeat (the process is not frozen, only
+        the step; with no step stalled, one is stalled first) at ``age`` of the lease's
+        lock timeout since its last renewal: the extension is confirmed at once, or its
+        reply comes slowly (still in time) or late (past the lease's expiry), or the write
+        itself stalls while the other replicas tick past the expiry. A lease whose
+        extension was not confirmed before it expired must be lost: its holder's later
+        writes never land. The step stays stalled."""
+        if self.stall is None and self.begin_stall(which, then, "before") is None:
+            return
+        self.action(f"heartbeat ({reply} reply)")
+        stall = self.stall
+        assert stall is not None and stall.attempt is not None
+        attempt, replica = stall.attempt, stall.replica
+        lease = attempt.lease
+        due = attempt.renewed_at + timedelta(seconds=age * replica.lock_timeout)
+        ahead = round((due - self.clock.now()).total_seconds(), 3)
+        if ahead > 0:
+            self.clock.advance(ahead)
+        expiry = attempt.expires_at
+        left = round((expiry - self.clock.now()).total_seconds(), 3)
+        held, extensions = lease.held, attempt.extensions
+        arrived = threading.Event()
+        if reply == "stalled":
+            self.fault = WriteFault(attempt.token, arrived, stalled=True)
+        elif reply in ("slow", "late"):
+            delay = round(left / 2, 3) if reply == "slow" else max(left, 0) + 1
+            self.fault = WriteFault(attempt.token, arrived, delay=delay)
+        try:
+            beat = replica.start(replica.orch.heartbeat)
+            beat.add_done_callback(lambda _: arrived.set())
+            if not arrived.wait(HANG_GUARD):
+                raise TickHung(f"{replica.name}'s heartbeat did not return")
+            if self.fault is not None and self.fault.stalled and self.fault.used:
+                # The extension is on its way; the lease runs out, and the others tick.
+                self.clock.advance(max(left, 0) + 1)
+                for other in self.idle():
+                    self.tick(other)
+                self.fault.go.set()
+            done, _ = concurrent.futures.wait([beat], HANG_GUARD)
+            if not done:
+                raise TickHung(f"{replica.name}'s heartbeat did not return")
+        finally:
+            if self.fault is not None:
+                self.fault.go.set()
+            self.fault = None
+        error = failure_of(beat)
+        if error is not None:
+            self.violate(TickRaised, f"heartbeat of {replica.name} raised {error!r}")
+        self.judge_heartbeat(attempt, held, expiry, attempt.extensions > extensions, reply)
+
+    def judge_heartbeat(
+        self, attempt: Attempt, held: bool, expiry: datetime, extended: bool, reply: str
+    ) -> None:
+        """An extension confirmed at or after the lease's expiry leaves it lost; one
+        confirmed well before keeps it held."""
+        lease = attempt.lease
+        if not held:
+            return  # released or lost before: nothing to extend
+        confirmed = self.clock.now()
+        name = self.mirror.get(attempt.doc_id, {}).get("name")
+        margin = timedelta(seconds=0.002)  # the replica's clock estimate is exact to the ms
+        if lease.held and confirmed >= expiry + margin:
+            self.violate(
+                UnconfirmedLeaseHeld,
+                f"{attempt.replica.name}'s lease on {name} expired at {at(expiry)}; its "
+                f"heartbeat ({reply} reply) ended at {at(confirmed)}, and it is still held",
+            )
+        elif not lease.held and extended and confirmed + margin <= expiry:
+            self.violate(
+                ConfirmedLeaseDropped,
+                f"{attempt.replica.name}'s extension of {name} landed and was confirmed at "
+                f"{at(confirmed)}, before the expiry at {at(expiry)}, yet the lease is lost",
+            )
+        if not lease.held:
+            attempt.left_to_expire = True
+            FIGURES["leases lost at a heartbeat"] += 1
 
     @precondition(lambda self: self.mirror)
-    @rule(which=st.integers(0, 99), phase=st.sampled_from([None, "A", "B"]))
-    def operator_retry(self, which: int, phase: str | None) -> None:
-        """``orchestrator retry [--phase P]``: as the command line writes it."""
-        self.action("operator retry")
+    @rule(
+        which=documents,
+        action=st.sampled_from(["unlock", "retry"]),
+        phase=st.sampled_from([None, "A", "B"]),
+        force=st.booleans(),
+        racing=st.one_of(st.none(), st.integers(0, 3)),
+    )
+    def operator_command(
+        self, which: int | None, action: str, phase: str | None, force: bool, racing: int | None
+    ) -> None:
+        """``orchestrator unlock|retry [--phase P] [--force]``: reads the document, plans
+        the action from what it read, refuses a retry of a live lease without --force, and
+        applies it; ``racing``: a replica ticks between the read and the write."""
+        self.action(
+            f"operator {action} (command line{', racing a tick' if racing is not None else ''})"
+        )
+        doc_id = self.document(which)["_id"]
+        doc = self.operator.find_one(COLLECTION, queries.exact_id_filter(doc_id))
+        assert doc is not None
+        target = (phase or error_phase(doc)) if action == "retry" else None
+        if action == "retry" and target is None:
+            return  # refused: no recorded error phase and no --phase
+        now = self.operator.server_time()
+        assert now is not None
+        if action == "retry" and live_lease(doc, now) and not force:
+            FIGURES["operator retry: refused, live lease"] += 1
+            return
+        view = OperatorView(action, doc_id, doc.get("phase"), doc.get("lockToken"), target, force)
+        if racing is not None and self.idle():
+            self.tick(self.pick(self.idle(), racing))
+        self.operate(view)
+
+    @precondition(lambda self: self.mirror and len(self.pending) < MAX_PENDING)
+    @rule(
+        which=documents,
+        action=st.sampled_from(["unlock", "retry"]),
+        phase=st.sampled_from([None, "A", "B"]),
+    )
+    def operator_page_confirm(self, which: int | None, action: str, phase: str | None) -> None:
+        """The operator opens the page's confirmation of an action: it carries the phase
+        and the lease the operator sees, to be applied whenever they submit it."""
+        self.action(f"operator {action} (page: confirm)")
         doc = self.document(which)
-        error = doc.get("lastError")
-        target = phase or (error.get("phase") if isinstance(error, dict) else None)
-        if not isinstance(target, str) or not target:
-            return  # the command refuses: no recorded phase and none given
-        guarded = {"_id": doc["_id"], "phase": doc.get("phase")}
-        update = queries.operator_retry_update(target, self.clock.now())
-        with self.acting_as("operator-retry"):
-            self.operator.operator_update(COLLECTION, guarded, update)
+        target = (phase or error_phase(doc)) if action == "retry" else None
+        if action == "retry" and target is None:
+            return  # the page asks for a phase
+        self.pending.append(
+            OperatorView(action, doc["_id"], doc.get("phase"), doc.get("lockToken"), target, True)
+        )
+
+    @precondition(lambda self: self.pending)
+    @rule(which=st.integers(0, MAX_PENDING - 1))
+    def operator_page_submit(self, which: int) -> None:
+        """The operator submits a confirmation opened earlier: applied only if the document
+        is still as they saw it (a live lease they saw is theirs to take)."""
+        view = self.pending.pop(which % len(self.pending))
+        self.action(f"operator {view.action} (page: submit)")
+        self.operate(view)
 
     @precondition(lambda self: self.mirror)
-    @rule(which=st.integers(0, 99), phase=st.sampled_from(["Cancelled", "A", "B"]))
-    def outside_change(self, which: int, phase: str) -> None:
+    @rule(which=documents, phase=st.sampled_from(["Cancelled", "A", "B"]))
+    def outside_change(self, which: int | None, phase: str) -> None:
         """The application's API changes a document's phase, whoever holds its lease."""
         self.action("outside phase change")
         doc = self.document(which)
-        with self.acting_as("outside"):
+        with acting_as("outside"):
             self.db[COLLECTION].update_one({"_id": doc["_id"]}, {"$set": {"phase": phase}})
 
     @rule()
     def settle(self) -> None:
         """Liveness: once every lease, wait and clock estimate has run out, one tick of each
-        replica claims every document some handler matches, unless it is parked in Failed."""
+        replica claims every document some handler may claim (one in the failed phase too,
+        for a handler other than the one that failed it, whatever their names)."""
         self.action("settle")
         if self.stall is not None:
             self.release_stall()
@@ -1095,9 +1671,9 @@ class LeaseMachine(RuleBasedStateMachine):
         for replica in self.alive():
             self.tick(replica)
         for doc_id, doc in self.mirror.items():
-            waiting = matched(doc) and doc.get("phase") != FAILED
+            waiting = claimers(doc, self.docs[doc_id].failed_by)
             if waiting and self.claims_by_doc[doc_id] == before[doc_id]:
-                self.violate(DocumentStuck, f"{doc} was not claimed")
+                self.violate(DocumentStuck, f"{doc} was not claimed (by {sorted(waiting)})")
 
     # -- invariants -----------------------------------------------------------------------
 
@@ -1110,13 +1686,18 @@ class LeaseMachine(RuleBasedStateMachine):
     def no_document_lost_or_doubled(self) -> None:
         names = Counter(doc.get("name") for doc in self.raw[COLLECTION].find({}))
         if sorted(names) != sorted(self.names) or any(c > 1 for c in names.values()):
-            raise DocumentLost(f"documents by name {dict(names)}, submitted {self.names}")
+            raise DocumentLost(f"documents by name {dict(names)}, expected {self.names}")
 
     @invariant()
     def no_lease_left_held(self) -> None:
         for doc in self.mirror.values():
             attempt = self.attempts.get(doc.get("lockToken", ""))
-            if attempt is not None and not attempt.crashed and not attempt.stalled:
+            if (
+                attempt is not None
+                and not attempt.crashed
+                and not attempt.stalled
+                and not attempt.left_to_expire
+            ):
                 raise LeaseLeftHeld(
                     f"{doc.get('name')} is still held by {attempt.replica.name}'s step "
                     f"({attempt.handler or 'never started'}, ended with {attempt.after})"
@@ -1125,24 +1706,25 @@ class LeaseMachine(RuleBasedStateMachine):
     @invariant()
     def attempts_are_the_failed_streak(self) -> None:
         for doc_id, doc in self.mirror.items():
-            streak = self.docs[doc_id].streak
+            model = self.docs[doc_id]
+            streak = model.streak
             if streak is None:
                 continue
             has_error = doc.get("lastError") is not None
-            if doc.get("attempts") != streak or has_error != (streak > 0):
+            if doc.get("attempts") != streak or has_error != (streak > 0 or model.noted):
                 raise AttemptsInconsistent(
                     f"{doc.get('name')}: attempts={doc.get('attempts')!r}, lastError "
                     f"{'present' if has_error else 'absent'}; {streak} failed attempt(s) in "
-                    "the current streak"
+                    f"the current streak{' (and an error noted)' if model.noted else ''}"
                 )
 
     def teardown(self) -> None:
         if self.stall is not None:
             self.stall.go.set()
-            if self.stall.thread is not None:
-                self.stall.thread.join(HANG_GUARD)
+            if self.stall.future is not None:
+                concurrent.futures.wait([self.stall.future], HANG_GUARD)
         for replica in self.replicas:
-            replica.orch.stop(timeout=5)
+            replica.close()
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -1163,7 +1745,7 @@ def fuzz_figures() -> Iterator[None]:
         for key in ("stale writes attempted", "stale writes landed"):
             FIGURES.setdefault(key, 0)
         for key in sorted(FIGURES):
-            print(f"  {key:<40} {FIGURES[key]:>8}")
+            print(f"  {key:<52} {FIGURES[key]:>8}")
 
 
 TestLeaseInvariants = LeaseMachine.TestCase
