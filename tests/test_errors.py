@@ -242,17 +242,11 @@ def test_a_retry_policy_that_raises_still_lets_the_attempt_be_counted(
     "cancelled",
     [
         pytest.param(concurrent.futures.CancelledError, id="futures"),
-        pytest.param(
-            asyncio.CancelledError,
-            id="asyncio",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="issue 16: the threaded engine takes a def handler's "
-                "asyncio.CancelledError (a BaseException) for the process being torn down: "
-                "the step is 'interrupted', nothing is recorded and the lease is left held "
-                "until it expires (found by tests/test_invariants.py)",
-            ),
-        ),
+        # Before the fix the threaded engine took a def handler's asyncio.CancelledError
+        # (a BaseException) for the process being torn down: the step was 'interrupted',
+        # nothing recorded, the lease left held until it expired (found by
+        # tests/test_invariants.py).
+        pytest.param(asyncio.CancelledError, id="asyncio"),
     ],
 )
 def test_a_def_handler_raising_a_cancellation_has_its_attempt_recorded(

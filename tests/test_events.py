@@ -169,7 +169,7 @@ async def test_the_heartbeat_and_a_time_out_are_reported(
     ]
     finished = recorder.of(StepFinishedEvent)
     assert [(f.outcome, f.duration) for f in finished] == [("timed_out", 650.0)], "one per claim"
-    # (A thread step's late write after it is also reported, as a failed attempt.)
+    # (A thread step's late write after it is reported as a lost lease, not recorded.)
     assert recorder.of(AttemptFailedEvent)[0].error_type == "StepTimeout"
 
 

@@ -14,6 +14,7 @@ timers. The scheduling decisions themselves are ``orchestrator.core.scheduler``'
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import itertools
 import logging
@@ -70,7 +71,7 @@ Plan = Generator[Call, Any, T]
 """A piece of the runner's logic: it yields the calls it needs made and returns a T."""
 
 
-def _resume(plan: Plan[T], value: Any, error: Exception | None) -> tuple[bool, Any]:
+def _resume(plan: Plan[T], value: Any, error: BaseException | None) -> tuple[bool, Any]:
     """Hand a call's result (or exception) back to ``plan``: (True, what it returned) when
     it is over, else (False, the next call)."""
     try:
@@ -80,13 +81,15 @@ def _resume(plan: Plan[T], value: Any, error: Exception | None) -> tuple[bool, A
 
 
 def drive(plan: Plan[T]) -> T:
-    """Carry out ``plan`` here, synchronously."""
+    """Carry out ``plan`` here, synchronously. A ``CancelledError`` a call raises here is
+    nobody's cancellation of the plan (no task runs it): the plan gets it like any error."""
     try:
         over, got = _resume(plan, None, None)
         while not over:
+            error: BaseException | None
             try:
                 value, error = got(), None
-            except Exception as exc:
+            except (Exception, asyncio.CancelledError) as exc:
                 value, error = None, exc
             over, got = _resume(plan, value, error)
         return got  # type: ignore[no-any-return]
@@ -95,14 +98,23 @@ def drive(plan: Plan[T]) -> T:
 
 
 async def adrive(plan: Plan[T]) -> T:
-    """Carry out ``plan`` on the event loop: what a call returns is awaited when awaitable."""
+    """Carry out ``plan`` on the event loop: what a call returns is awaited when awaitable.
+    A ``CancelledError`` while this task is not being cancelled (``cancelling()`` is 0) was
+    raised by the call itself, e.g. a handler awaiting a future another task cancelled:
+    the plan gets it like any error. The task's own cancellation ends the plan."""
     try:
         over, got = _resume(plan, None, None)
         while not over:
+            error: BaseException | None
             try:
                 value, error = got(), None
                 if inspect.isawaitable(value):
                     value = await value
+            except asyncio.CancelledError as exc:
+                task = asyncio.current_task()
+                if task is None or task.cancelling():
+                    raise
+                value, error = None, exc
             except Exception as exc:
                 value, error = None, exc
             over, got = _resume(plan, value, error)
@@ -485,11 +497,9 @@ class Runner(Generic[DB]):
             )
         outcome: str | None = yield partial(self._run_step, step, stopping)
         with self._lock:
-            if outcome is None:  # cancelled by step_timeout, which counted it
-                return False
+            if outcome is None or step.abandoned:
+                return False  # step_timeout counted it and freed its slot: not counted again
             self._stats[outcome] += 1
-            if step.abandoned:
-                return False
             del self._running[lease.token]
             self._sched.finished(outcome)
             self._notify(more_work=False)  # this worker takes the next action itself
@@ -619,10 +629,11 @@ class Runner(Generic[DB]):
                 return (yield from self._settle(step, "ValidationError", why, True))
         try:
             result = yield partial(self._call_handler, step)
-        except Exception as exc:
+        except (Exception, asyncio.CancelledError) as exc:  # a cancellation the handler raised
             # Judged by the step's own lease, not by the exception: a LeaseLost raised by
-            # another lease object, or by a second outcome, is the handler's error.
-            if lease.lost:
+            # another lease object, or by a second outcome, is the handler's error. A step
+            # step_timeout took back has had its attempt recorded: nothing is written over it.
+            if lease.lost or step.abandoned:
                 self._lost(f"lease lost: {_describe(exc)}", lease)
                 return "lost"
             return (yield from self._settle(step, type(exc).__name__, _describe(exc), exc=exc))
@@ -1009,6 +1020,8 @@ class Runner(Generic[DB]):
         before = self.stats()
         with self._cv:
             self._errors.clear()
+            if not self._serving:  # a stopped replica runs a tick by hand, as a new one does
+                self._sched.resume()
             self._tick()
         return before
 
