@@ -6,24 +6,30 @@ an event loop of its own, over the async view of the same database) with ``async
 handlers or plain ``def`` ones. Hypothesis interleaves ticks, clock advances, wall-clock
 steps of single replicas, handler outcomes of every kind (wrong ones included), an outcome
 followed by an exception (unlock, relock, advance or remove, then raise), removals,
-cancellations of every kind (``concurrent.futures.CancelledError`` and
+cancellations of every kind (``concurrent.futures.CancelledError`` or
 ``asyncio.CancelledError`` raised: the handler's error; an async step's own task
-cancelled: its lease left to expire, the replica going on), crashes, stalls
-past the lease (before the step's first lease call, or between it and the rest), the
-stalled replica's heartbeat (its extension confirmed in time, its reply slow or late, or
-its write stalled while the other replicas tick past the expiry), operator unlock and
-retry racing claims (planned and guarded by ``orchestrator.tools.operations``, as the
-command line and the page do), outside phase changes (a cancel) racing a stalled
-``remove()``, malformed documents, colliding submits, replicas with different lock
-timeouts and ``max_wait`` (600 s and 30 days), and handlers that share one name (made by
-one helper function) on different phases; it shrinks any failure to a short list of steps.
+cancelled: its lease left to expire, the replica going on), crashes, stalls past the lease
+(before the step's first lease call, or between it and the rest), the stalled replica's
+heartbeat (its extension confirmed in time, its reply slow or late, or its write stalled
+while the other replicas tick past the expiry), operator unlock and retry racing claims
+(planned and guarded by ``orchestrator.tools.operations``, as the command line and the
+page do), outside phase changes (a cancel) racing a stalled ``remove()``, malformed
+documents, colliding submits, replicas with different lock timeouts and ``max_wait``
+(600 s and 30 days), and handlers that share one name (made by one helper function) on
+different phases; it shrinks any failure to a short list of steps.
 
 Every write to the collection goes through a recorder that sees the documents before and
 after it and attributes it to the lease that attempted it (by the token its filter names:
-``lockToken``, or ``lastToken`` for an error noted after the step's own release), so each
-invariant is judged from what was written, independently of how the library decides. Each
-invariant raises its own ``Violation`` subclass: hypothesis then reports distinct defects
-separately, each with its own shrunk example.
+``lockToken``, or ``lastToken`` for an error recorded after the step's own release), so
+each invariant is judged from what was written, independently of how the library decides:
+no live lease or wait is taken, no stale write lands, the first outcome stands (an error
+after an unlock or relock is one failed attempt of that phase, after an advance only a
+note, after a remove nothing), only the holder's ``remove()`` in the phase it claimed
+deletes, a lease whose extension was confirmed after its expiry is lost, an operator's
+action applies only to the document as the operator saw it, and every document some
+handler may claim is claimed once every wait has run out. Each invariant raises its own
+``Violation`` subclass: hypothesis then reports distinct defects separately, each with its
+own shrunk example.
 
 The machine drives time: ``run_once``'s own heartbeat (every second of real time) is off
 in its replicas (``Driven``), so a stalled step's lease is extended only when an example
@@ -488,7 +494,7 @@ class Attempt:
     crashed: bool = False
     stalled: bool = False
     left_to_expire: bool = False  # its holder found it lost while the document kept it
-    kind: str = "neutral"  # what a write landing now means: success, failure, remove
+    kind: str = "neutral"  # what a write landing now means: success, failure, remove, extend
     action: str = "before the handler"
     after: str = "neutral"  # what the loop's write after the handler means
     first: str | None = None  # the step's own first outcome that landed
