@@ -7,7 +7,8 @@ handlers or plain ``def`` ones. Hypothesis interleaves ticks, clock advances, wa
 steps of single replicas, handler outcomes of every kind (wrong ones included), an outcome
 followed by an exception (unlock, relock, advance or remove, then raise), removals,
 cancellations of every kind (``concurrent.futures.CancelledError`` and
-``asyncio.CancelledError`` raised, an async step cancelling its own task), crashes, stalls
+``asyncio.CancelledError`` raised: the handler's error; an async step's own task
+cancelled: its lease left to expire, the replica going on), crashes, stalls
 past the lease (before the step's first lease call, or between it and the rest), the
 stalled replica's heartbeat (its extension confirmed in time, its reply slow or late, or
 its write stalled while the other replicas tick past the expiry), operator unlock and
@@ -245,7 +246,7 @@ SIMPLE = (
     *(f"{outcome}-then-raise" for outcome in FIRST_OUTCOMES),  # the first outcome stands
     "cancel-futures",  # raise concurrent.futures.CancelledError (an SDK's future)
     "cancel-asyncio",  # raise asyncio.CancelledError
-    "cancel-self",  # an async step cancels its own task (a thread's: raises it)
+    "cancel-self",  # an async step's task is cancelled (a thread's step: raises it)
     "crash",
 )
 DEFAULT = Do("relock")
@@ -1138,7 +1139,7 @@ class LeaseMachine(RuleBasedStateMachine):
         # Judged by the step's own lease, as the loop will find it: lost, nothing more is
         # written; else an error (or a wrong result) is a failed attempt.
         if error is not None:
-            attempt.after = "neutral" if lease.lost else "failure"
+            attempt.after = "neutral" if lease.lost or attempt.left_to_expire else "failure"
         elif result is None or (isinstance(result, Outcome) and result.token == lease.token):
             attempt.after = "success" if lease.held else "neutral"
         else:  # garbage, or another lease's outcome
@@ -1226,6 +1227,9 @@ class LeaseMachine(RuleBasedStateMachine):
         if name == "cancel-self":
             task = asyncio.current_task() if replica.awaits else None
             if task is not None:
+                # The worker's own task cancelled (as by the application): the step leaves
+                # the books, its lease is left to expire, and the replica goes on.
+                attempt.left_to_expire = True
                 task.cancel()
                 await asyncio.sleep(0)  # the cancellation lands here
             raise asyncio.CancelledError("no task to cancel on a thread: raised instead")
