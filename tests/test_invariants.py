@@ -98,7 +98,7 @@ EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 PROFILES = {
     "ci": settings(
-        max_examples=60,  # ~60 s here: CI stays within its budget; the soak explores
+        max_examples=150,
         stateful_step_count=50,
         derandomize=True,  # the same examples on every CI run; the soak explores
         deadline=None,
