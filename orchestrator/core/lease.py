@@ -150,7 +150,7 @@ class LeaseCore(Generic[R]):
     def _unlock_write(self, fields: dict[str, Any]) -> tuple[Write, float | None]:
         data = self._fields(fields)
         until, wait = self._free_until()
-        return Write(self._stamp(queries.unlock_update(data, until)), "unlock", until), wait
+        return self._releasing(queries.unlock_update(data, until), "unlock", until), wait
 
     def _relock_write(self, wait: float | None, fields: dict[str, Any]) -> tuple[Write, float]:
         now = self._clock.now()
@@ -164,7 +164,7 @@ class LeaseCore(Generic[R]):
             )
         wait = self._bounded(float(wait))
         until = now + timedelta(seconds=wait)
-        return Write(self._stamp(queries.relock_update(until, data)), "relock", until), wait
+        return self._releasing(queries.relock_update(until, data), "relock", until), wait
 
     def _advance_write(self, phase: str, fields: dict[str, Any]) -> tuple[Write, float | None]:
         if not isinstance(phase, str) or not phase or phase.startswith("$"):
@@ -175,12 +175,12 @@ class LeaseCore(Generic[R]):
             )
         data = self._fields(fields)
         until, wait = self._free_until()
-        update = self._stamp(queries.advance_update(phase, self._clock.now(), data, until))
-        return Write(update, "advance", until, phase_change=True, next_phase=phase), wait
+        update = queries.advance_update(phase, self._clock.now(), data, until)
+        return self._releasing(update, "advance", until, phase_change=True, next_phase=phase), wait
 
     def _release_write(self) -> tuple[Write, float | None]:
         until, wait = self._free_until()
-        return Write(self._stamp(queries.release_update(until)), "release", until), wait
+        return self._releasing(queries.release_update(until), "release", until), wait
 
     def _extend_write(self) -> tuple[datetime, datetime, dict[str, Any]]:
         now = self._clock.now()
@@ -233,9 +233,7 @@ class LeaseCore(Generic[R]):
             shape = {"action": "retry"}
             outcome = Outcome("retrying", self.phase, wait, self.token)
         forms = _record_forms(error, build)
-        return ErrorWrite(
-            tuple(Write(self._stamp(u), until=until, **shape) for u in forms), outcome
-        )
+        return ErrorWrite(tuple(self._releasing(u, until=until, **shape) for u in forms), outcome)
 
     def _note_write(self, kind: str, message: str) -> ErrorWrite:
         """An error raised after an outcome that moved the document on: kept as
@@ -267,11 +265,19 @@ class LeaseCore(Generic[R]):
             reason = "another replica holds it now"
         raise LeaseLost(self.collection, self.id, self.token, action, reason)
 
-    def _stamp(self, update: dict[str, Any]) -> dict[str, Any]:
-        """A releasing write leaves this lease's token as ``lastToken``: the fence of an
-        error recorded after it (``released_fence``), which no other step's release can
-        match."""
-        return queries.stamp_release(update, self.token)
+    def _releasing(
+        self,
+        update: dict[str, Any],
+        action: str,
+        until: datetime,
+        phase_change: bool = False,
+        next_phase: Any = SAME,
+    ) -> Write:
+        """A write that releases this lease. It leaves the lease's token as ``lastToken``:
+        the fence of an error recorded after it (``released_fence``), which no other
+        step's release can match."""
+        update = queries.stamp_release(update, self.token)
+        return Write(update, action, until, phase_change, next_phase)
 
     def _fence(self, phase_change: bool) -> dict[str, Any]:
         """The filter a write carries: the token (and the claimed phase, for a phase

@@ -486,11 +486,7 @@ class Runner(Generic[DB]):
             self._events.emit(
                 "step_claimed",
                 StepClaimedEvent(
-                    self.settings.replica_id,
-                    lease.collection,
-                    lease.id,
-                    lease.phase,
-                    lease.handler.name,
+                    *self._about(lease),
                     step.number,
                     step.latency,
                 ),
@@ -514,11 +510,7 @@ class Runner(Generic[DB]):
         self._events.emit(
             "step_finished",
             StepFinishedEvent(
-                self.settings.replica_id,
-                lease.collection,
-                lease.id,
-                lease.phase,
-                lease.handler.name,
+                *self._about(lease),
                 step.number,
                 outcome,
                 self._local.monotonic() - step.started,
@@ -725,11 +717,7 @@ class Runner(Generic[DB]):
             )
         if self._events.active:
             event = AttemptFailedEvent(
-                self.settings.replica_id,
-                lease.collection,
-                lease.id,
-                lease.phase,
-                lease.handler.name,
+                *self._about(lease),
                 kind,
                 message,
                 action,
@@ -744,15 +732,22 @@ class Runner(Generic[DB]):
         self._log(logging.WARNING, message, lease, "lost")
         if self._events.active:
             event = LeaseLostEvent(
-                self.settings.replica_id,
-                lease.collection,
-                lease.id,
-                lease.phase,
-                lease.handler.name,
+                *self._about(lease),
                 message,
                 self._held_for(lease),
             )
             self._events.emit("lease_lost", event)
+
+    def _about(self, lease: Any) -> tuple[str, str, Any, str | None, str]:
+        """What every step event says first: this replica, and the step's document,
+        phase and handler."""
+        return (
+            self.settings.replica_id,
+            lease.collection,
+            lease.id,
+            lease.phase,
+            lease.handler.name,
+        )
 
     def _held_for(self, lease: Any) -> float:
         """Seconds since ``lease`` was claimed, by the server clock's estimate."""
@@ -817,11 +812,7 @@ class Runner(Generic[DB]):
                 extended += 1
                 if self._events.active:
                     event = LeaseExtendedEvent(
-                        self.settings.replica_id,
-                        lease.collection,
-                        lease.id,
-                        lease.phase,
-                        lease.handler.name,
+                        *self._about(lease),
                         self._held_for(lease),
                     )
                     self._events.emit("lease_extended", event)
