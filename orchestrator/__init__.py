@@ -22,10 +22,11 @@ from orchestrator.core.extras import library_version
 from orchestrator.core.lease import Outcome
 from orchestrator.core.resource import EPOCH, ErrorRecord, Resource
 from orchestrator.core.settings import DEFAULT_DATABASE, Settings
+from orchestrator.core.steps import StepTimeout, StopReport
 from orchestrator.mongo import AsyncLease, Lease
-from orchestrator.runners.aio import AsyncOrchestrator, ThreadLease
-from orchestrator.runners.base import StepTimeout, StopReport
-from orchestrator.runners.threaded import Orchestrator
+from orchestrator.runners._async.engine import AsyncOrchestrator
+from orchestrator.runners._sync.engine import Orchestrator
+from orchestrator.runners.threads import ThreadLease
 
 __version__ = library_version()
 """The installed distribution's version ("unknown" in a never-installed source tree)."""

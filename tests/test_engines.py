@@ -366,7 +366,7 @@ async def test_start_and_stop_serve_in_the_background_and_refuse_a_second_start(
     assert await wait(finished)
     await orch.stop(timeout=5)
     assert db.jobs.find_one({})["phase"] == "Done"  # type: ignore[index]
-    assert orch.orch._workers <= orch.orch.settings.max_concurrency
+    assert orch.orch._books.workers <= orch.orch.settings.max_concurrency
 
 
 # -- the async engine only -----------------------------------------------------------------

@@ -31,7 +31,7 @@ def test_the_library_imports_no_extra() -> None:
     result = without(
         ("mongomock", "rich", "click", "starlette", "jinja2", "uvicorn"),
         """
-        import orchestrator, orchestrator.mongo, orchestrator.runners.threaded
+        import orchestrator, orchestrator.mongo, orchestrator.runners._sync.engine
         from orchestrator import Orchestrator, Settings
         print("imported")
         """,

@@ -273,6 +273,13 @@ async def test_a_failing_replica_write_does_not_break_steps(engine: str, clock: 
     assert Store(db).live_replicas(replica.clock.now()) == []
 
 
+def _pause(orch: Orchestrator) -> None:
+    """Stop a started replica's own ticks and heartbeats (its timer), keeping it started."""
+    timer = orch._books.timer
+    assert timer is not None
+    timer.pause()
+
+
 def test_two_processes_with_one_replica_id_are_told(
     make: MakeReplica, db: Database[Any], caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -280,10 +287,10 @@ def test_two_processes_with_one_replica_id_are_told(
     mistake each of them logs, the first time the other's record replaced its own."""
     first, second = make("pod-1"), make("pod-1")
     first.start()
-    first._timer.pause()  # only this test's heartbeats: the counts below are exact
+    _pause(first)  # only this test's heartbeats: the counts below are exact
     first.heartbeat()
     second.start()  # replaces a record of its namesake's: its own first, nothing to tell
-    second._timer.pause()
+    _pause(second)
     assert "replica_namesakes" not in second.stats()
     with caplog.at_level(logging.WARNING, logger="orchestrator"):
         first.heartbeat()
@@ -295,7 +302,7 @@ def test_two_processes_with_one_replica_id_are_told(
     assert second.stats()["replica_namesakes"] == 1
     first.stop()
     [left] = Store(db).live_replicas(second.clock.now())
-    assert left.instance == second._instance  # the stopping one removed only its own
+    assert left.instance == second._record.instance  # the stopping one removed only its own
 
 
 async def test_sync_and_async_replicas_with_mixed_settings_are_flagged(clock: FakeClock) -> None:

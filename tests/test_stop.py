@@ -9,6 +9,7 @@ from pymongo.database import Database
 
 from orchestrator import EPOCH, Lease, Orchestrator
 from orchestrator.mongo import Store
+from orchestrator.runners._sync.steps import Steps
 from orchestrator.testing import FakeClock
 from tests.conftest import MakeReplica
 
@@ -103,15 +104,15 @@ def test_the_background_loop_runs_steps_and_survives_a_failing_tick(
         done.set()
         return lease.advance("Done")
 
-    real_claim = Orchestrator._claim
+    real_claim = Steps._claim
 
-    def failing_once(self: Orchestrator, handler: Any) -> Any:
+    def failing_once(self: Steps, handler: Any) -> Any:
         if not failed_once.is_set():
             failed_once.set()
             raise RuntimeError("a bug in the claim path")
         return real_claim(self, handler)
 
-    monkeypatch.setattr(Orchestrator, "_claim", failing_once)
+    monkeypatch.setattr(Steps, "_claim", failing_once)
     orch.start()
     try:
         orch.submit("jobs", {"phase": "Running"})

@@ -1,5 +1,4 @@
-"""The committed sync store, lease and clock probe are what the generator makes of the
-async ones today."""
+"""The committed sync store and engine are what the generator makes of the async ones today."""
 
 from __future__ import annotations
 
@@ -34,7 +33,13 @@ def test_generated_sync_module_is_up_to_date(source: Path) -> None:
 
 
 def test_every_async_source_has_a_generated_twin() -> None:
-    sources = {p.name for p in synchro.sources()}
-    generated = {p.name for p in synchro.SYNC_DIR.glob("*.py") if p.name != "__init__.py"}
-    assert {"store.py", "lease.py", "clock.py"} <= sources
+    sources = {synchro.target(p) for p in synchro.sources()}
+    generated = {
+        p
+        for package in synchro.PACKAGES
+        for p in (package / "_sync").glob("*.py")
+        if p.name != "__init__.py"
+    }
+    names = {p.relative_to(ROOT).as_posix() for p in sources}
+    assert {"orchestrator/mongo/_sync/store.py", "orchestrator/runners/_sync/engine.py"} <= names
     assert sources == generated, "a generated module without its async source, or the reverse"

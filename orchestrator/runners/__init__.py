@@ -1,2 +1,3 @@
-"""The runners: thin layers that carry out the scheduler's decisions, one on threads
-(``Orchestrator``), one on asyncio (``AsyncOrchestrator``)."""
+"""The engine: ``_async/`` is written by hand, ``_sync/`` generated from it
+(``scripts/synchro.py``); the hand-written primitives the two differ by are in pairs
+(``workers``, ``calls``); ``books``, ``reporter``, ``registration`` and ``step`` are shared."""

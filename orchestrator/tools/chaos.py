@@ -36,7 +36,7 @@ from orchestrator.core.lease import Outcome
 from orchestrator.core.queries import as_utc, bson_time
 from orchestrator.core.resource import EPOCH, Resource
 from orchestrator.mongo import Lease
-from orchestrator.runners.threaded import Orchestrator
+from orchestrator.runners._sync.engine import Orchestrator
 from orchestrator.testing.clock import FakeClock
 from orchestrator.testing.faults import Faults, ReplicaCrashed
 from orchestrator.testing.memory import memory_database

@@ -34,11 +34,12 @@ from orchestrator.core.extras import DISTRIBUTION
 from orchestrator.core.redact import redact, visible
 from orchestrator.core.replicas import REPLICAS_COLLECTION, ReplicaRecord
 from orchestrator.core.settings import DEFAULT_DATABASE
+from orchestrator.core.steps import StopReport
 from orchestrator.mongo import Store, check_reachable, check_reachable_async, connect
 from orchestrator.mongo.common import Document
-from orchestrator.runners.aio import AsyncOrchestrator
-from orchestrator.runners.base import StopReport, drive
-from orchestrator.runners.threaded import Orchestrator
+from orchestrator.runners._async.engine import AsyncOrchestrator
+from orchestrator.runners._sync.engine import Orchestrator
+from orchestrator.runners.plans import drive
 from orchestrator.tools.demo import DemoOptions
 from orchestrator.tools.demo import run as run_demo
 from orchestrator.tools.graph import mermaid

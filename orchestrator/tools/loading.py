@@ -8,8 +8,8 @@ import sys
 from typing import Any
 
 from orchestrator.core.errors import OrchestratorError
-from orchestrator.runners.aio import AsyncOrchestrator
-from orchestrator.runners.threaded import Orchestrator
+from orchestrator.runners._async.engine import AsyncOrchestrator
+from orchestrator.runners._sync.engine import Orchestrator
 
 Engine = Orchestrator | AsyncOrchestrator
 """What ``orchestrator run`` runs: either engine (the async one with ``asyncio.run``)."""

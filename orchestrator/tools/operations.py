@@ -26,7 +26,7 @@ from orchestrator.core import queries
 from orchestrator.core.queries import as_utc
 from orchestrator.mongo import AsyncStore, Store
 from orchestrator.mongo.common import Document
-from orchestrator.runners.base import Plan
+from orchestrator.runners.plans import Plan
 from orchestrator.tools.loading import CommandError
 
 

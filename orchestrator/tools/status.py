@@ -22,7 +22,7 @@ from orchestrator.core.replicas import (
 )
 from orchestrator.mongo import AsyncStore, Store
 from orchestrator.mongo.common import Document
-from orchestrator.runners.base import Plan, adrive, drive
+from orchestrator.runners.plans import Plan, adrive, drive
 from orchestrator.tools.operations import id_json
 
 

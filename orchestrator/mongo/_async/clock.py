@@ -10,12 +10,12 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from orchestrator.core.clock import ServerClock
-    from orchestrator.mongo._async.store import AsyncStore
+    from orchestrator.mongo._async.contract import AsyncLeaseStore
 
 __all__ = ["measure"]
 
 
-async def measure(clock: ServerClock, store: AsyncStore) -> None:
+async def measure(clock: ServerClock, store: AsyncLeaseStore) -> None:
     """Probe the server with ``hello`` and record the answer in ``clock``.
 
     A failed probe keeps the last estimate; with none yet, it raises, since leases cannot

@@ -21,7 +21,7 @@ from orchestrator.core.lease import LeaseCore, Outcome, Write
 from orchestrator.mongo.common import DocumentTooLarge
 
 if TYPE_CHECKING:
-    from orchestrator.mongo._async.store import AsyncStore
+    from orchestrator.mongo._async.contract import AsyncLeaseStore
 
 __all__ = ["AsyncLease"]
 
@@ -40,7 +40,7 @@ class AsyncLease(LeaseCore[R]):
     instance of this class either; see its docstring.
     """
 
-    def __init__(self, *, store: AsyncStore, **core: Any) -> None:
+    def __init__(self, *, store: AsyncLeaseStore, **core: Any) -> None:
         super().__init__(**core)
         self._store = store
         self._lock = asyncio.Lock()  # serialises the step's writes with the heartbeat's

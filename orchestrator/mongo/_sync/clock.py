@@ -11,12 +11,12 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from orchestrator.core.clock import ServerClock
-    from orchestrator.mongo._sync.store import Store
+    from orchestrator.mongo._sync.contract import LeaseStore
 
 __all__ = ["measure"]
 
 
-def measure(clock: ServerClock, store: Store) -> None:
+def measure(clock: ServerClock, store: LeaseStore) -> None:
     """Probe the server with ``hello`` and record the answer in ``clock``.
 
     A failed probe keeps the last estimate; with none yet, it raises, since leases cannot

@@ -22,7 +22,7 @@ from orchestrator.core.lease import LeaseCore, Outcome, Write
 from orchestrator.mongo.common import DocumentTooLarge
 
 if TYPE_CHECKING:
-    from orchestrator.mongo._sync.store import Store
+    from orchestrator.mongo._sync.contract import LeaseStore
 
 __all__ = ["Lease"]
 
@@ -41,7 +41,7 @@ class Lease(LeaseCore[R]):
     instance of this class either; see its docstring.
     """
 
-    def __init__(self, *, store: Store, **core: Any) -> None:
+    def __init__(self, *, store: LeaseStore, **core: Any) -> None:
         super().__init__(**core)
         self._store = store
         self._lock = threading.Lock()  # serialises the step's writes with the heartbeat's

@@ -58,7 +58,7 @@ from orchestrator.core.replicas import REPLICAS_COLLECTION
 from orchestrator.core.resource import EPOCH, LEASE_FIELDS
 from orchestrator.mongo import AsyncStore
 from orchestrator.mongo.common import Document
-from orchestrator.runners.base import adrive
+from orchestrator.runners.plans import adrive
 from orchestrator.tools.loading import CommandError
 from orchestrator.tools.operations import (
     error_phase,

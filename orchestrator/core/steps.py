@@ -1,0 +1,106 @@
+"""What a step's life decides, without doing any of it.
+
+The engines carry a step out (claim, run the handler, write, log, report); what they
+decide along the way is here, pure and tested without I/O: whether a claimed lease runs or
+is handed back, whether what a handler returned is its outcome, how an error is named and
+how its record reads, and what ``stop`` reports.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from orchestrator.core.errors import OrchestratorError
+from orchestrator.core.lease import Outcome
+from orchestrator.core.outcomes import StepOutcome
+
+__all__ = [
+    "StepTimeout",
+    "StopReport",
+    "claim_latency",
+    "describe",
+    "hand_back_reason",
+    "noted_message",
+    "settled_level",
+    "stop_summary",
+    "wrong_result",
+]
+
+
+class StepTimeout(OrchestratorError):
+    """A step ran past ``step_timeout``: its lease was taken back and the attempt counted."""
+
+
+@dataclass(frozen=True)
+class StopReport:
+    """What ``stop`` left behind: leases handed back unstarted, steps still running."""
+
+    released: list[str] = field(default_factory=list)
+    still_running: list[str] = field(default_factory=list)
+
+
+def hand_back_reason(*, stopping: bool, expired: bool) -> str | None:
+    """Why a claimed lease is handed back rather than run, or None: it runs.
+
+    A replica that is stopping starts nothing more; a lease that expired while its claim
+    waited may be another replica's now (the hand-back is fenced: a no-op if it was taken).
+    """
+    if stopping:
+        return "the replica is stopping"
+    if expired:
+        return "its lease expired before it started"
+    return None
+
+
+def wrong_result(result: object, token: str, handler: str) -> str | None:
+    """Why what a handler returned is not its step's outcome, or None when it is (its own
+    lease's ``Outcome``, or None: the step is unlocked)."""
+    if result is None or (isinstance(result, Outcome) and result.token == token):
+        return None
+    what = "another lease's outcome" if isinstance(result, Outcome) else type(result).__name__
+    return (
+        f"{handler} returned {what}; a handler returns its own lease's "
+        "unlock(), relock(), advance(...), fail(...), remove() or None"
+    )
+
+
+def describe(exc: BaseException) -> str:
+    """The message of ``exc``, even when its ``__str__`` itself raises."""
+    try:
+        return str(exc) or repr(exc)
+    except Exception:
+        return f"<{type(exc).__name__} with an unprintable message>"
+
+
+def noted_message(message: str, recorded: StepOutcome) -> str:
+    """An error's message as logged once its record landed as ``recorded``: an error after
+    the step's own outcome says that outcome stands."""
+    if recorded in {StepOutcome.RETRYING, StepOutcome.FAILED}:
+        return message
+    return f"{message} (after its own outcome, {recorded}, which stands)"
+
+
+def settled_level(recorded: StepOutcome) -> int:
+    """The log level of a recorded error: the last attempt is an error, the rest warnings."""
+    return logging.ERROR if recorded is StepOutcome.FAILED else logging.WARNING
+
+
+def claim_latency(now: datetime, due_since: datetime | None) -> float | None:
+    """Seconds the claimed document had been due, when its fields tell. A ``lockedUntil``
+    ahead of ``now`` is a bogus lease the claim took as free: no latency."""
+    if due_since is None or due_since > now:
+        return None
+    return (now - due_since).total_seconds()
+
+
+def stop_summary(released: Sequence[str], still_running: Sequence[str]) -> tuple[int, str]:
+    """The log level and line of a stop: a warning when steps are left to expire."""
+    left = f": {', '.join(still_running)} left to expire" if still_running else ""
+    message = (
+        f"orchestrator stopped: {len(released)} unstarted lease(s) handed back, "
+        f"{len(still_running)} step(s) still running{left}"
+    )
+    return (logging.WARNING if still_running else logging.INFO), message

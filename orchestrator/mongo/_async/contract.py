@@ -1,0 +1,85 @@
+"""The lease side of the store: what the engine and its leases ask of the database.
+
+A typed contract (APScheduler 4's ``abc.py`` is the model): each method says what it
+returns and what may happen. ``AsyncStore`` is the implementation; the engine holds an
+``AsyncLeaseStore``, so a misspelt call fails the type check. Every method may raise
+``StoreError`` (the database unreachable, timed out, or answering nonsense), never a
+driver error. The operators' side (status, browse, retry, unlock) has its own contract.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from datetime import datetime
+from typing import Any, Protocol
+
+from orchestrator.core.replicas import ReplicaRecord
+from orchestrator.mongo.common import Document
+
+__all__ = ["AsyncLeaseStore"]
+
+
+class AsyncLeaseStore(Protocol):
+    """Claims, fenced writes, submits, the server's clock and the replicas' records."""
+
+    async def server_time(self) -> datetime | None:
+        """The server's clock (``hello``'s ``localTime``), or None if it gives none; raises
+        ``StoreError`` for a server too old to be used."""
+
+    def primary(self) -> Hashable:
+        """The server a measurement of the clock reaches now, as the driver knows it; no
+        I/O. A change (a failover) calls for a new measurement."""
+
+    async def claim(
+        self,
+        name: str,
+        match: Mapping[str, Any],
+        judged_at: datetime,
+        horizon: float,
+        exclusion: Mapping[str, Any] | None,
+        update: Mapping[str, Any],
+        seen: Callable[[Document], None] | None = None,
+    ) -> Document | None:
+        """Atomically take the longest-free document of ``name`` that ``match`` selects,
+        whose lease is free at ``judged_at`` and that ``exclusion`` lets through, applying
+        ``update``; the document as claimed, or None when there is none. Of replicas
+        claiming at once exactly one gets each document. ``seen`` gets the document as it
+        was before the claim. A lost reply may leave a claim applied: that lease expires."""
+
+    async def has_claimable(
+        self,
+        name: str,
+        matches: Sequence[tuple[Mapping[str, Any], Mapping[str, Any] | None]],
+        now: datetime,
+        horizon: float,
+    ) -> bool:
+        """Whether any of these (match, exclusion) pairs would claim a document now; one
+        read, no write."""
+
+    async def write(self, name: str, query: Mapping[str, Any], update: Mapping[str, Any]) -> bool:
+        """A fenced update; False when ``query`` matched nothing (the lease is not the
+        writer's any more). A lost reply may leave it applied."""
+
+    async def delete(self, name: str, query: Mapping[str, Any]) -> bool:
+        """A fenced delete; False when ``query`` matched nothing."""
+
+    async def insert(self, name: str, doc: Document, unique: Sequence[str]) -> Document:
+        """Create ``doc`` unless one with the same ``unique`` keys exists; the document
+        stored. Concurrent calls with one key make one document."""
+
+    async def ensure_claim_index(self, name: str) -> str:
+        """The index serving the claim (an equivalent one under any name, or a new one);
+        its name."""
+
+    async def ensure_unique(self, name: str, keys: Sequence[str]) -> None:
+        """A unique index on ``keys`` (made once per store)."""
+
+    async def ensure_replica_index(self, name: str) -> str:
+        """The TTL index that deletes the records of replicas that died; its name."""
+
+    async def record_replica(self, record: ReplicaRecord, name: str) -> str | None:
+        """Write this replica's record whole; the ``instance`` of the record it replaced,
+        or None when there was none."""
+
+    async def remove_replica(self, replica_id: str, instance: str, name: str) -> bool:
+        """Delete this process's record of ``replica_id``; False if it was not there."""

@@ -1,0 +1,1 @@
+"""The engine as written: async. ``_sync`` holds its generated twin."""

@@ -1,0 +1,359 @@
+"""The engine: ``AsyncOrchestrator``, written once; ``Orchestrator`` is generated from it.
+
+``scripts/synchro.py`` turns this module into ``orchestrator/runners/_sync/engine.py``
+(``async``/``await`` removed, async names mapped to their sync twins), as PyMongo 4 makes
+its synchronous API. What differs between the two is in the hand-written pairs it uses
+(``workers.AsyncWorkers``/``Workers``: tasks or threads, events or conditions, the timer;
+``calls.AsyncHandlerCalls``/``HandlerCalls``: how a handler is called) and in the few
+places ``_IS_SYNC`` marks. A step's life is ``steps``'s, the replica's record
+``replica``'s, the state they change the ``Books``'.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, TypeVar
+
+from pymongo.asynchronous.database import AsyncDatabase
+
+from orchestrator.core import queries, replicas
+from orchestrator.core.clock import Clock, ServerClock, SystemClock
+from orchestrator.core.errors import ConfigError, OrchestratorError
+from orchestrator.core.events import Listener, Listeners
+from orchestrator.core.registry import Handler, Registry, Target
+from orchestrator.core.resource import Resource
+from orchestrator.core.settings import Settings
+from orchestrator.core.steps import StopReport, stop_summary
+from orchestrator.mongo import AsyncLease, AsyncStore
+from orchestrator.mongo._async.clock import measure
+from orchestrator.mongo._async.contract import AsyncLeaseStore
+from orchestrator.mongo.common import Document, database_kind
+from orchestrator.runners._async.replica import AsyncReplicaRecorder
+from orchestrator.runners._async.steps import AsyncSteps
+from orchestrator.runners.books import Books
+from orchestrator.runners.calls import AsyncHandlerCalls
+from orchestrator.runners.registration import Registration
+from orchestrator.runners.reporter import Reporter, logger
+from orchestrator.runners.step import IN_STEP
+from orchestrator.runners.workers import AsyncWorkers, WorkerEnd
+
+__all__ = ["AsyncOrchestrator"]
+
+_IS_SYNC = False
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class AsyncOrchestrator:
+    """Register handlers with ``phase``/``when``, then ``start()`` in every replica (on the
+    async engine, ``await start()``, e.g. in a FastAPI lifespan).
+
+    ``Orchestrator`` runs on a PyMongo ``Database`` (or ``orchestrator.testing``'s
+    ``memory_database()``) and calls plain functions on its worker threads;
+    ``AsyncOrchestrator`` runs on an ``AsyncDatabase`` (or ``async_memory_database()``),
+    awaits ``async def`` handlers and runs plain ``def`` ones (blocking SDKs) on threads
+    with a ``ThreadLease``. Settings come as keyword options (``lock_timeout=30,
+    tick=1.0, ...``) or as a built ``Settings``; ``clock`` is this replica's local clock
+    (tests pass a ``FakeClock``).
+
+    The async engine runs on one event loop at a time: the one its methods are awaited
+    on. A loop that ends cancels its workers, and a step cancelled so leaves the books
+    (counted ``interrupted``, its lease left to expire); the next call on another loop
+    then moves the replica there (a ``start()`` without ``stop()`` ended with its loop). A
+    call from another loop raises ``OrchestratorError`` while the first still runs, while
+    it is stopped but open with this replica's work on it (it may run again), or when it
+    was closed without cancelling that work (``loop.close()``, unlike ``asyncio.run``).
+    PyMongo's ``AsyncMongoClient`` binds to its first loop for good: on a server, make the
+    client and the orchestrator per loop.
+    """
+
+    def __init__(
+        self,
+        db: AsyncDatabase[Document],
+        settings: Settings | None = None,
+        *,
+        clock: Clock | None = None,
+        listeners: Iterable[Listener] = (),
+        **given: Any,
+    ) -> None:
+        if settings is not None and given:
+            raise ConfigError("pass either a Settings object or keyword settings, not both")
+        _check_database(db, type(self).__name__)
+        self.settings = settings if settings is not None else Settings.build(**given)
+        self.db = db
+        """The database this replica works on (``orchestrator run`` checks it is reachable)."""
+        name = self.settings.replica_id
+        self._store: AsyncLeaseStore = AsyncStore(
+            db, self.settings.write_concern, self.settings.write_timeout
+        )
+        local = clock if clock is not None else SystemClock()
+        self.clock = ServerClock(
+            local,
+            self.settings.clock_refresh,
+            self.settings.skew_tolerance,
+            on_fallback=self._clock_fallback,
+            on_measured=self._clock_measured,
+        )
+        self._report = Reporter(name, Listeners(name, listeners), local, self.clock)
+        self._books: Books[AsyncLease[Any]] = Books(
+            self.settings.max_concurrency, self.settings.max_unlocks_per_tick
+        )
+        self._crew = AsyncWorkers(self._books, self._work, name)
+        self._books.hire(self._crew)
+        self._calls = AsyncHandlerCalls(name, self.settings.max_concurrency)
+        self._registration = Registration(
+            Registry(self.settings), self._calls.check, self._books.register
+        )
+        self._steps = AsyncSteps(
+            engine=self,
+            store=self._store,
+            clock=self.clock,
+            local=local,
+            settings=self.settings,
+            books=self._books,
+            report=self._report,
+            crew=self._crew,
+            calls=self._calls,
+        )
+        self._record = AsyncReplicaRecorder(
+            store=self._store,
+            clock=self.clock,
+            settings=self.settings,
+            books=self._books,
+            report=self._report,
+            engine="threaded" if _IS_SYNC else "async",
+        )
+
+    @property
+    def replica_id(self) -> str:
+        return self.settings.replica_id
+
+    @property
+    def handlers(self) -> list[Handler]:
+        return list(self._registration.registry.handlers)
+
+    def add_listener(self, listener: Listener) -> None:
+        """Receive this replica's events from now on (``orchestrator.Listener``)."""
+        self._report.events.add(listener)
+
+    # -- registration -------------------------------------------------------------------
+
+    def phase(self, target: Target, phase: str, **opts: Any) -> Callable[[F], F]:
+        """Register the decorated function for documents of ``target`` in ``phase``.
+
+        Options: ``max_attempts``, ``failed_phase``, ``relock_policy``, ``retry_policy``,
+        ``to`` (the phases it may advance to; any other advance is refused).
+        """
+        return self._registration.phase(target, phase, **opts)
+
+    def when(self, target: Target, match: Mapping[str, Any], **opts: Any) -> Callable[[F], F]:
+        """Register the decorated function for documents of ``target`` matching a filter,
+        e.g. a desired ``state`` that differs from the observed ``phase``."""
+        return self._registration.when(target, match, **opts)
+
+    # -- documents ----------------------------------------------------------------------
+
+    async def submit(
+        self,
+        target: Target,
+        doc: Mapping[str, Any] | Resource,
+        *,
+        unique: str | Iterable[str] | None = None,
+    ) -> Document:
+        """Create a document in its first phase, unlocked; with ``unique`` keys, idempotent:
+        concurrent submits of one key create one document and all return it.
+
+        ``unique`` defaults to the keys the model declares (``Resource.unique``; for a
+        collection name, those of the model registered on it), else to ``_id`` when the
+        document has one.
+        """
+        self._crew.enter()
+        new = self._registration.submission(target, doc, unique)
+        await self._steps.measure_if_due()
+        stored = await self._store.insert(
+            new.collection, queries.new_document(new.fields, self.clock.now()), new.keys
+        )
+        self._books.submitted()
+        return stored
+
+    async def ensure_indexes(self) -> None:
+        """The claim index on every registered collection, and the unique keys of submit."""
+        self._crew.enter()
+        collections, unique = self._registration.indexes()
+        for collection in collections:
+            await self._store.ensure_claim_index(collection)
+        for collection, keys in unique:
+            await self._store.ensure_unique(collection, keys)
+
+    async def measure_clock(self) -> None:
+        """Measure the server's clock if a measurement is due (workers do before each
+        action, and the heartbeat); with no estimate yet a failure raises ``StoreError``."""
+        self._crew.enter()
+        await self._steps.measure_if_due()
+
+    def _clock_measured(self, clock: ServerClock, round_trip: float) -> None:
+        self._report.clock_measured(clock, round_trip)
+
+    def _clock_fallback(self) -> None:
+        self._books.count("clock_fallback")
+        self._report.line(
+            logging.WARNING,
+            "the server reports no time (hello without localTime): leases are judged by this "
+            f"machine's clock, {self.settings.skew_tolerance:g}s late (skew_tolerance); keep "
+            "the replicas' clocks synchronised within it",
+            "clock-fallback",
+        )
+
+    # -- the workers --------------------------------------------------------------------
+
+    async def run_once(self) -> dict[str, int]:
+        """One tick: claim and run steps until no handler finds work and every step started
+        has finished. Returns the outcome counts of this tick."""
+        self._crew.enter()
+        if IN_STEP.get() is self:
+            raise OrchestratorError(
+                "run_once() called from inside a step: it would wait for that step to end"
+            )
+        before = self.stats()
+        self._tick_clock()
+        self._books.begin_once()
+        # Long steps' leases are kept alive meanwhile: a heartbeat every interval, not at
+        # every wake-up (a test's own heartbeat calls stay its own).
+        interval = min(self.settings.tick, self.settings.lock_timeout / 6)
+        beat = time.monotonic() + interval
+        while not await self._crew.settled(
+            self._books.once_over, max(beat - time.monotonic(), 0.0)
+        ):
+            if time.monotonic() >= beat:
+                await self._safe_heartbeat()
+                beat = time.monotonic() + interval
+        errors = self._books.end_once()
+        if errors:
+            raise errors[0]
+        after = self.stats()
+        return {k: after[k] - before.get(k, 0) for k in after if after[k] != before.get(k, 0)}
+
+    async def _work(self) -> None:
+        """A worker: take actions until there are none and the replica is not serving, or
+        until step_timeout takes its step back (a fresh worker has its place then)."""
+        try:
+            while True:
+                action = await self._crew.next_action()
+                if action is None or not await self._steps.act(action):
+                    return
+        except BaseException as exc:
+            end = self._crew.worker_end(exc)
+            if end is WorkerEnd.RAISE:
+                raise
+            if end is WorkerEnd.FAILED:  # not a StoreError: a bug, or the process dying
+                self._books.worker_failed(exc)
+                logger.error(
+                    "a worker failed; the next tick replaces it",
+                    exc_info=exc,
+                    extra={**self._report.base, "outcome": "tick-failed"},
+                )
+                return
+            self._books.worker_cancelled(counted=end is WorkerEnd.CANCELLED)
+            raise
+
+    def _tick_clock(self) -> None:
+        """A new tick's look at the server: a failover calls for a new measurement."""
+        self.clock.watch(self._store.primary())
+
+    # -- long steps ---------------------------------------------------------------------
+
+    async def heartbeat(self) -> int:
+        """Extend the leases of steps running past half the lock timeout, take back those
+        past ``step_timeout``, and refresh this replica's record while it is started. The
+        loop calls this on its own; returns leases extended."""
+        self._crew.enter()
+        extended = await self._steps.heartbeat()
+        await self._record.refresh()
+        return extended
+
+    async def _safe_heartbeat(self) -> None:
+        try:
+            await self.heartbeat()
+        except Exception:
+            logger.exception("heartbeat failed", extra={**self._report.base, "outcome": "error"})
+
+    # -- running in the background ------------------------------------------------------
+
+    async def start(self) -> None:
+        """Create indexes, then keep claiming in the background: at once whenever a worker
+        is free and work is due, and every ``tick`` seconds for due relocks and expired
+        leases. Ticks and heartbeats come from APScheduler, coalesced, one at a time."""
+        self._crew.enter()
+        if self._books.timer is not None:
+            raise OrchestratorError("this orchestrator is already started")
+        await self.ensure_indexes()
+        await measure(self.clock, self._store)  # raises if the server's clock cannot be read
+        await self._record.begin()
+        timer = self._crew.timer()
+        timer.add_job(self._background_tick, "interval", seconds=self.settings.tick, id="tick")
+        timer.add_job(
+            self._safe_heartbeat,
+            "interval",
+            seconds=replicas.refresh_interval(self.settings.lock_timeout),
+            id="heartbeat",
+        )
+        self._tick_clock()
+        if not self._books.serve(timer):
+            raise OrchestratorError("this orchestrator is already started")
+        timer.start()
+        self._report.line(logging.INFO, "orchestrator started", "started")
+
+    async def _background_tick(self) -> None:
+        self._tick_clock()
+        self._books.tick()
+
+    def request_stop(self) -> None:
+        """Stop claiming now, without waiting (safe from a signal handler; in the async
+        engine, call it on the event loop's thread)."""
+        self._books.request_stop()
+
+    async def stop(self, timeout: float = 10.0) -> StopReport:
+        """Stop claiming, wait up to ``timeout`` seconds for running steps, hand back leases
+        claimed but not started, and report what was still running (left to expire)."""
+        self._crew.enter()
+        self.request_stop()
+        timer = self._books.take_timer()
+        if timer is not None:
+            timer.shutdown(wait=False)
+        deadline = time.monotonic() + timeout
+        while self._books.busy and time.monotonic() < deadline:
+            await self._crew.settled(self._books.idle, deadline - time.monotonic())
+        self._calls.close()
+        await self._record.forget()
+        report = self._books.stop_report()
+        level, message = stop_summary(report.released, report.still_running)
+        self._report.line(level, message, "stopped")
+        return report
+
+    def stats(self) -> dict[str, int]:
+        """Counts since construction: claimed, unlocked, relocked, advanced, retrying,
+        failed, lost, released, extended, timed_out, ticks, tick_failures, listener_errors
+        (calls of a listener that raised), ..."""
+        counts = self._books.stats()
+        if self._report.events.errors:
+            counts["listener_errors"] = self._report.events.errors
+        return counts
+
+
+def _check_database(db: object, owner: str) -> None:
+    """Refuse at construction a database of the other driver, or none at all: it would
+    fail only later, at the first claim, with a TypeError."""
+    kind = database_kind(db)
+    if kind is (not _IS_SYNC):
+        return
+    what = {True: "an AsyncDatabase", False: "a sync Database", None: type(db).__name__}
+    other = {True: ": use AsyncOrchestrator", False: ": use Orchestrator", None: ""}
+    needs = (
+        "a sync Database (pymongo's MongoClient, or orchestrator.testing.memory_database())"
+        if _IS_SYNC
+        else "an AsyncDatabase (pymongo's AsyncMongoClient, or orchestrator.testing's"
+        " async_memory_database() or async_view(db))"
+    )
+    raise ConfigError(f"{owner} runs on {needs}, not {what[kind]}{other[kind]}")

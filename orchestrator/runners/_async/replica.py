@@ -1,0 +1,152 @@
+"""This replica's record in the replicas collection, for operators: who runs, since when,
+with which settings and which steps. Written at ``start()``, at every heartbeat while
+started, and removed at ``stop()``; the sync twin is generated (``scripts/synchro.py``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import socket
+import threading
+from datetime import datetime
+from typing import Any
+
+from orchestrator.core import replicas
+from orchestrator.core.clock import ServerClock
+from orchestrator.core.errors import OrchestratorError
+from orchestrator.core.extras import library_version
+from orchestrator.core.settings import Settings
+from orchestrator.mongo._async.contract import AsyncLeaseStore
+from orchestrator.mongo._async.lease import AsyncLease
+from orchestrator.runners.books import Books
+from orchestrator.runners.reporter import Reporter
+
+__all__ = ["AsyncReplicaRecorder"]
+
+
+class AsyncReplicaRecorder:
+    """Keeps this process's record of ``settings.replica_id``. Never raises: the record is
+    for operators, and a replica that cannot write it still runs its steps. A failure is
+    logged and counted (``replica_errors``), and the next heartbeat writes again."""
+
+    def __init__(
+        self,
+        *,
+        store: AsyncLeaseStore,
+        clock: ServerClock,
+        settings: Settings,
+        books: Books[AsyncLease[Any]],
+        report: Reporter,
+        engine: str,
+    ) -> None:
+        self._store = store
+        self._clock = clock
+        self._settings = settings
+        self._books = books
+        self._report = report
+        self._engine = engine
+        self._lock = threading.Lock()  # the flags below, read and set from any worker
+        self.instance = secrets.token_hex(8)
+        """This process's record, not a namesake's."""
+        self._recording = False  # the record is kept (start() until stop())
+        self._recorded = False  # the record was written since start()
+        self._started_at: datetime | None = None
+        self._indexed = False  # the records' TTL index was made
+
+    def record(self, now: datetime) -> replicas.ReplicaRecord:
+        """This replica as it records itself at ``now``, with the steps it runs."""
+        steps = [
+            replicas.RunningStep(
+                collection=step.lease.collection,
+                id=str(step.lease.id),
+                phase=step.lease.phase,
+                since=step.lease.claimed_at,
+            )
+            for step in self._books.running()
+        ]
+        settings = self._settings
+        with self._lock:
+            started = self._started_at or now
+        return replicas.new_record(
+            replica_id=settings.replica_id,
+            instance=self.instance,
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            version=library_version(),
+            engine=self._engine,
+            started=started,
+            now=now,
+            lock_timeout=settings.lock_timeout,
+            tick=settings.tick,
+            max_concurrency=settings.max_concurrency,
+            steps=steps,
+        )
+
+    async def begin(self) -> None:
+        """``start()``'s first record, written before the first tick: a started replica is
+        listed before it runs any step."""
+        with self._lock:
+            self._recording = True
+            self._recorded = False
+            self._started_at = self._clock.now()
+        await self.refresh()
+
+    async def refresh(self) -> None:
+        """Write the record (while started)."""
+        with self._lock:
+            recording = self._recording
+        if not recording or not self._clock.measured:
+            return
+        name = self._settings.replicas_collection
+        try:
+            if not self._indexed:
+                await self._store.ensure_replica_index(name)
+                self._indexed = True
+            previous = await self._store.record_replica(self.record(self._clock.now()), name)
+        except OrchestratorError as exc:
+            self._books.count("replica_errors")
+            self._report.line(
+                logging.WARNING,
+                f"could not record this replica in {name} (the next heartbeat tries again): {exc}",
+                "replica-unrecorded",
+            )
+            return
+        self._books.count("replica_records")
+        with self._lock:
+            stopped = not self._recording
+            # Another process wrote under this replica id since this one's last record
+            # (a dead namesake cannot: its record is only there before the first write).
+            namesake = self._recorded and previous not in (None, self.instance)
+            self._recorded = True
+        if namesake:
+            self._books.count("replica_namesakes")
+            self._report.line(
+                logging.WARNING,
+                f"another live process records itself as replica {self._settings.replica_id!r}:"
+                " give each replica its own replica_id (leases name their holder by it)",
+                "replica-namesake",
+            )
+        if stopped:  # stop() removed the record while this write was on its way
+            await self._remove()
+
+    async def forget(self) -> None:
+        """Stop keeping the record, and delete it: a stopped replica is not listed."""
+        with self._lock:
+            if not self._recording:
+                return
+            self._recording = False
+        await self._remove()
+
+    async def _remove(self) -> None:
+        name, replica_id = self._settings.replicas_collection, self._settings.replica_id
+        try:
+            await self._store.remove_replica(replica_id, self.instance, name)
+        except OrchestratorError as exc:
+            self._books.count("replica_errors")
+            self._report.line(
+                logging.WARNING,
+                f"could not remove this replica's record from {name}; it expires on its own: {exc}",
+                "replica-unrecorded",
+            )

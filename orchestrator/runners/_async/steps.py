@@ -1,0 +1,443 @@
+"""The life of a step: probe, claim, run or hand back, judge the result by the step's own
+lease, settle errors, extend long steps' leases and take back those past step_timeout.
+
+Written once, as async code; the sync engine's ``Steps`` is generated from it
+(``scripts/synchro.py``). What is decided on the way is ``orchestrator.core.steps``'s
+and ``orchestrator.core.scheduler``'s; the state it changes is the books'.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+from datetime import datetime, timedelta
+from typing import Any
+
+from pydantic import ValidationError
+
+from orchestrator.core import queries, scheduler, steps
+from orchestrator.core.clock import Clock, ServerClock
+from orchestrator.core.errors import LeaseLost, StoreError
+from orchestrator.core.lease import Outcome
+from orchestrator.core.outcomes import StepOutcome
+from orchestrator.core.registry import Handler
+from orchestrator.core.scheduler import Action, Claim, Probe
+from orchestrator.core.settings import Settings
+from orchestrator.core.steps import StepTimeout, describe
+from orchestrator.core.validation import explain
+from orchestrator.mongo._async.clock import measure
+from orchestrator.mongo._async.contract import AsyncLeaseStore
+from orchestrator.mongo._async.lease import AsyncLease
+from orchestrator.runners.books import Books
+from orchestrator.runners.calls import AsyncHandlerCalls
+from orchestrator.runners.reporter import Reporter
+from orchestrator.runners.step import IN_STEP, Step
+from orchestrator.runners.workers import AsyncWorkers, StepEnd
+
+__all__ = ["AsyncSteps"]
+
+Held = AsyncLease[Any]
+"""A step's lease (its resource type is the handler's business)."""
+
+
+class AsyncSteps:
+    """One replica's steps, carried out on its ``store`` under its ``books``."""
+
+    def __init__(
+        self,
+        *,
+        engine: object,
+        store: AsyncLeaseStore,
+        clock: ServerClock,
+        local: Clock,
+        settings: Settings,
+        books: Books[Held],
+        report: Reporter,
+        crew: AsyncWorkers,
+        calls: AsyncHandlerCalls,
+    ) -> None:
+        self._engine = engine  # what a step's context names (``IN_STEP``)
+        self._store = store
+        self._clock = clock
+        self._local = local
+        self._settings = settings
+        self._books = books
+        self._report = report
+        self._crew = crew
+        self._calls = calls
+
+    # -- the server's clock -------------------------------------------------------------
+
+    async def measure_if_due(self) -> None:
+        """Measure the server's clock when a measurement is due (``ServerClock`` does no
+        I/O itself); with no estimate yet a failure raises."""
+        if self._clock.due:
+            await measure(self._clock, self._store)
+
+    def _judgement_time(self) -> datetime:
+        """When leases are judged: the server's time, less what this estimate may be off by
+        (nothing while the server reports its time), so no skew steals a live lease."""
+        return self._clock.now() - timedelta(seconds=self._clock.uncertainty)
+
+    # -- one worker action --------------------------------------------------------------
+
+    async def act(self, action: Action) -> bool:
+        """Carry out one action of the scheduler's; False when the worker's step was taken
+        back by step_timeout (its worker is replaced)."""
+        try:
+            await self.measure_if_due()
+        except Exception as exc:
+            # No estimate yet and the server unreachable (or answering nonsense: whatever
+            # the store raises ends this action, never the worker, whose action would
+            # stay in flight and wedge the tick): nothing is claimed by a clock that was
+            # never measured; the next action tries again.
+            what = str(exc) if isinstance(exc, StoreError) else f"{type(exc).__name__}: {exc}"
+            self._report.line(
+                logging.WARNING,
+                f"cannot measure the server's clock; nothing is claimed until it can: {what}",
+                "error",
+            )
+            self._books.action_failed(action)
+            return True
+        if isinstance(action, Probe):
+            await self._probe(action)
+            return True
+        return await self._claim_and_run(action)
+
+    async def _probe(self, probe: Probe) -> None:
+        found: bool | None = None  # on a StoreError the claims meet it too and report it
+        started = self._local.monotonic()
+        try:
+            found = await self._store.has_claimable(
+                probe.collection,
+                [(h.match, h.exclusion) for h in probe.handlers],
+                self._judgement_time(),
+                self._settings.horizon,
+            )
+        except StoreError:
+            pass
+        finally:
+            self._books.probed(probe, found)
+        took = self._local.monotonic() - started
+        self._report.probed(probe.collection, probe.handlers, found, took)
+
+    async def _claim_and_run(self, claim: Claim) -> bool:
+        try:
+            step = await self._claim(claim.handler)
+        except BaseException:
+            self._books.claim_broke(claim)
+            raise
+        stopping = self._books.claimed(claim, step)
+        if step is None:
+            return True
+        self._report.claimed(step)
+        outcome = await self._run(step, stopping)
+        if outcome is None or not self._books.finished(step, outcome):
+            return False  # step_timeout counted it and freed its slot: not counted again
+        self._report.finished(step, outcome)
+        return True
+
+    async def _claim(self, handler: Handler) -> Step[Held] | None:
+        """Claim a document for ``handler``: its step, not started, or None."""
+        token = secrets.token_hex(8)
+        now = self._clock.now()
+        until = now + timedelta(seconds=self._settings.lock_timeout)
+        due: list[datetime | None] = []
+        try:
+            doc = await self._store.claim(
+                handler.collection,
+                handler.match,
+                now - timedelta(seconds=self._clock.uncertainty),
+                self._settings.horizon,
+                handler.exclusion,
+                queries.claim_update(now, until, token, self._settings.replica_id),
+                # How long it was due is read from its fields before the claim, if listened to.
+                (lambda before: due.append(queries.due_since(before)))
+                if self._report.events.active
+                else None,
+            )
+        except StoreError as exc:
+            # The database is unreachable (or the reply was lost after the claim applied:
+            # that lease then expires unused). This handler sits the tick out; the others,
+            # and the next tick, go on.
+            self._books.count("claim_errors")
+            self._report.line(
+                logging.WARNING,
+                f"claim failed; {handler.name} skips this tick: {exc}",
+                "error",
+                collection=handler.collection,
+            )
+            return None
+        if doc is None:
+            return None
+        lease: Held = AsyncLease(
+            store=self._store,
+            clock=self._clock,
+            settings=self._settings,
+            handler=handler,
+            doc=doc,
+            token=token,
+            claimed_at=now,
+            expires_at=until,
+        )
+        latency = steps.claim_latency(now, due[0] if due else None)
+        return Step(lease, self._books.next_number(), self._local.monotonic(), latency)
+
+    # -- a step -------------------------------------------------------------------------
+
+    async def _run(self, step: Step[Held], stopping: bool) -> StepOutcome | None:
+        """The step, in its worker; None when step_timeout took it back and counted it.
+        A step torn down under it (SystemExit, a cancellation nobody asked for) is
+        ``interrupted``; its worker's own cancellation takes it off the books."""
+        self._crew.begin_step(step)
+        try:
+            outcome = await self._step(step, stopping)
+        except BaseException as exc:
+            end = self._crew.step_end(exc, step)
+            if end is StepEnd.RAISE:
+                raise
+            if end is StepEnd.TIMED_OUT:
+                return None
+            if end is StepEnd.CANCELLED:
+                self._cancelled(step)
+                raise
+            outcome = self._interrupted(step)
+        if step.abandoned:
+            self._report.log(
+                logging.WARNING,
+                f"step returned ({outcome}) after step_timeout had taken its lease and slot "
+                "back; nothing more is counted",
+                step.lease,
+                "abandoned",
+            )
+        return outcome
+
+    async def _step(self, step: Step[Held], stopping: bool) -> StepOutcome:
+        """A claimed lease's step: run it, or hand the lease back unstarted."""
+        lease = step.lease
+        why = steps.hand_back_reason(stopping=stopping, expired=lease.expired(self._clock.now()))
+        if why is not None:
+            outcome = await self._hand_back(lease, why)
+            if stopping and outcome is StepOutcome.RELEASED:
+                self._books.released_on_stop(f"{lease.collection}/{lease.id}")
+            return outcome
+        inside = IN_STEP.set(self._engine)
+        try:
+            return await self._execute(step)
+        finally:
+            IN_STEP.reset(inside)
+
+    async def _execute(self, step: Step[Held]) -> StepOutcome:
+        lease = step.lease
+        handler = lease.handler
+        if handler.model is not None:
+            try:
+                lease.resource = handler.model.model_validate(lease.doc)
+            except ValidationError as exc:
+                why = explain(exc, handler.model.__name__, handler.model)
+                return await self._settle(step, "ValidationError", why, True)
+        try:
+            result = await self._calls.call(handler.func, lease)
+        except (Exception, asyncio.CancelledError) as exc:  # a cancellation the handler raised
+            if self._crew.cancelling(exc):
+                raise
+            # Judged by the step's own lease, not by the exception: a LeaseLost raised by
+            # another lease object, or by a second outcome, is the handler's error. A step
+            # step_timeout took back has had its attempt recorded: nothing is written over it.
+            if lease.lost or step.abandoned:
+                self._report.lost(f"lease lost: {describe(exc)}", lease)
+                return StepOutcome.LOST
+            return await self._settle(step, type(exc).__name__, describe(exc), exc=exc)
+        wrong = steps.wrong_result(result, lease.token, handler.name)
+        if wrong is not None:
+            return await self._settle(step, "TypeError", wrong)
+        outcome = result if isinstance(result, Outcome) else None
+        if lease.held:
+            try:
+                outcome = await lease.unlock()
+            except LeaseLost as exc:
+                self._report.lost(f"lease lost: {exc}", lease)
+                return StepOutcome.LOST
+            except StoreError as exc:
+                self._report.log(
+                    logging.ERROR,
+                    f"unlock failed, lease left to expire: {exc}",
+                    lease,
+                    StepOutcome.UNRECORDED,
+                )
+                return StepOutcome.UNRECORDED
+        if outcome is None:
+            # The handler wrote its outcome without returning it, or it returned after
+            # step_timeout took the lease back: nothing is left to write.
+            self._report.log(
+                logging.DEBUG, "step done; its lease was already released", lease, "done"
+            )
+            return StepOutcome.DONE
+        self._report.log(logging.DEBUG, "step done", lease, outcome.action, wait=outcome.wait)
+        step.wait = outcome.wait
+        return StepOutcome(outcome.action)
+
+    async def _settle(
+        self,
+        step: Step[Held],
+        kind: str,
+        message: str,
+        permanent: bool = False,
+        *,
+        exc: BaseException | None = None,
+        after: bool = True,
+    ) -> StepOutcome:
+        """Record a failed step on its document; never raises. ``after``: the handler's
+        own error, which after the step's own outcome is only noted (that outcome stands
+        and is returned); a time-out records only on a lease still held."""
+        lease = step.lease
+        try:
+            recorded = await lease.record_error(kind, message, permanent=permanent, after=after)
+        except LeaseLost as lost:
+            if not lease.lost:
+                # The step's own outcome, or its attempt's record, landed first: it stands.
+                first = lease.outcome
+                self._report.log(
+                    logging.INFO, f"{kind} in step not recorded: {lost}", lease, "superseded"
+                )
+                return StepOutcome(first.action) if first is not None else StepOutcome.LOST
+            self._report.lost(f"{kind} in step, and the lease was lost: {lost}", lease)
+            outcome = StepOutcome.LOST
+        except Exception as inner:
+            self._report.log(
+                logging.ERROR,
+                f"{kind} in step; recording it failed too ({inner!r}): "
+                "the lease will expire and the step run again",
+                lease,
+                StepOutcome.UNRECORDED,
+            )
+            outcome = StepOutcome.UNRECORDED
+        else:
+            outcome = StepOutcome(recorded.action)
+            step.wait = recorded.wait
+            message = steps.noted_message(message, outcome)
+            self._report.log(
+                steps.settled_level(outcome),
+                f"step raised {kind}: {message}",
+                lease,
+                outcome,
+                wait=recorded.wait,
+                exc_info=exc,
+            )
+        self._report.attempt_failed(step, kind, message, outcome)
+        return outcome
+
+    async def _hand_back(self, lease: Held, why: str) -> StepOutcome:
+        """Release a lease whose step will not run; counters untouched."""
+        try:
+            await lease.release()
+        except LeaseLost as exc:
+            self._report.lost(f"could not hand back an unstarted lease: {exc}", lease)
+            return StepOutcome.LOST
+        except StoreError as exc:
+            self._report.log(
+                logging.WARNING,
+                f"could not hand back an unstarted lease: {exc}",
+                lease,
+                StepOutcome.LOST,
+            )
+            return StepOutcome.LOST
+        self._report.log(logging.INFO, f"handed back unstarted lease: {why}", lease, "released")
+        return StepOutcome.RELEASED
+
+    def _interrupted(self, step: Step[Held]) -> StepOutcome:
+        """SystemExit and the like from a handler: the lease is left to expire, so another
+        replica takes the step over; the worker carries on."""
+        self._report.log(
+            logging.CRITICAL,
+            "step interrupted; lease left to expire",
+            step.lease,
+            StepOutcome.INTERRUPTED,
+            exc_info=True,
+        )
+        return StepOutcome.INTERRUPTED
+
+    def _cancelled(self, step: Step[Held]) -> None:
+        """The step's worker was cancelled, not by step_timeout: the loop is ending (or the
+        application cancelled it). The step leaves the books at once (its slot is free,
+        the heartbeat no longer extends its lease), and its lease is left to expire rather
+        than handed back: the step stopped part-way (a ``def`` step's thread may even run
+        on), so no other replica may start it before its lease runs out; and a write now
+        would hold up the loop's end, which may never run it."""
+        if not self._books.cancelled(step):
+            return
+        self._report.log(
+            logging.WARNING,
+            "step cancelled with its worker (the event loop is ending?); lease left to expire",
+            step.lease,
+            StepOutcome.INTERRUPTED,
+        )
+        self._report.finished(step, StepOutcome.INTERRUPTED)
+
+    # -- long steps ---------------------------------------------------------------------
+
+    async def heartbeat(self) -> int:
+        """Extend the leases of steps running past half the lock timeout and take back
+        those past ``step_timeout``; the leases extended."""
+        await self.measure_if_due()
+        running = self._books.running()
+        if not self._clock.measured:
+            return 0
+        now = self._clock.now()
+        due: list[Held] = []
+        late: list[Step[Held]] = []
+        for step in running:
+            lease = step.lease
+            # A step whose lease is gone (released early, or lost) is never extended, but
+            # it still times out: a handler that hangs after unlock() must free its slot.
+            decision = scheduler.heartbeat(
+                now,
+                claimed_at=lease.claimed_at,
+                locked_at=lease.locked_at,
+                lock_timeout=self._settings.lock_timeout,
+                step_timeout=self._settings.step_timeout,
+                extend=self._settings.heartbeat and lease.held,
+            )
+            if decision == "time_out":
+                late.append(step)
+            elif decision == "extend":
+                due.append(lease)
+        # Every extension is sent at once, before any time-out's record: one slow write
+        # must not hold the others back until their leases expire.
+        results = await self._crew.all_at_once([lease.extend for lease in due]) if due else []
+        extended = 0
+        for lease, result in zip(due, results, strict=True):
+            if isinstance(result, LeaseLost):
+                self._report.lost(f"heartbeat failed: {result}", lease)
+            elif isinstance(result, StoreError):
+                self._report.log(
+                    logging.WARNING, f"heartbeat failed: {result}", lease, StepOutcome.LOST
+                )
+            elif isinstance(result, BaseException):
+                raise result
+            else:
+                extended += 1
+                self._report.extended(lease)
+        for step in late:
+            await self._time_out(step)
+        if extended:
+            self._books.count("extended", extended)
+        return extended
+
+    async def _time_out(self, step: Step[Held]) -> None:
+        """A step that never returns must not hold its document forever: count the attempt,
+        release the lease (its late writes will then raise LeaseLost) and free its slot.
+        A lease the step no longer holds is not written: only the slot is freed."""
+        message = f"step ran longer than step_timeout ({self._settings.step_timeout:g}s)"
+        if step.lease.held:
+            await self._settle(step, StepTimeout.__name__, message, after=False)
+        else:
+            self._report.log(
+                logging.WARNING,
+                f"{message}, its lease already gone",
+                step.lease,
+                StepOutcome.TIMED_OUT,
+            )
+        if self._books.timed_out(step, self._crew.let_go):
+            self._report.finished(step, StepOutcome.TIMED_OUT)

@@ -1,0 +1,1 @@
+"""The sync engine, generated from ``_async`` by ``scripts/synchro.py``."""

@@ -1,0 +1,328 @@
+"""A replica's books: everything about its work that changes, changed in one place.
+
+The scheduler, the steps running, the workers counted, the counters, the timer, whether it
+serves: each change is a method here, made under the one lock, with the wake-up it calls
+for (``Crew.wake``). The engines read and write their state only through these methods,
+so a change of state is never spread over a step's code (h11's ``_state.py`` rule).
+Engine-neutral: the async engine and its generated sync twin share it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections import Counter
+from collections.abc import Callable
+from enum import Enum
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
+
+from apscheduler.schedulers.base import BaseScheduler
+
+from orchestrator.core.lease import LeaseCore
+from orchestrator.core.outcomes import StepOutcome
+from orchestrator.core.scheduler import Action, Claim, Probe, Scheduler
+from orchestrator.core.steps import StopReport
+from orchestrator.runners.step import Step
+
+if TYPE_CHECKING:
+    from orchestrator.core.registry import Handler
+
+__all__ = ["LEAVE", "Books", "Crew", "Leave"]
+
+L = TypeVar("L", bound=LeaseCore[Any])
+
+
+class Leave(Enum):
+    """A worker's answer from the books: nothing to do, and it is not needed any more."""
+
+    LEAVE = "leave"
+
+
+LEAVE = Leave.LEAVE
+
+
+class Crew(Protocol):
+    """What the books ask of an engine's workers (``orchestrator.runners.workers``)."""
+
+    def wake(self, *, more_work: bool, settling: bool) -> None:
+        """Wake one idle worker (``more_work``), or every waiter (``settling``)."""
+
+    def spawn(self) -> None:
+        """Start one more worker."""
+
+
+class Books(Generic[L]):
+    """The state of one replica's work, guarded by ``lock`` (which the crew's waits use)."""
+
+    def __init__(self, max_concurrency: int, budget: int) -> None:
+        self.lock = threading.RLock()
+        self._max = max_concurrency
+        self._sched = Scheduler([], max_concurrency=max_concurrency, budget=budget)
+        self._crew: Crew | None = None
+        self._running: dict[str, Step[L]] = {}
+        self._workers = 0  # workers that will take another action
+        self._serving = False  # workers stay for the next tick (start() until stop())
+        self._stats: Counter[str] = Counter()
+        self._released_on_stop: list[str] = []
+        self._errors: list[BaseException] = []  # what workers met during run_once
+        self._timer: BaseScheduler | None = None  # ticks and heartbeats, while started
+        self._numbers = itertools.count(1)
+        self._has_handlers = False
+
+    def hire(self, crew: Crew) -> None:
+        """The workers these books wake and spawn (set once, by the engine)."""
+        self._crew = crew
+
+    @property
+    def crew(self) -> Crew:
+        if self._crew is None:
+            raise RuntimeError("the books have no crew yet")
+        return self._crew
+
+    # -- what is read -------------------------------------------------------------------
+
+    @property
+    def stopping(self) -> bool:
+        return self._sched.stopping
+
+    @property
+    def busy(self) -> bool:
+        """Slots in use: claims in flight or steps running."""
+        with self.lock:
+            return bool(self._sched.busy)
+
+    @property
+    def serving(self) -> bool:
+        return self._serving
+
+    @property
+    def timer(self) -> BaseScheduler | None:
+        return self._timer
+
+    @property
+    def workers(self) -> int:
+        return self._workers
+
+    def has_work(self) -> bool:
+        """Steps running or slots in use (the async engine will not leave a loop then)."""
+        with self.lock:
+            return bool(self._running) or bool(self._sched.busy)
+
+    def running(self) -> list[Step[L]]:
+        with self.lock:
+            return list(self._running.values())
+
+    def next_number(self) -> int:
+        return next(self._numbers)
+
+    def stats(self) -> dict[str, int]:
+        with self.lock:
+            return dict(self._stats)
+
+    def once_over(self) -> bool:
+        """The tick is over, or every worker failed (their errors are raised by run_once)."""
+        return self._sched.quiet or not self._workers
+
+    def idle(self) -> bool:
+        """No slot in use: what ``stop`` waits for."""
+        return not self._sched.busy
+
+    # -- registration and counters ----------------------------------------------------
+
+    def register(self, handlers: list[Handler]) -> None:
+        with self.lock:
+            self._sched.register(handlers)
+            self._has_handlers = bool(handlers)
+
+    def count(self, name: str, by: int = 1) -> None:
+        with self.lock:
+            self._stats[name] += by
+
+    def submitted(self) -> None:
+        """A document was created: idle workers look again at once, not at the next tick."""
+        with self.lock:
+            self._sched.wake()
+            self._notify(more_work=True, everyone=True)
+
+    # -- workers ------------------------------------------------------------------------
+
+    def next_action(self) -> Action | Leave | None:
+        """A free worker's next action, ``LEAVE`` when it is not needed any more (the
+        replica does not serve and the tick is over), or None: wait for news. The caller
+        holds the lock (the crew's wait)."""
+        action = self._sched.next()
+        if action is not None:
+            return action
+        if self._serving or not self._sched.quiet:
+            return None
+        self._workers -= 1
+        self._notify(more_work=False)
+        return LEAVE
+
+    def tick(self) -> None:
+        """A new tick: fresh budgets, and workers to use them."""
+        with self.lock:
+            self._stats["ticks"] += 1
+            self._sched.tick()
+            self._top_up()
+
+    def _top_up(self) -> None:
+        missing = self._max - self._workers
+        for _ in range(missing if self._has_handlers and not self._sched.stopping else 0):
+            self._workers += 1
+            self.crew.spawn()
+        self._notify(more_work=True, everyone=True)  # a new tick: every idle worker may have work
+
+    def worker_failed(self, exc: BaseException) -> None:
+        """A worker met something that is not a StoreError: a bug, or the process dying."""
+        with self.lock:
+            self._workers -= 1  # the next tick puts a fresh worker in its place
+            self._stats["tick_failures"] += 1
+            self._errors.append(exc)
+            self._notify(more_work=True)
+
+    def worker_cancelled(self, *, counted: bool) -> None:
+        """A worker's task was cancelled (the loop is ending, or the application did it)."""
+        with self.lock:
+            if counted:
+                self._workers -= 1
+            self._notify(more_work=False)
+
+    # -- actions ------------------------------------------------------------------------
+
+    def action_failed(self, action: Action) -> None:
+        """An action could not start (the server's clock cannot be measured)."""
+        with self.lock:
+            self._stats["claim_errors"] += 1
+            if isinstance(action, Probe):
+                self._sched.probed(action, None)
+            else:
+                self._sched.claimed(action, None)
+            self._notify(more_work=False)
+
+    def probed(self, probe: Probe, found: bool | None) -> None:
+        with self.lock:
+            self._sched.probed(probe, found)
+            self._notify(more_work=found is not False)
+
+    def claim_broke(self, claim: Claim) -> None:
+        """A claim ended in something unexpected: its slot is freed."""
+        with self.lock:
+            self._sched.claimed(claim, None)
+
+    def claimed(self, claim: Claim, step: Step[L] | None) -> bool:
+        """A claim came back (``step``, or None: nothing found); True when the replica was
+        stopping by then (the step is handed back, not run)."""
+        with self.lock:
+            key = None if step is None else str(step.lease.id)
+            throttled = self._sched.claimed(claim, key)
+            if step is not None:
+                self._stats["claimed"] += 1
+                step.lease.throttled = throttled
+                self._running[step.lease.token] = step
+            self._notify(more_work=step is not None)
+            return self._sched.stopping
+
+    def finished(self, step: Step[L], outcome: StepOutcome) -> bool:
+        """A step is over; False when step_timeout had counted it already (not again)."""
+        with self.lock:
+            if step.abandoned:
+                return False
+            self._stats[outcome] += 1
+            del self._running[step.lease.token]
+            self._sched.finished(outcome)
+            self._notify(more_work=False)  # its worker takes the next action itself
+            return True
+
+    def timed_out(self, step: Step[L], uncounted: Callable[[Step[L]], bool]) -> bool:
+        """step_timeout takes ``step`` back: its slot is freed and a fresh worker takes its
+        place when ``uncounted(step)`` (the crew let go of its worker). False when it was
+        over already."""
+        with self.lock:
+            if step.abandoned or step.lease.token not in self._running:
+                return False
+            step.abandoned = True
+            del self._running[step.lease.token]
+            self._stats[StepOutcome.TIMED_OUT] += 1
+            self._sched.finished(StepOutcome.TIMED_OUT)
+            if uncounted(step):
+                self._workers -= 1
+            self._top_up()
+            self._notify(more_work=True)
+            return True
+
+    def cancelled(self, step: Step[L]) -> bool:
+        """A step's worker was cancelled, not by step_timeout: it leaves the books (False
+        when it had left them already)."""
+        with self.lock:
+            if self._running.pop(step.lease.token, None) is None:
+                return False
+            self._stats[StepOutcome.INTERRUPTED] += 1
+            self._sched.finished(StepOutcome.INTERRUPTED)
+            self._notify(more_work=False)
+            return True
+
+    def released_on_stop(self, name: str) -> None:
+        with self.lock:
+            self._released_on_stop.append(name)
+
+    # -- run_once, start, stop ----------------------------------------------------------
+
+    def begin_once(self) -> None:
+        """``run_once``'s tick: a stopped replica runs a tick by hand, as a new one does."""
+        with self.lock:
+            self._errors.clear()
+            if not self._serving:
+                self._sched.resume()
+        self.tick()
+
+    def end_once(self) -> list[BaseException]:
+        """What workers met during ``run_once``."""
+        with self.lock:
+            errors, self._errors = self._errors, []
+            return errors
+
+    def serve(self, timer: BaseScheduler) -> bool:
+        """Serve from now on with ``timer``; False when already started."""
+        with self.lock:
+            if self._timer is not None:
+                return False
+            self._timer = timer
+            self._serving = True
+            self._released_on_stop.clear()
+            self._sched.resume()
+        self.tick()
+        return True
+
+    def request_stop(self) -> None:
+        """Claim nothing more."""
+        with self.lock:
+            self._sched.stop()
+            self._serving = False
+            self._notify(more_work=True, everyone=True)
+
+    def take_timer(self) -> BaseScheduler | None:
+        """Stop serving: the timer, to shut down."""
+        with self.lock:
+            timer, self._timer = self._timer, None
+            self._serving = False
+            return timer
+
+    def stop_report(self) -> StopReport:
+        with self.lock:
+            still = [f"{s.lease.collection}/{s.lease.id}" for s in self._running.values()]
+            return StopReport(list(self._released_on_stop), still)
+
+    # -- waking -------------------------------------------------------------------------
+
+    def _notify(self, *, more_work: bool, everyone: bool = False) -> None:
+        """Something happened (the caller holds the lock): ``more_work``, there may be
+        work for one more worker; ``everyone``, every idle worker may have work (a tick, a
+        submit, a stop). The waiters of run_once and stop are woken only when the replica
+        may have settled: waking them whenever no step runs, which at concurrency 1 is
+        after every step, cost each step a wake-up of a waiter that went back to sleep."""
+        sched = self._sched
+        settling = (
+            everyone or sched.quiet or not self._workers or (sched.stopping and not sched.busy)
+        )
+        self.crew.wake(more_work=more_work, settling=settling)

@@ -1,0 +1,126 @@
+"""Handlers and documents as both engines take them: the decorators, and what a submit
+writes (its fields and unique keys), decided before any I/O."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+from orchestrator.core import queries
+from orchestrator.core.errors import ConfigError
+from orchestrator.core.registry import Handler, Registry, Target, options, resolve
+from orchestrator.core.resource import Resource
+from orchestrator.core.validation import explain
+
+__all__ = ["Registration", "Submission"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+@dataclass(frozen=True)
+class Submission:
+    """A document to create: its collection, its fields, and the keys that make it unique
+    (a second submit of the same keys returns the first document)."""
+
+    collection: str
+    fields: dict[str, Any]
+    keys: tuple[str, ...]
+
+
+class Registration:
+    """The decorators (``phase``, ``when``) and submit's checks, over a ``Registry``.
+
+    ``check`` refuses a function the engine cannot run (the sync one: ``async def``);
+    ``registered`` is told the handlers after each registration (the scheduler's)."""
+
+    def __init__(
+        self,
+        registry: Registry,
+        check: Callable[[Callable[..., Any]], None],
+        registered: Callable[[list[Handler]], None],
+    ) -> None:
+        self.registry = registry
+        self._check = check
+        self._registered = registered
+
+    def phase(self, target: Target, phase: str, **opts: Any) -> Callable[[F], F]:
+        if not isinstance(phase, str) or not phase or phase.startswith("$"):
+            raise ConfigError(f"phase must be a non-empty name, not {phase!r}")
+        return self._decorator(target, {"phase": phase}, phase, opts)
+
+    def when(self, target: Target, match: Mapping[str, Any], **opts: Any) -> Callable[[F], F]:
+        phase = match.get("phase") if isinstance(match, Mapping) else None
+        return self._decorator(target, match, phase if isinstance(phase, str) else None, opts)
+
+    def _decorator(
+        self, target: Target, match: Mapping[str, Any], phase: str | None, opts: dict[str, Any]
+    ) -> Callable[[F], F]:
+        resolve(target)
+        handler_options = options(opts)
+
+        def decorate(func: F) -> F:
+            self._check(func)
+            self.registry.add(func, target, match, phase, handler_options)
+            self._registered(list(self.registry.handlers))
+            return func
+
+        return decorate
+
+    def submission(
+        self,
+        target: Target,
+        doc: Mapping[str, Any] | Resource,
+        unique: str | Iterable[str] | None,
+    ) -> Submission:
+        """What submitting ``doc`` writes, checked; ``unique`` defaults to the keys the
+        model declares (``Resource.unique``; for a collection name, those of the model
+        registered on it), else to ``_id`` when the document has one."""
+        collection, model = resolve(target)
+        fields = _document_fields(doc, model)
+        phase = fields.get("phase")
+        if not isinstance(phase, str) or not phase or phase.startswith("$"):
+            raise ConfigError("submit: the document needs a 'phase' (a non-empty string)")
+        queries.check_fields(
+            {k: v for k, v in fields.items() if k not in {"_id", "phase", "updatedAt"}}
+        )
+        keys: tuple[str, ...]
+        declared = model or self.registry.model_for(collection)
+        if unique is None and declared is not None and declared.unique:
+            keys = tuple(declared.field_name(k) for k in declared.unique)
+            self.registry.add_unique(collection, keys)
+        elif unique is None:
+            keys = ("_id",) if "_id" in fields else ()
+        else:
+            raw = (unique,) if isinstance(unique, str) else tuple(unique)
+            keys = tuple(model.field_name(k) if model else k for k in raw)
+            if not keys:
+                raise ConfigError("submit: unique names no field")
+            self.registry.add_unique(collection, keys)
+        return Submission(collection, fields, keys)
+
+    def indexes(self) -> tuple[list[str], list[tuple[str, tuple[str, ...]]]]:
+        """The collections needing the claim index, and the unique keys of submit."""
+        unique = [
+            (collection, keys)
+            for collection, key_sets in self.registry.unique.items()
+            for keys in key_sets
+        ]
+        return list(self.registry.collections), unique
+
+
+def _document_fields(
+    doc: Mapping[str, Any] | Resource, model: type[Resource] | None
+) -> dict[str, Any]:
+    if isinstance(doc, BaseModel):
+        return doc.model_dump(by_alias=True, exclude_unset=True)
+    if not isinstance(doc, Mapping):
+        raise ConfigError(f"submit: a document is a dict or a Resource, not {type(doc)}")
+    if model is None:
+        return dict(doc)
+    try:
+        return model.model_validate(doc).model_dump(by_alias=True, exclude_unset=True)
+    except ValidationError as exc:
+        raise ConfigError(explain(exc, f"{model.__name__} to submit", model)) from exc

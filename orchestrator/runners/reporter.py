@@ -1,0 +1,155 @@
+"""What a replica says about its steps: log lines with structured ``extra`` fields, and
+events for its listeners. Engine-neutral; with no listener registered no event is built."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from orchestrator.core.clock import Clock, ServerClock
+from orchestrator.core.events import (
+    AttemptFailedEvent,
+    ClockMeasuredEvent,
+    IdleProbeEvent,
+    LeaseExtendedEvent,
+    LeaseLostEvent,
+    Listeners,
+    StepClaimedEvent,
+    StepFinishedEvent,
+)
+from orchestrator.core.lease import LeaseCore
+from orchestrator.core.outcomes import StepOutcome
+from orchestrator.core.redact import RedactingFilter
+from orchestrator.core.registry import Handler
+from orchestrator.runners.step import Step
+
+__all__ = ["Reporter", "logger"]
+
+logger = logging.getLogger("orchestrator")
+logger.addFilter(RedactingFilter())
+
+Lease = LeaseCore[Any]
+
+
+class Reporter:
+    """Logs and events of one replica (``replica``), timed by its ``local`` clock and its
+    estimate of the server's (``clock``)."""
+
+    def __init__(
+        self, replica: str, listeners: Listeners, local: Clock, clock: ServerClock
+    ) -> None:
+        self.replica = replica
+        self.events = listeners
+        self.base: dict[str, object] = {"replica": replica}
+        """The ``extra`` fields of every line this replica logs."""
+        self._local = local
+        self._clock = clock
+
+    # -- logs ---------------------------------------------------------------------------
+
+    def log(
+        self,
+        level: int,
+        message: str,
+        lease: Lease,
+        outcome: str,
+        *,
+        wait: float | None = None,
+        exc_info: BaseException | bool | None = None,
+    ) -> None:
+        """A line about ``lease``'s step."""
+        if not logger.isEnabledFor(level):
+            return
+        extra: dict[str, object] = {
+            **self.base,
+            "collection": lease.collection,
+            "doc_id": str(lease.id),
+            "phase": lease.phase,
+            "outcome": outcome,
+            "handler": lease.handler.name,
+        }
+        if wait is not None:
+            extra["wait"] = round(wait, 3)
+        logger.log(level, message, extra=extra, exc_info=exc_info)
+
+    def line(self, level: int, message: str, outcome: str, **fields: object) -> None:
+        """A line about the replica itself (started, stopped, its record, its clock)."""
+        logger.log(level, message, extra={**self.base, "outcome": outcome, **fields})
+
+    def lost(self, message: str, lease: Lease) -> None:
+        """A write found ``lease`` lost: logged, and reported to the listeners."""
+        self.log(logging.WARNING, message, lease, StepOutcome.LOST)
+        if self.events.active:
+            self.events.emit(
+                "lease_lost", LeaseLostEvent(*self._about(lease), message, self._held_for(lease))
+            )
+
+    # -- events -------------------------------------------------------------------------
+
+    def claimed(self, step: Step[Any]) -> None:
+        if self.events.active:
+            self.events.emit(
+                "step_claimed",
+                StepClaimedEvent(*self._about(step.lease), step.number, step.latency),
+            )
+
+    def finished(self, step: Step[Any], outcome: StepOutcome) -> None:
+        """The one ``StepFinishedEvent`` of a claimed step: from its worker, or from the
+        time-out that took it back."""
+        if self.events.active:
+            self.events.emit(
+                "step_finished",
+                StepFinishedEvent(
+                    *self._about(step.lease),
+                    step.number,
+                    outcome,
+                    self._local.monotonic() - step.started,
+                    step.wait,
+                ),
+            )
+
+    def attempt_failed(
+        self, step: Step[Any], kind: str, message: str, outcome: StepOutcome
+    ) -> None:
+        if self.events.active:
+            self.events.emit(
+                "attempt_failed",
+                AttemptFailedEvent(
+                    *self._about(step.lease),
+                    kind,
+                    message,
+                    outcome,
+                    step.wait,
+                    outcome is StepOutcome.FAILED,
+                ),
+            )
+
+    def extended(self, lease: Lease) -> None:
+        if self.events.active:
+            self.events.emit(
+                "lease_extended", LeaseExtendedEvent(*self._about(lease), self._held_for(lease))
+            )
+
+    def probed(
+        self, collection: str, handlers: tuple[Handler, ...], found: bool | None, took: float
+    ) -> None:
+        if self.events.active:
+            names = tuple(h.name for h in handlers)
+            self.events.emit(
+                "idle_probe", IdleProbeEvent(self.replica, collection, names, found, took)
+            )
+
+    def clock_measured(self, clock: ServerClock, round_trip: float) -> None:
+        if self.events.active:
+            offset = clock.offset.total_seconds()
+            event = ClockMeasuredEvent(self.replica, offset, round_trip, clock.server_time)
+            self.events.emit("clock_measured", event)
+
+    def _about(self, lease: Lease) -> tuple[str, str, Any, str | None, str]:
+        """What every step event says first: this replica, and the step's document,
+        phase and handler."""
+        return (self.replica, lease.collection, lease.id, lease.phase, lease.handler.name)
+
+    def _held_for(self, lease: Lease) -> float:
+        """Seconds since ``lease`` was claimed, by the server clock's estimate."""
+        return float((self._clock.now() - lease.claimed_at).total_seconds())
