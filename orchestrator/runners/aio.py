@@ -39,6 +39,7 @@ from pymongo.asynchronous.database import AsyncDatabase
 
 from orchestrator.core.errors import LeaseLost, OrchestratorError
 from orchestrator.core.lease import Outcome
+from orchestrator.core.outcomes import LeaseWrite, StepOutcome
 from orchestrator.core.registry import Handler, Target
 from orchestrator.core.resource import Resource
 from orchestrator.mongo import AsyncLease, AsyncStore
@@ -288,7 +289,7 @@ class AsyncOrchestrator(Runner[AsyncDatabase[Document]]):
             if self._running.pop(step.lease.token, None) is None:
                 return
             self._stats["interrupted"] += 1
-            self._sched.finished("interrupted")
+            self._sched.finished(StepOutcome.INTERRUPTED)
             self._notify(more_work=False)
         self._log(
             logging.WARNING,
@@ -504,7 +505,9 @@ class ThreadLease(Generic[R]):
 
     def _gone(self, why: str) -> LeaseLost:
         lease = self._lease
-        return LeaseLost(lease.collection, lease.id, lease.token, "write", f"its event loop {why}")
+        return LeaseLost(
+            lease.collection, lease.id, lease.token, LeaseWrite.WRITE, f"its event loop {why}"
+        )
 
     @property
     def doc(self) -> dict[str, Any]:

@@ -48,6 +48,7 @@ from orchestrator.core.events import (
 )
 from orchestrator.core.extras import library_version
 from orchestrator.core.lease import Outcome
+from orchestrator.core.outcomes import StepOutcome
 from orchestrator.core.redact import RedactingFilter
 from orchestrator.core.registry import Handler, Registry, Target, options, resolve
 from orchestrator.core.resource import Resource
@@ -395,7 +396,7 @@ class Runner(Generic[DB]):
                 round_trip,
                 clock.server_time,
             )
-            self._events.emit("clock_measured", event)
+            self._events.emit(event)
 
     def _clock_fallback(self) -> None:
         with self._cv:
@@ -462,7 +463,7 @@ class Runner(Generic[DB]):
                 found,
                 self._local.monotonic() - started,
             )
-            self._events.emit("idle_probe", event)
+            self._events.emit(event)
 
     def _claim_and_run(self, claim: Claim) -> Plan[bool]:
         try:
@@ -484,7 +485,6 @@ class Runner(Generic[DB]):
         lease = step.lease
         if self._events.active:
             self._events.emit(
-                "step_claimed",
                 StepClaimedEvent(
                     *self._about(lease),
                     step.number,
@@ -497,7 +497,7 @@ class Runner(Generic[DB]):
                 return False  # step_timeout counted it and freed its slot: not counted again
             self._stats[outcome] += 1
             del self._running[lease.token]
-            self._sched.finished(outcome)
+            self._sched.finished(StepOutcome(outcome))
             self._notify(more_work=False)  # this worker takes the next action itself
         if self._events.active:
             self._step_finished(step, outcome)
@@ -508,11 +508,10 @@ class Runner(Generic[DB]):
         listeners): from its worker, or from the time-out that took it back."""
         lease = step.lease
         self._events.emit(
-            "step_finished",
             StepFinishedEvent(
                 *self._about(lease),
                 step.number,
-                outcome,
+                StepOutcome(outcome),
                 self._local.monotonic() - step.started,
                 step.wait,
             ),
@@ -720,11 +719,11 @@ class Runner(Generic[DB]):
                 *self._about(lease),
                 kind,
                 message,
-                action,
+                StepOutcome(action),
                 step.wait,
                 action == "failed",
             )
-            self._events.emit("attempt_failed", event)
+            self._events.emit(event)
         return action
 
     def _lost(self, message: str, lease: Any) -> None:
@@ -736,7 +735,7 @@ class Runner(Generic[DB]):
                 message,
                 self._held_for(lease),
             )
-            self._events.emit("lease_lost", event)
+            self._events.emit(event)
 
     def _about(self, lease: Any) -> tuple[str, str, Any, str | None, str]:
         """What every step event says first: this replica, and the step's document,
@@ -815,7 +814,7 @@ class Runner(Generic[DB]):
                         *self._about(lease),
                         self._held_for(lease),
                     )
-                    self._events.emit("lease_extended", event)
+                    self._events.emit(event)
         for step in late:
             yield from self._time_out(step)
         if extended:
@@ -945,7 +944,7 @@ class Runner(Generic[DB]):
             step.abandoned = True
             del self._running[step.lease.token]
             self._stats["timed_out"] += 1
-            self._sched.finished("timed_out")
+            self._sched.finished(StepOutcome.TIMED_OUT)
             self._abandon(step)
             self._notify(more_work=True)
         if self._events.active:
