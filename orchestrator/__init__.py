@@ -20,6 +20,7 @@ from orchestrator.core.events import (
 )
 from orchestrator.core.extras import library_version
 from orchestrator.core.lease import Outcome
+from orchestrator.core.outcomes import LeaseWrite, StepOutcome
 from orchestrator.core.resource import EPOCH, ErrorRecord, Resource
 from orchestrator.core.settings import DEFAULT_DATABASE, Settings
 from orchestrator.core.steps import StepTimeout, StopReport
@@ -48,6 +49,7 @@ __all__ = [
     "LeaseExtendedEvent",
     "LeaseLost",
     "LeaseLostEvent",
+    "LeaseWrite",
     "Listener",
     "Orchestrator",
     "OrchestratorError",
@@ -57,6 +59,7 @@ __all__ = [
     "Settings",
     "StepClaimedEvent",
     "StepFinishedEvent",
+    "StepOutcome",
     "StepTimeout",
     "StopReport",
     "StoreError",

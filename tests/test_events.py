@@ -3,10 +3,12 @@ that raises never breaking a step. Time comes from the FakeClock."""
 
 from __future__ import annotations
 
+import inspect
 import logging
 import threading
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, get_args
 
 import anyio
 import pytest
@@ -23,8 +25,10 @@ from orchestrator import (
     Orchestrator,
     StepClaimedEvent,
     StepFinishedEvent,
+    StepOutcome,
 )
 from orchestrator.core import queries
+from orchestrator.core.events import Event, Listeners
 from orchestrator.core.resource import EPOCH
 from orchestrator.testing import FakeClock, memory_database
 from tests.conftest import MakeEither
@@ -262,3 +266,105 @@ def test_a_claim_applies_its_update_to_the_document_it_read() -> None:
     }
     with pytest.raises(ConfigError, match="only sets fields"):
         queries.claimed({}, {"$set": {}, "$inc": {"claims": 1}})
+
+
+# -- typed dispatch, without a replica -------------------------------------------------------
+
+STEP = ("pod-1", "jobs", 1, "Running", "jobs.Running")
+"""What every step event says first: replica, collection, document id, phase, handler."""
+
+SAMPLES: dict[str, Event] = {
+    # The Listener method each event type is delivered to, and one event of that type.
+    "step_claimed": StepClaimedEvent(*STEP, 7, 0.5),
+    "step_finished": StepFinishedEvent(*STEP, 7, StepOutcome.ADVANCED, 1.5),
+    "attempt_failed": AttemptFailedEvent(
+        *STEP, "ValueError", "bad", StepOutcome.RETRYING, 2.0, False
+    ),
+    "lease_lost": LeaseLostEvent(*STEP, "taken", 3.0),
+    "lease_extended": LeaseExtendedEvent(*STEP, 4.0),
+    "clock_measured": ClockMeasuredEvent("pod-1", 0.25, 0.01, True),
+    "idle_probe": IdleProbeEvent("pod-1", "jobs", ("jobs.Running",), False, 0.02),
+}
+
+
+class ByMethod(Listener):
+    """Which method each event reached."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, object]] = []
+
+    def step_claimed(self, event: StepClaimedEvent) -> None:
+        self.calls.append(("step_claimed", event))
+
+    def step_finished(self, event: StepFinishedEvent) -> None:
+        self.calls.append(("step_finished", event))
+
+    def attempt_failed(self, event: AttemptFailedEvent) -> None:
+        self.calls.append(("attempt_failed", event))
+
+    def lease_lost(self, event: LeaseLostEvent) -> None:
+        self.calls.append(("lease_lost", event))
+
+    def lease_extended(self, event: LeaseExtendedEvent) -> None:
+        self.calls.append(("lease_extended", event))
+
+    def clock_measured(self, event: ClockMeasuredEvent) -> None:
+        self.calls.append(("clock_measured", event))
+
+    def idle_probe(self, event: IdleProbeEvent) -> None:
+        self.calls.append(("idle_probe", event))
+
+
+def test_every_event_type_has_a_sample_and_a_listener_method() -> None:
+    assert {type(e) for e in SAMPLES.values()} == set(get_args(Event))
+    assert set(SAMPLES) == {n for n, v in vars(Listener).items() if inspect.isfunction(v)}
+
+
+@pytest.mark.parametrize("method", SAMPLES)
+def test_each_event_reaches_its_own_listener_method(method: str) -> None:
+    listener = ByMethod()
+    listeners = Listeners("pod-1", [listener])
+    listeners.emit(SAMPLES[method])
+    assert listener.calls == [(method, SAMPLES[method])]
+    assert listeners.errors == 0
+
+
+def test_a_raising_listener_is_isolated_logged_once_and_counted(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.ERROR, logger="orchestrator")
+    broken, after = Broken(), ByMethod()
+    listeners = Listeners("pod-1", [broken, after])
+    for event in SAMPLES.values():
+        listeners.emit(event)
+    assert after.calls == list(SAMPLES.items()), "the next listener still gets every event"
+    assert listeners.errors == broken.calls == len(SAMPLES)
+    logged = [r for r in caplog.records if getattr(r, "outcome", None) == "listener-error"]
+    assert len(logged) == 1, "logged once per listener"
+    assert (logged[0].listener, logged[0].event) == ("Broken", "step_claimed")  # type: ignore[attr-defined]
+    assert "Broken.step_claimed raised" in logged[0].getMessage()
+
+
+@pytest.mark.parametrize("method", SAMPLES)
+@pytest.mark.parametrize("kind", ["coroutine", "async generator"])
+def test_an_async_listener_method_is_refused(method: str, kind: str) -> None:
+    async def coroutine(self: Listener, event: object) -> None:
+        raise AssertionError("never awaited")
+
+    async def generator(self: Listener, event: object) -> AsyncIterator[None]:
+        yield None
+
+    hook = coroutine if kind == "coroutine" else generator
+    listener = type("AsyncHook", (Listener,), {method: hook})()
+    listeners = Listeners("pod-1")
+    with pytest.raises(ConfigError, match=rf"AsyncHook\.{method} is async"):
+        listeners.add(listener)
+    assert listeners.active == ()
+
+
+def test_with_no_listener_an_event_reaches_nothing() -> None:
+    listeners = Listeners("pod-1")
+    assert not listeners.active  # what the runner tests before it builds an event
+    for event in SAMPLES.values():
+        listeners.emit(event)
+    assert listeners.errors == 0

@@ -6,6 +6,9 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import pytest
+
+from orchestrator.core.outcomes import StepOutcome
 from orchestrator.core.registry import Handler
 from orchestrator.core.scheduler import Claim, Probe, Scheduler, heartbeat
 from orchestrator.core.settings import Settings
@@ -56,8 +59,29 @@ def test_a_handler_with_work_gets_every_free_slot() -> None:
     claims = [sched.next(), sched.next()]
     assert all(isinstance(c, Claim) for c in claims)
     assert sched.next() is None  # three slots in use
-    sched.finished("advanced")
+    sched.finished(StepOutcome.ADVANCED)
     assert isinstance(sched.next(), Claim)  # a finished step frees its slot at once
+
+
+@pytest.mark.parametrize("outcome", list(StepOutcome), ids=str)
+def test_a_step_that_frees_work_wakes_an_idle_handler_and_no_other_does(
+    outcome: StepOutcome,
+) -> None:
+    a = _handler("jobs", "A")
+    sched = _scheduler(a, slots=2)
+    first = sched.next()
+    assert isinstance(first, Claim)
+    sched.claimed(first, "doc-1")  # its step runs
+    second = sched.next()
+    assert isinstance(second, Claim)
+    sched.claimed(second, None)  # nothing else to claim: idle until something happens
+    assert sched.next() is None
+    sched.finished(outcome)
+    assert sched.busy == 0, "every outcome frees its slot"
+    if outcome.frees_work:
+        assert isinstance(sched.next(), Claim), f"after {outcome} something may be claimable"
+    else:
+        assert sched.next() is None and sched.quiet, f"{outcome} leaves the handler idle"
 
 
 def test_collections_with_several_handlers_are_probed_once_per_tick() -> None:
@@ -113,7 +137,7 @@ def test_a_probe_that_raced_with_freed_work_idles_no_one() -> None:
     step = sched.next()
     assert isinstance(step, Claim) and step.handler is c
     sched.claimed(step, "doc-1")
-    sched.finished("advanced")  # may have made work for jobs.A or jobs.B after the read
+    sched.finished(StepOutcome.ADVANCED)  # may have made work for jobs.A or jobs.B after the read
     sched.probed(probe, False)
     found = {sched.next(), sched.next()}
     assert {x.handler.name for x in found if isinstance(x, Claim)} >= {"jobs.A", "jobs.B"}
@@ -138,7 +162,7 @@ def test_a_claim_that_raced_with_freed_work_does_not_idle_its_handler() -> None:
     sched.claimed(hot, "doc-1")
     racing = sched.next()  # issued before the step below frees work
     assert isinstance(racing, Claim)
-    sched.finished("unlocked")
+    sched.finished(StepOutcome.UNLOCKED)
     sched.claimed(racing, None)  # found nothing, but it asked before the change
     assert isinstance(sched.next(), Claim)
 
@@ -151,7 +175,7 @@ def test_the_budget_throttles_a_document_claimed_too_often_in_one_tick() -> None
         claim = sched.next()
         assert isinstance(claim, Claim)
         throttled.append(sched.claimed(claim, "doc-1"))
-        sched.finished("unlocked")
+        sched.finished(StepOutcome.UNLOCKED)
     assert throttled == [False, False, False, True, True]
     sched.tick()
     claim = sched.next()
@@ -184,7 +208,7 @@ def test_a_stop_claims_nothing_more_and_is_quiet_once_steps_end() -> None:
     sched.stop()
     assert sched.next() is None
     assert not sched.quiet  # a step still runs
-    sched.finished("released")
+    sched.finished(StepOutcome.RELEASED)
     assert sched.quiet
     sched.resume()
     sched.tick()

@@ -53,20 +53,15 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
+from orchestrator.core.outcomes import StepOutcome
 from orchestrator.core.registry import Handler
-from orchestrator.core.scheduler import FREES_WORK, Claim, Probe, Scheduler, heartbeat
+from orchestrator.core.scheduler import Claim, Probe, Scheduler, heartbeat
 from orchestrator.core.settings import Settings
 
 SETTINGS = Settings()
 COLLECTIONS = ("jobs", "mail", "keys")
 DOCS = ("d0", "d1", "d2", "d3")
-OUTCOMES = (
-    *sorted(FREES_WORK),
-    "relocked",  # the document waits: nothing new to claim
-    "retrying",
-    "unrecorded",
-    "interrupted",
-)
+OUTCOMES = tuple(StepOutcome)
 MAX_HANDLERS = 5
 START = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -392,11 +387,13 @@ class SchedulerMachine(RuleBasedStateMachine):
         unstarted: released, or lost)."""
         step = self.steps.pop(data.draw(st.integers(0, len(self.steps) - 1), label="step"))
         outcome = data.draw(
-            st.sampled_from(("released", "lost") if step.handed_back else OUTCOMES),
+            st.sampled_from(
+                (StepOutcome.RELEASED, StepOutcome.LOST) if step.handed_back else OUTCOMES
+            ),
             label="outcome",
         )
         self.sched.finished(outcome)
-        if outcome in FREES_WORK:
+        if outcome.frees_work:
             self._work_may_appear()
 
     @precondition(lambda self: not self.stopping)
@@ -483,7 +480,7 @@ class SchedulerMachine(RuleBasedStateMachine):
                 if not due:
                     raise TimeoutEarly(f"taken back after {ran} ms ({self.step_timeout})")
                 self.steps.remove(step)
-                self.sched.finished("timed_out")
+                self.sched.finished(StepOutcome.TIMED_OUT)
                 self._work_may_appear()
                 continue
             if due:

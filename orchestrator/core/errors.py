@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from orchestrator.core.outcomes import LeaseWrite
+
 
 class OrchestratorError(Exception):
     """Root of every error the orchestrator raises."""
@@ -23,14 +25,15 @@ class StoreError(OrchestratorError):
 
 class LeaseLost(OrchestratorError):
     """A write under a lease matched nothing: another replica holds the document now,
-    or this lease was already released. The step's outcome is dropped."""
+    or this lease was already released. The step's outcome is dropped; ``action`` is the
+    write that was refused."""
 
     def __init__(
         self,
         collection: str,
         doc_id: Any,
         token: str,
-        action: str,
+        action: LeaseWrite,
         reason: str = "another replica holds it now, or its phase was changed from outside",
     ) -> None:
         super().__init__(

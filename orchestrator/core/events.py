@@ -4,7 +4,8 @@ In the manner of PyMongo's monitoring (``pymongo.monitoring``): an event class p
 that happens, a listener base class with one method per event, and listeners registered on
 the object that emits them (``Orchestrator(db, listeners=[...])`` or ``add_listener``),
 never in a global registry. Metrics and traces are listeners
-(``orchestrator.monitoring``); an application may add its own.
+(``orchestrator.monitoring``); an application may add its own. Each event delivers itself
+to its listener method (``deliver``), so the type checker sees every call.
 
 Events are emitted by the code both runners share (``orchestrator.runners.base``), so the
 threaded and the asyncio engine report alike. A listener is called in the thread or task
@@ -20,15 +21,17 @@ import logging
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, get_type_hints
 
 from orchestrator.core.errors import ConfigError
+from orchestrator.core.outcomes import StepOutcome
 
 logger = logging.getLogger("orchestrator")
 
 __all__ = [
     "AttemptFailedEvent",
     "ClockMeasuredEvent",
+    "Event",
     "IdleProbeEvent",
     "LeaseExtendedEvent",
     "LeaseLostEvent",
@@ -58,18 +61,20 @@ class StepClaimedEvent:
     step: int
     latency: float | None
 
+    def deliver(self, listener: Listener) -> None:
+        listener.step_claimed(self)
+
 
 @dataclass(frozen=True, slots=True)
 class StepFinishedEvent:
     """A claimed step is over, one such event per ``StepClaimedEvent``.
 
-    ``outcome``: ``unlocked``, ``relocked``, ``advanced``, ``removed``, ``done`` (the
-    handler wrote its outcome itself), ``retrying`` or ``failed`` (it raised, or returned
-    something wrong), ``lost`` (the lease was lost), ``timed_out`` (past step_timeout),
-    ``released`` (handed back unstarted), ``unrecorded`` (the write of its outcome failed:
-    the lease is left to expire) or ``interrupted``. ``duration``: seconds since the claim,
-    by the replica's monotonic clock. ``wait``: seconds until the document is claimable
-    again, when the outcome set one.
+    ``outcome``: what became of it, a ``StepOutcome`` (``unlocked``, ``relocked``,
+    ``advanced``, ``removed``, ``done``, ``retrying``, ``failed``, ``lost``, ``timed_out``,
+    ``released``, ``unrecorded`` or ``interrupted``; each documented there, with whether
+    it frees work, is a failure, is recorded). ``duration``: seconds since the claim, by the
+    replica's monotonic clock. ``wait``: seconds until the document is claimable again,
+    when the outcome set one.
     """
 
     replica: str
@@ -78,9 +83,12 @@ class StepFinishedEvent:
     phase: str | None
     handler: str
     step: int
-    outcome: str
+    outcome: StepOutcome
     duration: float
     wait: float | None = None
+
+    def deliver(self, listener: Listener) -> None:
+        listener.step_finished(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,7 +97,8 @@ class AttemptFailedEvent:
     outcome, its document did not validate, or it ran past step_timeout.
 
     ``outcome``: ``retrying`` (retried after ``wait``), ``failed`` (moved to the failed
-    phase; ``final``), ``lost`` (the lease was lost meanwhile) or ``unrecorded``.
+    phase; ``final``), ``lost`` (the lease was lost meanwhile) or ``unrecorded``; or, for
+    an error raised after the step's own outcome, that outcome, which stands.
     """
 
     replica: str
@@ -99,9 +108,12 @@ class AttemptFailedEvent:
     handler: str
     error_type: str
     message: str
-    outcome: str
+    outcome: StepOutcome
     wait: float | None
     final: bool
+
+    def deliver(self, listener: Listener) -> None:
+        listener.attempt_failed(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +129,9 @@ class LeaseLostEvent:
     reason: str
     held_for: float
 
+    def deliver(self, listener: Listener) -> None:
+        listener.lease_lost(self)
+
 
 @dataclass(frozen=True, slots=True)
 class LeaseExtendedEvent:
@@ -130,6 +145,9 @@ class LeaseExtendedEvent:
     handler: str
     held_for: float
 
+    def deliver(self, listener: Listener) -> None:
+        listener.lease_extended(self)
+
 
 @dataclass(frozen=True, slots=True)
 class ClockMeasuredEvent:
@@ -142,6 +160,9 @@ class ClockMeasuredEvent:
     round_trip: float
     server_time: bool
 
+    def deliver(self, listener: Listener) -> None:
+        listener.clock_measured(self)
+
 
 @dataclass(frozen=True, slots=True)
 class IdleProbeEvent:
@@ -153,6 +174,9 @@ class IdleProbeEvent:
     handlers: tuple[str, ...]
     found: bool | None
     duration: float
+
+    def deliver(self, listener: Listener) -> None:
+        listener.idle_probe(self)
 
 
 class Listener:
@@ -182,10 +206,31 @@ class Listener:
         """An idle replica probed a collection for work."""
 
 
-_EVENT_METHODS = tuple(
-    name for name, value in vars(Listener).items() if callable(value) and not name.startswith("_")
+Event = (
+    StepClaimedEvent
+    | StepFinishedEvent
+    | AttemptFailedEvent
+    | LeaseLostEvent
+    | LeaseExtendedEvent
+    | ClockMeasuredEvent
+    | IdleProbeEvent
 )
-"""The methods the runner calls, each with one event."""
+"""Every event a replica emits. Each one's ``deliver`` calls its ``Listener`` method, so a
+misspelt or mistyped method fails the type check, not a listener at run time."""
+
+
+def _methods() -> dict[type[Event], str]:
+    """Each event type's ``Listener`` method, read from the methods' annotations: the typed
+    table the async check and the error log take their method names from."""
+    table: dict[type[Event], str] = {}
+    for name, method in vars(Listener).items():
+        if inspect.isfunction(method) and not name.startswith("_"):
+            table[get_type_hints(method)["event"]] = name
+    return table
+
+
+_METHODS = _methods()
+"""The ``Listener`` method each event type is delivered to."""
 
 
 class Listeners:
@@ -211,7 +256,7 @@ class Listeners:
             raise ConfigError(
                 f"a listener subclasses orchestrator.Listener, not {type(listener).__name__}"
             )
-        for method in _EVENT_METHODS:
+        for method in _METHODS.values():
             hook = getattr(listener, method, None)
             if inspect.iscoroutinefunction(hook) or inspect.isasyncgenfunction(hook):
                 raise ConfigError(
@@ -222,14 +267,14 @@ class Listeners:
         with self._lock:
             self.active = (*self.active, listener)
 
-    def emit(self, method: str, event: object) -> None:
-        """Call ``method`` of every listener with ``event``; a listener that raises is
-        logged (its first error only) and the others are still called."""
+    def emit(self, event: Event) -> None:
+        """Deliver ``event`` to every listener; a listener that raises is logged (its first
+        error only) and counted, and the others are still called."""
         for listener in self.active:
             try:
-                getattr(listener, method)(event)
+                event.deliver(listener)
             except Exception as exc:
-                self._listener_failed(listener, method, exc)
+                self._listener_failed(listener, _METHODS[type(event)], exc)
 
     def _listener_failed(self, listener: Listener, method: str, exc: Exception) -> None:
         with self._lock:

@@ -13,12 +13,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import Enum
-from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from pydantic import BaseModel
 
 from orchestrator.core import queries
 from orchestrator.core.errors import ConfigError, LeaseLost, OrchestratorError
+from orchestrator.core.outcomes import LeaseWrite, StepOutcome
 from orchestrator.core.queries import as_utc
 from orchestrator.core.resource import EPOCH
 
@@ -29,17 +30,17 @@ if TYPE_CHECKING:
 
 R = TypeVar("R")
 
-Action = Literal["unlocked", "relocked", "advanced", "retrying", "failed", "released", "removed"]
-
 
 @dataclass(frozen=True)
 class Outcome:
     """What a step did with its lease; handlers return the value their lease gave them.
 
-    ``token`` names the lease that wrote it: returning another lease's outcome is an error.
+    ``action``: ``unlocked``, ``relocked``, ``advanced``, ``retrying``, ``failed``,
+    ``released`` or ``removed``. ``token`` names the lease that wrote it: returning another
+    lease's outcome is an error.
     """
 
-    action: Action
+    action: StepOutcome
     phase: str | None
     wait: float | None = None
     token: str | None = field(default=None, compare=False, repr=False)
@@ -64,10 +65,14 @@ class Write:
     """One releasing write: its update, and what the lease becomes once it lands."""
 
     update: dict[str, Any]
-    action: str
+    action: LeaseWrite
     until: datetime
     phase_change: bool = False
     next_phase: Any = SAME
+
+
+_RECORDS = frozenset({LeaseWrite.RETRY, LeaseWrite.FAIL, LeaseWrite.NOTE})
+"""The writes that record a step's error: once one landed, a second record is refused."""
 
 
 @dataclass(frozen=True)
@@ -150,7 +155,7 @@ class LeaseCore(Generic[R]):
     def _unlock_write(self, fields: dict[str, Any]) -> tuple[Write, float | None]:
         data = self._fields(fields)
         until, wait = self._free_until()
-        return self._releasing(queries.unlock_update(data, until), "unlock", until), wait
+        return self._releasing(queries.unlock_update(data, until), LeaseWrite.UNLOCK, until), wait
 
     def _relock_write(self, wait: float | None, fields: dict[str, Any]) -> tuple[Write, float]:
         now = self._clock.now()
@@ -164,7 +169,7 @@ class LeaseCore(Generic[R]):
             )
         wait = self._bounded(float(wait))
         until = now + timedelta(seconds=wait)
-        return self._releasing(queries.relock_update(until, data), "relock", until), wait
+        return self._releasing(queries.relock_update(until, data), LeaseWrite.RELOCK, until), wait
 
     def _advance_write(self, phase: str, fields: dict[str, Any]) -> tuple[Write, float | None]:
         if not isinstance(phase, str) or not phase or phase.startswith("$"):
@@ -176,11 +181,14 @@ class LeaseCore(Generic[R]):
         data = self._fields(fields)
         until, wait = self._free_until()
         update = queries.advance_update(phase, self._clock.now(), data, until)
-        return self._releasing(update, "advance", until, phase_change=True, next_phase=phase), wait
+        write = self._releasing(
+            update, LeaseWrite.ADVANCE, until, phase_change=True, next_phase=phase
+        )
+        return write, wait
 
     def _release_write(self) -> tuple[Write, float | None]:
         until, wait = self._free_until()
-        return self._releasing(queries.release_update(until), "release", until), wait
+        return self._releasing(queries.release_update(until), LeaseWrite.RELEASE, until), wait
 
     def _extend_write(self) -> tuple[datetime, datetime, dict[str, Any]]:
         now = self._clock.now()
@@ -222,18 +230,21 @@ class LeaseCore(Generic[R]):
             def build(record: dict[str, Any]) -> dict[str, Any]:
                 return queries.fail_update(failed, attempts, record, now, name, until)
 
-            shape: dict[str, Any] = {"action": "fail", "phase_change": True, "next_phase": failed}
-            outcome = Outcome("failed", failed, None, self.token)
+            action, phase_change, next_phase = LeaseWrite.FAIL, True, failed
+            outcome = Outcome(StepOutcome.FAILED, failed, None, self.token)
         else:
             until = now + timedelta(seconds=wait)
 
             def build(record: dict[str, Any]) -> dict[str, Any]:
                 return queries.retry_update(attempts, record, until)
 
-            shape = {"action": "retry"}
-            outcome = Outcome("retrying", self.phase, wait, self.token)
-        forms = _record_forms(error, build)
-        return ErrorWrite(tuple(self._releasing(u, until=until, **shape) for u in forms), outcome)
+            action, phase_change, next_phase = LeaseWrite.RETRY, False, SAME
+            outcome = Outcome(StepOutcome.RETRYING, self.phase, wait, self.token)
+        forms = tuple(
+            self._releasing(u, action, until, phase_change, next_phase)
+            for u in _record_forms(error, build)
+        )
+        return ErrorWrite(forms, outcome)
 
     def _note_write(self, kind: str, message: str) -> ErrorWrite:
         """An error raised after an outcome that moved the document on: kept as
@@ -245,17 +256,18 @@ class LeaseCore(Generic[R]):
         if until is None:
             return ErrorWrite((), self.outcome)
         error = queries.error_record(kind, message, self._clock.now(), self.phase)
-        forms = tuple(Write(u, "note", until) for u in _record_forms(error, queries.note_update))
+        updates = _record_forms(error, queries.note_update)
+        forms = tuple(Write(u, LeaseWrite.NOTE, until) for u in updates)
         return ErrorWrite(forms, self.outcome)
 
     # -- the state machine ---------------------------------------------------------------
 
-    def _check_allowed(self, action: str, after: bool = False) -> None:
+    def _check_allowed(self, action: LeaseWrite, after: bool = False) -> None:
         """Raise ``LeaseLost`` unless this lease may write now: held, or (``after``: error
         bookkeeping only) released by this very step's own outcome, and its failed
         attempt not recorded yet (a time-out's record and the handler's own error, racing,
         land once)."""
-        if action == "record" and self._recorded:
+        if action is LeaseWrite.RECORD and self._recorded:
             reason = "this step's failed attempt is already recorded"
         elif self._state is State.HELD or (after and self._state is State.RELEASED):
             return
@@ -268,7 +280,7 @@ class LeaseCore(Generic[R]):
     def _releasing(
         self,
         update: dict[str, Any],
-        action: str,
+        action: LeaseWrite,
         until: datetime,
         phase_change: bool = False,
         next_phase: Any = SAME,
@@ -291,7 +303,7 @@ class LeaseCore(Generic[R]):
             return queries.fenced(self.id, self.token, self.doc.get("phase"))
         return queries.fenced(self.id, self.token)
 
-    def _lost(self, action: str, reason: str | None = None) -> LeaseLost:
+    def _lost(self, action: LeaseWrite, reason: str | None = None) -> LeaseLost:
         """The write matched nothing (or, ``reason``, could not be confirmed in time): the
         lease is lost from now on."""
         self._state = State.LOST
@@ -306,7 +318,7 @@ class LeaseCore(Generic[R]):
     def _released(self, write: Write | None, outcome: Outcome) -> None:
         """A releasing write landed (``None``: the document was removed); ``outcome`` is
         what it was, unless the step already had one (an error noted after it)."""
-        if write is not None and write.action in {"retry", "fail", "note"}:
+        if write is not None and write.action in _RECORDS:
             self._recorded = True
         if self.outcome is None:
             self.outcome = outcome

@@ -18,12 +18,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Literal
 
+from orchestrator.core.outcomes import StepOutcome
+
 if TYPE_CHECKING:
     from orchestrator.core.registry import Handler
-
-FREES_WORK = frozenset({"unlocked", "advanced", "failed", "released", "timed_out", "done", "lost"})
-"""Outcomes after which something may be claimable at once, by this handler or another
-(a lost lease too: a step whose phase was changed from outside releases its document)."""
 
 
 @dataclass(frozen=True)
@@ -129,10 +127,10 @@ class Scheduler:
         self._claims[key] += 1
         return self._claims[key] > self._budget
 
-    def finished(self, outcome: str) -> None:
+    def finished(self, outcome: StepOutcome) -> None:
         """A step ended (or a claimed lease was handed back without running)."""
         self._busy -= 1
-        if outcome in FREES_WORK:
+        if outcome.frees_work:
             self._idle.clear()
             self._generation += 1
 

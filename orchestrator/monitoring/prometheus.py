@@ -201,7 +201,7 @@ class PrometheusListener(Listener):
 
     def step_finished(self, event: StepFinishedEvent) -> None:
         phase = _phase(event.phase)
-        self._steps(event.collection, phase, event.outcome).inc()
+        self._steps(event.collection, phase, event.outcome.value).inc()
         self._duration(event.collection, phase).observe(event.duration)
         self._held(event.collection).dec()
 

@@ -34,12 +34,7 @@ from orchestrator.core.events import (
     StepFinishedEvent,
 )
 
-__all__ = ["FAILED_OUTCOMES", "TracingListener"]
-
-FAILED_OUTCOMES = frozenset(
-    {"retrying", "failed", "lost", "timed_out", "unrecorded", "interrupted"}
-)
-"""Outcomes whose span ends with an error status."""
+__all__ = ["TracingListener"]
 
 _CURRENT: ContextVar[tuple[int, Token[otel_context.Context]] | None] = ContextVar(
     "orchestrator_step_span", default=None
@@ -92,11 +87,11 @@ class TracingListener(Listener):
             otel_context.detach(current[1])
         if span is None:
             return
-        span.set_attribute("orchestrator.outcome", event.outcome)
+        span.set_attribute("orchestrator.outcome", event.outcome.value)
         if event.wait is not None:
             span.set_attribute("orchestrator.wait", event.wait)
-        if event.outcome in FAILED_OUTCOMES:
-            span.set_status(trace.Status(trace.StatusCode.ERROR, event.outcome))
+        if event.outcome.is_failure:
+            span.set_status(trace.Status(trace.StatusCode.ERROR, event.outcome.value))
         else:
             span.set_status(trace.Status(trace.StatusCode.OK))
         span.end()
@@ -107,7 +102,7 @@ class TracingListener(Listener):
             {
                 "exception.type": event.error_type,
                 "exception.message": event.message,
-                "orchestrator.outcome": event.outcome,
+                "orchestrator.outcome": event.outcome.value,
             },
         )
 

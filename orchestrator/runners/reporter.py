@@ -80,16 +80,13 @@ class Reporter:
         """A write found ``lease`` lost: logged, and reported to the listeners."""
         self.log(logging.WARNING, message, lease, StepOutcome.LOST)
         if self.events.active:
-            self.events.emit(
-                "lease_lost", LeaseLostEvent(*self._about(lease), message, self._held_for(lease))
-            )
+            self.events.emit(LeaseLostEvent(*self._about(lease), message, self._held_for(lease)))
 
     # -- events -------------------------------------------------------------------------
 
     def claimed(self, step: Step[Any]) -> None:
         if self.events.active:
             self.events.emit(
-                "step_claimed",
                 StepClaimedEvent(*self._about(step.lease), step.number, step.latency),
             )
 
@@ -98,7 +95,6 @@ class Reporter:
         time-out that took it back."""
         if self.events.active:
             self.events.emit(
-                "step_finished",
                 StepFinishedEvent(
                     *self._about(step.lease),
                     step.number,
@@ -113,7 +109,6 @@ class Reporter:
     ) -> None:
         if self.events.active:
             self.events.emit(
-                "attempt_failed",
                 AttemptFailedEvent(
                     *self._about(step.lease),
                     kind,
@@ -126,24 +121,20 @@ class Reporter:
 
     def extended(self, lease: Lease) -> None:
         if self.events.active:
-            self.events.emit(
-                "lease_extended", LeaseExtendedEvent(*self._about(lease), self._held_for(lease))
-            )
+            self.events.emit(LeaseExtendedEvent(*self._about(lease), self._held_for(lease)))
 
     def probed(
         self, collection: str, handlers: tuple[Handler, ...], found: bool | None, took: float
     ) -> None:
         if self.events.active:
             names = tuple(h.name for h in handlers)
-            self.events.emit(
-                "idle_probe", IdleProbeEvent(self.replica, collection, names, found, took)
-            )
+            self.events.emit(IdleProbeEvent(self.replica, collection, names, found, took))
 
     def clock_measured(self, clock: ServerClock, round_trip: float) -> None:
         if self.events.active:
             offset = clock.offset.total_seconds()
             event = ClockMeasuredEvent(self.replica, offset, round_trip, clock.server_time)
-            self.events.emit("clock_measured", event)
+            self.events.emit(event)
 
     def _about(self, lease: Lease) -> tuple[str, str, Any, str | None, str]:
         """What every step event says first: this replica, and the step's document,

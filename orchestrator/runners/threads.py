@@ -14,6 +14,7 @@ from typing import Any, Generic, TypeVar
 
 from orchestrator.core.errors import LeaseLost, OrchestratorError
 from orchestrator.core.lease import Outcome
+from orchestrator.core.outcomes import LeaseWrite
 from orchestrator.core.registry import Handler
 from orchestrator.mongo import AsyncLease
 
@@ -156,7 +157,9 @@ class ThreadLease(Generic[R]):
 
     def _gone(self, why: str) -> LeaseLost:
         lease = self._lease
-        return LeaseLost(lease.collection, lease.id, lease.token, "write", f"its event loop {why}")
+        return LeaseLost(
+            lease.collection, lease.id, lease.token, LeaseWrite.WRITE, f"its event loop {why}"
+        )
 
     @property
     def doc(self) -> dict[str, Any]:

@@ -19,6 +19,7 @@ import pymongo
 from orchestrator.core import queries
 from orchestrator.core.errors import StoreError
 from orchestrator.core.lease import LeaseCore, Outcome, Write
+from orchestrator.core.outcomes import LeaseWrite, StepOutcome
 from orchestrator.mongo.common import DocumentTooLarge
 
 if TYPE_CHECKING:
@@ -51,13 +52,13 @@ class Lease(LeaseCore[R]):
     def unlock(self, **fields: Any) -> Outcome:
         """Step done, more to do: release now so the next step can be claimed at once."""
         write, wait = self._unlock_write(fields)
-        return self._write(write, Outcome("unlocked", self.phase, wait, self.token))
+        return self._write(write, Outcome(StepOutcome.UNLOCKED, self.phase, wait, self.token))
 
     def relock(self, wait: float | None = None, **fields: Any) -> Outcome:
         """Waiting on something outside: release, claimable again after ``wait`` seconds
         (by default the handler's relock policy; never less than the floor of one tick)."""
         write, waited = self._relock_write(wait, fields)
-        return self._write(write, Outcome("relocked", self.phase, waited, self.token))
+        return self._write(write, Outcome(StepOutcome.RELOCKED, self.phase, waited, self.token))
 
     def advance(self, phase: str, **fields: Any) -> Outcome:
         """Enter ``phase`` (setting ``fields`` with it) and release at once.
@@ -67,18 +68,18 @@ class Lease(LeaseCore[R]):
         lease is released, and the document stays in the phase the outside writer chose.
         """
         write, wait = self._advance_write(phase, fields)
-        return self._write(write, Outcome("advanced", phase, wait, self.token))
+        return self._write(write, Outcome(StepOutcome.ADVANCED, phase, wait, self.token))
 
     def remove(self) -> Outcome:
         """Delete the document (the end of its life), fenced like ``advance``: on the
         token and on the phase the step was claimed in, so a document whose phase an
         outside writer changed meanwhile (the API cancelling) is kept, and released."""
-        outcome = Outcome("removed", self.phase, None, self.token)
+        outcome = Outcome(StepOutcome.REMOVED, self.phase, None, self.token)
         with self._lock:
-            self._check_allowed("remove")
+            self._check_allowed(LeaseWrite.REMOVE)
             if not self._store.delete(self.collection, self._fence(True)):
                 self._release_after_outside_change()
-                raise self._lost("remove")
+                raise self._lost(LeaseWrite.REMOVE)
             self._released(None, outcome)
         return outcome
 
@@ -97,22 +98,22 @@ class Lease(LeaseCore[R]):
         """
         now, until, update = self._extend_write()
         with self._lock:
-            self._check_allowed("extend")
+            self._check_allowed(LeaseWrite.EXTEND)
             left = self._seconds_left()
             if left <= 0:
-                raise self._lost("extend", "it expired before its extension was sent")
+                raise self._lost(LeaseWrite.EXTEND, "it expired before its extension was sent")
             fence = queries.fenced(self.id, self.token)
             try:
                 with pymongo.timeout(left):
                     matched = self._store.write(self.collection, fence, update)
             except StoreError:
                 if self._seconds_left() <= 0:
-                    raise self._lost("extend", _UNCONFIRMED) from None
+                    raise self._lost(LeaseWrite.EXTEND, _UNCONFIRMED) from None
                 raise
             if not matched:
-                raise self._lost("extend")
+                raise self._lost(LeaseWrite.EXTEND)
             if self._seconds_left() <= 0:
-                raise self._lost("extend", _UNCONFIRMED)
+                raise self._lost(LeaseWrite.EXTEND, _UNCONFIRMED)
             self._extended(now, until)
 
     # -- what the loop calls --------------------------------------------------------------
@@ -133,7 +134,7 @@ class Lease(LeaseCore[R]):
         with self._lock:
             # Planned and written under one hold of the lock: the state it was planned for
             # (held, or released by the step's own outcome) is the state it is fenced on.
-            self._check_allowed("record", after)
+            self._check_allowed(LeaseWrite.RECORD, after)
             planned = self._error_write(kind, message, permanent)
             if not planned.forms:  # noted after a remove: no document to note it on
                 self._released(None, planned.outcome)
@@ -149,7 +150,7 @@ class Lease(LeaseCore[R]):
     def release(self) -> Outcome:
         """Hand back a lease whose step never ran (subject to the budget, like any release)."""
         write, wait = self._release_write()
-        return self._write(write, Outcome("released", self.phase, wait, self.token))
+        return self._write(write, Outcome(StepOutcome.RELEASED, self.phase, wait, self.token))
 
     # -- internals -------------------------------------------------------------------------
 

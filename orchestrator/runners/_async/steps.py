@@ -276,7 +276,7 @@ class AsyncSteps:
             return StepOutcome.DONE
         self._report.log(logging.DEBUG, "step done", lease, outcome.action, wait=outcome.wait)
         step.wait = outcome.wait
-        return StepOutcome(outcome.action)
+        return outcome.action
 
     async def _settle(
         self,
@@ -301,7 +301,7 @@ class AsyncSteps:
                 self._report.log(
                     logging.INFO, f"{kind} in step not recorded: {lost}", lease, "superseded"
                 )
-                return StepOutcome(first.action) if first is not None else StepOutcome.LOST
+                return first.action if first is not None else StepOutcome.LOST
             self._report.lost(f"{kind} in step, and the lease was lost: {lost}", lease)
             outcome = StepOutcome.LOST
         except Exception as inner:
@@ -314,7 +314,7 @@ class AsyncSteps:
             )
             outcome = StepOutcome.UNRECORDED
         else:
-            outcome = StepOutcome(recorded.action)
+            outcome = recorded.action
             step.wait = recorded.wait
             message = steps.noted_message(message, outcome)
             self._report.log(
