@@ -7,7 +7,7 @@ never in a global registry. Metrics and traces are listeners
 (``orchestrator.monitoring``); an application may add its own. Each event delivers itself
 to its listener method (``deliver``), so the type checker sees every call.
 
-Events are emitted by the code both runners share (``orchestrator.runners.base``), so the
+Events are emitted by the engine written once (``orchestrator.runners``), so the
 threaded and the asyncio engine report alike. A listener is called in the thread or task
 that did the work, synchronously: it must be quick and thread-safe. One that raises never
 breaks a step: its error is logged once per listener and counted, and the step goes on.
