@@ -53,6 +53,7 @@ async def test_each_step_is_a_span_with_its_outcome(replicas: MakeEither) -> Non
         "orchestrator.document_id": "ok",
         "orchestrator.handler": replica.orch.handlers[0].name,
         "orchestrator.outcome": "advanced",
+        "orchestrator.recorded": True,
         "orchestrator.claim_latency": 0,
     }
     assert ok.status.status_code is trace.StatusCode.OK
@@ -62,6 +63,7 @@ async def test_each_step_is_a_span_with_its_outcome(replicas: MakeEither) -> Non
 
     assert bad.status.status_code is trace.StatusCode.ERROR
     assert (bad.attributes or {})["orchestrator.outcome"] == "failed"
+    assert (bad.attributes or {})["orchestrator.recorded"] is True  # its failure is on the doc
     assert [(e.name, dict(e.attributes or {})["exception.type"]) for e in bad.events] == [
         ("attempt failed", "ValueError")
     ]

@@ -88,6 +88,9 @@ class TracingListener(Listener):
         if span is None:
             return
         span.set_attribute("orchestrator.outcome", event.outcome.value)
+        # Whether the document says what became of the step, or its lease was left to
+        # expire (or was taken): where an operator looks next.
+        span.set_attribute("orchestrator.recorded", event.outcome.is_recorded)
         if event.wait is not None:
             span.set_attribute("orchestrator.wait", event.wait)
         if event.outcome.is_failure:

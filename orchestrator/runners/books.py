@@ -228,7 +228,7 @@ class Books(Generic[L]):
         with self.lock:
             if step.abandoned:
                 return False
-            self._stats[outcome] += 1
+            self._stats[outcome.value] += 1  # plain names: stats() prints and serialises as before
             del self._running[step.lease.token]
             self._sched.finished(outcome)
             self._notify(more_work=False)  # its worker takes the next action itself
@@ -243,7 +243,7 @@ class Books(Generic[L]):
                 return False
             step.abandoned = True
             del self._running[step.lease.token]
-            self._stats[StepOutcome.TIMED_OUT] += 1
+            self._stats[StepOutcome.TIMED_OUT.value] += 1
             self._sched.finished(StepOutcome.TIMED_OUT)
             if uncounted(step):
                 self._workers -= 1
@@ -257,7 +257,7 @@ class Books(Generic[L]):
         with self.lock:
             if self._running.pop(step.lease.token, None) is None:
                 return False
-            self._stats[StepOutcome.INTERRUPTED] += 1
+            self._stats[StepOutcome.INTERRUPTED.value] += 1
             self._sched.finished(StepOutcome.INTERRUPTED)
             self._notify(more_work=False)
             return True
