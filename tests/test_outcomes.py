@@ -41,23 +41,3 @@ def test_a_value_is_its_own_name_in_logs_labels_and_stats(member: StepOutcome | 
     assert str(member) == f"{member}" == member.value == member.name.lower()
     assert type(member)(member.value) is member
     assert {member.value: 1}[member] == 1  # a str key finds it: stats() counts by value
-
-
-def test_stats_are_counted_by_plain_names() -> None:
-    """``stats()`` keys are plain strings: they print, log and serialise as names, not as
-    enum members, whichever vocabulary counted them."""
-    from orchestrator import Lease, Orchestrator
-    from orchestrator.testing import FakeClock, memory_database
-
-    clock = FakeClock()
-    orch = Orchestrator(memory_database(clock=clock), clock=clock, max_concurrency=1)
-
-    @orch.phase("jobs", "Running")
-    def step(lease: Lease[object]) -> object:
-        return lease.advance("Done")
-
-    orch.submit("jobs", {"phase": "Running"})
-    counts = orch.run_once()
-    assert counts["advanced"] == 1
-    assert all(type(key) is str for key in orch.stats())
-    assert "StepOutcome" not in repr(orch.stats())

@@ -16,7 +16,7 @@ from pymongo.database import Database
 
 from orchestrator import EPOCH, Lease, LeaseLost, Orchestrator, Outcome
 from orchestrator.core.queries import as_utc
-from orchestrator.testing import FakeClock
+from orchestrator.testing import FakeClock, memory_database
 from orchestrator.testing.faults import Faults
 from orchestrator.tools.status import collect
 from tests.conftest import MakeEither
@@ -297,3 +297,20 @@ async def test_an_outside_phase_change_also_wins_over_a_recorded_failure(
     assert stored["phase"] == "Cancelled" and "lastError" not in stored
     assert "lockToken" not in stored
     assert as_utc(stored["lockedUntil"]) <= orch.clock.now() + timedelta(seconds=0)
+
+
+def test_stats_are_counted_by_plain_names() -> None:
+    """``stats()`` keys are plain strings: they print, log and serialise as names, not as
+    enum members, whichever vocabulary counted them."""
+    clock = FakeClock()
+    orch = Orchestrator(memory_database(clock=clock), clock=clock, max_concurrency=1)
+
+    @orch.phase("jobs", "Running")
+    def step(lease: Lease[object]) -> object:
+        return lease.advance("Done")
+
+    orch.submit("jobs", {"phase": "Running"})
+    counts = orch.run_once()
+    assert counts["advanced"] == 1
+    assert all(type(key) is str for key in orch.stats())
+    assert "StepOutcome" not in repr(orch.stats())
