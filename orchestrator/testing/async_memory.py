@@ -1,7 +1,7 @@
 """The in-memory MongoDB behind PyMongo's async API, for async replicas in tests.
 
 Not a second in-memory implementation: every object here is a facade over a proxy of
-``memory.py``, and every operation is that proxy's, run under its one lock when it is
+``memory``, and every operation is that proxy's, run under its one lock when it is
 awaited. So the async database answers exactly as ``memory_database`` does (the same
 linearizable history, ``hello`` from the same clock, the same server errors), and
 ``async_view`` lets async and sync replicas share one database in a test.
@@ -34,9 +34,9 @@ from orchestrator.testing.memory import (
     MemoryCursor,
     MemoryDatabase,
     Replication,
-    _ListCursor,
     memory_database,
 )
+from orchestrator.testing.memory.cursors import ListCursor
 
 if TYPE_CHECKING:
     from pymongo.database import Database
@@ -147,7 +147,7 @@ class _Facade:
             return AsyncMemoryClient(value)
         if isinstance(value, MemoryCursor):
             return AsyncMemoryCursor(value)
-        if isinstance(value, _ListCursor):
+        if isinstance(value, ListCursor):
             return AsyncMemoryCommandCursor(value)
         return value
 
@@ -312,7 +312,7 @@ class AsyncMemoryCommandCursor(_AsyncIterator):
     ``list_indexes``, ``list_collections``)."""
 
     _coroutines = _coroutines(AsyncCommandCursor)
-    _sync: _ListCursor
+    _sync: ListCursor
 
     async def try_next(self) -> Any:
         """The next document, or None when there is none."""

@@ -1,0 +1,114 @@
+"""What a server does to stored documents that mongomock does differently or not at all.
+
+Two rules are grafted onto each mongomock collection the proxies reach: a TTL index
+expires documents by the server's clock, once a minute, as a server's TTL monitor does
+(mongomock uses the machine's wall clock, at every read); and a write that would store a
+document over 16 MiB is refused and changes nothing (mongomock stores it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+import bson
+from pymongo.errors import DocumentTooLarge, DuplicateKeyError, OperationFailure, WriteError
+
+from orchestrator.core.clock import Clock
+
+__all__ = [
+    "MAX_BSON_SIZE",
+    "TTL_MONITOR_PERIOD",
+    "OversizedDocument",
+    "expire_by_server_clock",
+    "limit_document_size",
+]
+
+MAX_BSON_SIZE = 16 * 1024 * 1024
+"""The largest document a server stores (``BSONObjMaxUserSize``)."""
+
+
+class OversizedDocument(DuplicateKeyError):
+    """Raised inside mongomock when a write would store more than 16 MiB. A
+    ``DuplicateKeyError``, so mongomock rolls the write back as it does for a unique index;
+    the proxy then raises what the server (or pymongo) raises instead."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__(f"document of {size} bytes", 17419)
+        self.size = size
+
+    def as_raised_for(self, operation: str) -> Exception:
+        if operation.startswith("insert"):
+            # pymongo refuses it before sending it, with this message.
+            return DocumentTooLarge(
+                f"BSON document too large ({self.size} bytes) - the connected server "
+                f"supports BSON document sizes up to {MAX_BSON_SIZE} bytes."
+            )
+        message = f"Resulting document after update is larger than {MAX_BSON_SIZE}"
+        if operation.startswith("find_one_and"):
+            message = f"Plan executor error during findAndModify :: caused by :: {message}"
+            details = {"ok": 0.0, "errmsg": message, "code": 17419, "codeName": "Location17419"}
+            return OperationFailure(message, 17419, details)
+        return WriteError(message, 17419, {"index": 0, "code": 17419, "errmsg": message})
+
+
+TTL_MONITOR_PERIOD = 60
+"""Seconds between two passes of a server's TTL monitor (``ttlMonitorSleepSecs``)."""
+
+
+def expire_by_server_clock(store: Any, clock: Clock) -> None:
+    """Make one mongomock collection's TTL indexes expire documents as a server does
+    (once).
+
+    mongomock deletes a TTL index's expired documents at every read, by the machine's wall
+    clock; a server's TTL monitor deletes them by the server's clock, once a minute. Here
+    they go by the database's clock (a test's ``FakeClock``), at its last whole minute: an
+    expired document may outlive its expiry by up to a minute, as on a server, so a reader
+    that must not see it has to judge the expiry itself.
+    """
+    if "_expire_documents" in vars(store):
+        return
+
+    def expire_documents(index: Mapping[str, Any]) -> None:
+        try:
+            expiry = int(index["expireAfterSeconds"])
+        except (TypeError, ValueError):
+            return
+        keys = list(index["key"])
+        if len(keys) != 1:
+            return  # as on a server: a compound index expires nothing
+        field = keys[0][0]
+        now = clock.now().timestamp()
+        monitor_pass = datetime.fromtimestamp(now - now % TTL_MONITOR_PERIOD, UTC)
+        passed = monitor_pass.replace(tzinfo=None)  # mongomock stores naive UTC
+        with store._rwlock.reader():
+            expired = [
+                doc["_id"]
+                for doc in store._documents.values()
+                if store._value_meets_expiry(doc.get(field), expiry, passed)
+            ]
+        for doc_id in expired:
+            del store[doc_id]
+
+    store._expire_documents = expire_documents
+
+
+def limit_document_size(collection: Any) -> None:
+    """Make one mongomock collection refuse to store a document over 16 MiB (once).
+
+    mongomock calls ``_ensure_uniques`` on every document it has just inserted or updated
+    in place, and rolls the write back when it raises ``DuplicateKeyError``: the check
+    rides on that, so a refused write changes nothing, as on the server.
+    """
+    if "_ensure_uniques" in vars(collection):
+        return
+    ensure_uniques = collection._ensure_uniques
+
+    def checked(document: Mapping[str, Any]) -> None:
+        size = len(bson.encode(document))
+        if size > MAX_BSON_SIZE:
+            raise OversizedDocument(size)
+        ensure_uniques(document)
+
+    collection._ensure_uniques = checked
