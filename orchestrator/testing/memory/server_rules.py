@@ -16,6 +16,7 @@ import bson
 from pymongo.errors import DocumentTooLarge, DuplicateKeyError, OperationFailure, WriteError
 
 from orchestrator.core.clock import Clock
+from orchestrator.core.replicas import TTL_MONITOR_PERIOD
 
 __all__ = [
     "MAX_BSON_SIZE",
@@ -53,10 +54,6 @@ class OversizedDocument(DuplicateKeyError):
         return WriteError(message, 17419, {"index": 0, "code": 17419, "errmsg": message})
 
 
-TTL_MONITOR_PERIOD = 60
-"""Seconds between two passes of a server's TTL monitor (``ttlMonitorSleepSecs``)."""
-
-
 def expire_by_server_clock(store: Any, clock: Clock) -> None:
     """Make one mongomock collection's TTL indexes expire documents as a server does
     (once).
@@ -80,7 +77,7 @@ def expire_by_server_clock(store: Any, clock: Clock) -> None:
             return  # as on a server: a compound index expires nothing
         field = keys[0][0]
         now = clock.now().timestamp()
-        monitor_pass = datetime.fromtimestamp(now - now % TTL_MONITOR_PERIOD, UTC)
+        monitor_pass = datetime.fromtimestamp(now - now % int(TTL_MONITOR_PERIOD), UTC)
         passed = monitor_pass.replace(tzinfo=None)  # mongomock stores naive UTC
         with store._rwlock.reader():
             expired = [
