@@ -7,7 +7,13 @@ progressive backoff) or ``advance`` (next phase).
 
 from orchestrator.core.backoff import BackoffPolicy, ExponentialBackoff, ProgressiveBackoff
 from orchestrator.core.clock import Clock, SystemClock
-from orchestrator.core.errors import ConfigError, LeaseLost, OrchestratorError, StoreError
+from orchestrator.core.errors import (
+    ConfigError,
+    LeaseLost,
+    OperatorError,
+    OrchestratorError,
+    StoreError,
+)
 from orchestrator.core.events import (
     AttemptFailedEvent,
     ClockMeasuredEvent,
@@ -20,9 +26,11 @@ from orchestrator.core.events import (
 )
 from orchestrator.core.extras import library_version
 from orchestrator.core.lease import Outcome
+from orchestrator.core.redact import redact
 from orchestrator.core.resource import EPOCH, ErrorRecord, Resource
 from orchestrator.core.settings import DEFAULT_DATABASE, Settings
-from orchestrator.mongo import AsyncLease, Lease
+from orchestrator.core.status import Status
+from orchestrator.mongo import AsyncLease, AsyncOperations, Lease, Operations
 from orchestrator.runners.aio import AsyncOrchestrator, ThreadLease
 from orchestrator.runners.base import StepTimeout, StopReport
 from orchestrator.runners.threaded import Orchestrator
@@ -34,6 +42,7 @@ __all__ = [
     "DEFAULT_DATABASE",
     "EPOCH",
     "AsyncLease",
+    "AsyncOperations",
     "AsyncOrchestrator",
     "AttemptFailedEvent",
     "BackoffPolicy",
@@ -48,12 +57,15 @@ __all__ = [
     "LeaseLost",
     "LeaseLostEvent",
     "Listener",
+    "Operations",
+    "OperatorError",
     "Orchestrator",
     "OrchestratorError",
     "Outcome",
     "ProgressiveBackoff",
     "Resource",
     "Settings",
+    "Status",
     "StepClaimedEvent",
     "StepFinishedEvent",
     "StepTimeout",
@@ -62,4 +74,5 @@ __all__ = [
     "SystemClock",
     "ThreadLease",
     "__version__",
+    "redact",
 ]

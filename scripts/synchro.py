@@ -1,4 +1,4 @@
-"""Generate the sync store, lease and clock probe from the async ones, as PyMongo does.
+"""Generate the sync modules of orchestrator/mongo/_async/ from the async ones, as PyMongo does.
 
 ``orchestrator/mongo/_async/`` is written by hand; each file there has a generated twin in
 ``orchestrator/mongo/_sync/`` with ``async``/``await`` removed and the async names replaced
@@ -29,6 +29,9 @@ REPLACEMENTS = {
     # The orchestrator's own names.
     "AsyncStore": "Store",
     "AsyncLease": "Lease",
+    "AsyncReportStore": "ReportStore",
+    "AsyncReports": "Reports",
+    "AsyncOperations": "Operations",
     "_async": "_sync",  # orchestrator.mongo._async.* -> orchestrator.mongo._sync.*
     "connect_async": "connect",
     "check_reachable_async": "check_reachable",

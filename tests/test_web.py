@@ -40,10 +40,10 @@ from orchestrator.core.replicas import RunningStep
 from orchestrator.core.resource import EPOCH
 from orchestrator.mongo import Store
 from orchestrator.monitoring.prometheus import StatusCollector
+from orchestrator.operations import Operations
 from orchestrator.testing import FakeClock, async_view, memory_database
 from orchestrator.testing.memory import MemoryDatabase
 from orchestrator.tools import cli, commands
-from orchestrator.tools.status import collect
 from orchestrator.tools.web import serve as web_serve
 from orchestrator.web import operator_app
 from tests.conftest import MONGODB_URI, MakeEither
@@ -94,7 +94,7 @@ def test_the_page_shows_the_status_commands_counts_per_collection_and_phase(
     shown = read(page.get("/ops/"))
     expected = [
         [r.collection, r.phase, *map(str, (r.count, r.leased, r.overdue, r.waiting, r.failed))]
-        for r in collect(db).phases
+        for r in Operations(db).status().phases
     ]
     rows = [row for row in shown.rows("counts") if row[1] != "all phases"]
     assert rows == expected

@@ -37,7 +37,7 @@ from orchestrator.core.errors import ConfigError
 from orchestrator.core.settings import DEFAULT_DATABASE
 from orchestrator.mongo import connect_async
 from orchestrator.mongo.common import Document
-from orchestrator.tools.status import Status, collect_async
+from orchestrator.operations import AsyncOperations, Status
 
 if TYPE_CHECKING:
     from orchestrator.tools.workflows.gateway import Platform, Workflow
@@ -379,7 +379,7 @@ async def _demo(
         finally:
             left_wrong = await fleet.stop()
     elapsed = monotonic() - started
-    status = await collect_async(db, collections=None, errors=3)
+    status = await AsyncOperations(db).status(errors=3)
     return await _report(
         console, options, fleet, status, elapsed, kept, deleted, timed_out, left_wrong
     )
@@ -400,7 +400,7 @@ class _Display:
         monotonic: Callable[[], float],
     ) -> None:
         self.console = console
-        self.db = db
+        self.operations = AsyncOperations(db)
         self.fleet = fleet
         self.started = started
         self.total = total
@@ -476,7 +476,7 @@ class _Display:
         return None
 
     async def _status(self) -> Status:
-        return await collect_async(self.db, collections=WATCHED, errors=0)
+        return await self.operations.status(WATCHED, errors=0)
 
     async def _render(self, status: Status, stage: str) -> Group:
         counts = status.counts()
