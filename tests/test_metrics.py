@@ -22,12 +22,13 @@ from pymongo.database import Database
 from rich.console import Console
 
 from orchestrator import ConfigError
+from orchestrator.cli import main as cli
+from orchestrator.demo import run as demo
+from orchestrator.demo.run import DemoOptions
 from orchestrator.monitoring.prometheus import PrometheusListener, StatusCollector
 from orchestrator.operations import PhaseCount, Status
 from orchestrator.testing import FakeClock, async_memory_database
 from orchestrator.testing.memory import MemoryDatabase
-from orchestrator.tools import cli, demo
-from orchestrator.tools.demo import DemoOptions
 from tests.conftest import MakeEither
 from tests.engines import hold, wait
 

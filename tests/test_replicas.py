@@ -16,6 +16,8 @@ from pymongo import AsyncMongoClient
 from pymongo.database import Database
 
 from orchestrator import AsyncOrchestrator, ConfigError, Orchestrator, Settings
+from orchestrator.cli import commands
+from orchestrator.cli import main as cli
 from orchestrator.core import queries
 from orchestrator.core.extras import library_version
 from orchestrator.core.replicas import (
@@ -34,7 +36,6 @@ from orchestrator.mongo import Reports, Store
 from orchestrator.testing import FakeClock, async_view, memory_database
 from orchestrator.testing.faults import Faults
 from orchestrator.testing.memory import MemoryDatabase
-from orchestrator.tools import cli, commands
 from tests.conftest import MONGODB_URI, MakeEither, MakeReplica
 from tests.engines import hold, new_replica, wait
 

@@ -36,6 +36,8 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 
 from orchestrator import ConfigError
+from orchestrator.cli import commands
+from orchestrator.cli import main as cli
 from orchestrator.core.replicas import RunningStep
 from orchestrator.core.resource import EPOCH
 from orchestrator.mongo import Store
@@ -43,9 +45,8 @@ from orchestrator.monitoring.prometheus import StatusCollector
 from orchestrator.operations import Operations
 from orchestrator.testing import FakeClock, async_view, memory_database
 from orchestrator.testing.memory import MemoryDatabase
-from orchestrator.tools import cli, commands
-from orchestrator.tools.web import serve as web_serve
 from orchestrator.web import operator_app
+from orchestrator.web import serve as web_serve
 from tests.conftest import MONGODB_URI, MakeEither
 from tests.engines import hold, wait
 from tests.operator_page import Page, replica_records, seed

@@ -209,7 +209,7 @@ class _Page:
         self.errors = errors
         self.replicas = replicas
         self.templates = Environment(
-            loader=PackageLoader("orchestrator.tools.web", "templates"),
+            loader=PackageLoader("orchestrator.web", "templates"),
             autoescape=True,
             undefined=StrictUndefined,
             trim_blocks=True,

@@ -7,8 +7,8 @@ side effect run twice (a ledger with a unique key counts repeats), no lease left
 Time is real; ``tick`` and ``lock_timeout`` are small so the run takes seconds.
 
 The replicas are ``AsyncOrchestrator``s on this process's event loop (the workflow is
-written once, async: ``orchestrator.tools.workflows.gateway``), or, with ``processes`` (and
-a real server), separate OS processes (``orchestrator.tools.demo_processes``), as the pods
+written once, async: ``orchestrator.demo.workflows.gateway``), or, with ``processes`` (and
+a real server), separate OS processes (``orchestrator.demo.processes``), as the pods
 of a deployment are. The display, the users' requests and the replicas share the loop.
 """
 
@@ -40,7 +40,7 @@ from orchestrator.mongo.common import Document
 from orchestrator.operations import AsyncOperations, Status
 
 if TYPE_CHECKING:
-    from orchestrator.tools.workflows.gateway import Platform, Workflow
+    from orchestrator.demo.workflows.gateway import Platform, Workflow
 
 PHASES = ("Creating", "Created", "Deleting", "Deleted", "Failed")
 WATCHED = ("gateways", "runtimeDomains")
@@ -309,7 +309,7 @@ async def _demo(
     listeners: list[Any],
 ) -> int:
     """The run itself, on ``db``, whose client the caller closes."""
-    from orchestrator.tools.workflows.gateway import Faults, build  # noqa: PLC0415
+    from orchestrator.demo.workflows.gateway import Faults, build  # noqa: PLC0415
 
     waits = _Waits()
     settings: dict[str, Any] = {
@@ -320,7 +320,7 @@ async def _demo(
     }
     fleet: Fleet
     if options.processes:
-        from orchestrator.tools.demo_processes import Processes  # noqa: PLC0415
+        from orchestrator.demo.processes import Processes  # noqa: PLC0415
 
         # The users' side submits and deletes; its orchestrator is never started.
         fleet = Processes(build(db, replica_id="demo-users", **settings).platform, options)

@@ -3,7 +3,7 @@
 Click gives what the conventions of well-liked command lines ask for with little code:
 ``--version``, help with defaults and environment variables shown, typed and range-checked
 options (a bad value is refused before anything runs, exit status 2), and case-insensitive
-choices. ``orchestrator.tools.cli.main`` runs it and turns every error into one line.
+choices. ``orchestrator.cli.main.main`` runs it and turns every error into one line.
 """
 
 from __future__ import annotations
@@ -30,10 +30,14 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from orchestrator.cli.graph import mermaid
+from orchestrator.cli.loading import CommandError, Engine, load_orchestrator
 from orchestrator.core.extras import DISTRIBUTION
 from orchestrator.core.redact import redact, visible
 from orchestrator.core.replicas import REPLICAS_COLLECTION, ReplicaRecord
 from orchestrator.core.settings import DEFAULT_DATABASE
+from orchestrator.demo.run import DemoOptions
+from orchestrator.demo.run import run as run_demo
 from orchestrator.mongo import check_reachable, check_reachable_async, connect
 from orchestrator.mongo.common import Document
 from orchestrator.operations import (
@@ -50,10 +54,6 @@ from orchestrator.operations import (
 from orchestrator.runners.aio import AsyncOrchestrator
 from orchestrator.runners.base import StopReport
 from orchestrator.runners.threaded import Orchestrator
-from orchestrator.tools.demo import DemoOptions
-from orchestrator.tools.demo import run as run_demo
-from orchestrator.tools.graph import mermaid
-from orchestrator.tools.loading import CommandError, Engine, load_orchestrator
 
 EXIT_FAILED = 1  # the command ran and found something wrong (demo invariants)
 EXIT_ERROR = 2  # the command could not run: bad input, unreachable database
@@ -714,7 +714,7 @@ def web(
       orchestrator web --uri mongodb://localhost:27017/orchestrator --port 8080
     """
     # The web extra, imported here so that its absence is named, not a traceback.
-    from orchestrator.tools.web.serve import WebOptions, serve  # noqa: PLC0415
+    from orchestrator.web.serve import WebOptions, serve  # noqa: PLC0415
 
     if not uri:
         raise CommandError("no database: set MONGODB_URI or pass --uri")

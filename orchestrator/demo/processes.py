@@ -24,11 +24,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.demo.run import DemoOptions, _quiet_logs, _Waits
 from orchestrator.mongo import connect_async
-from orchestrator.tools.demo import DemoOptions, _quiet_logs, _Waits
 
 if TYPE_CHECKING:
-    from orchestrator.tools.workflows.gateway import Platform
+    from orchestrator.demo.workflows.gateway import Platform
 
 REPLICAS = "demoReplicas"
 """One document per replica process: its step counts, then its final report."""
@@ -62,7 +62,7 @@ class Processes:
             argv = [
                 sys.executable,
                 "-m",
-                "orchestrator.tools.demo_processes",
+                "orchestrator.demo.processes",
                 f"--db={self.platform.db.name}",
                 f"--replica-id={name}",
                 f"--tick={options.tick}",
@@ -139,7 +139,7 @@ class Processes:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """One replica process: run the workflow until SIGTERM, publishing its counts."""
-    parser = argparse.ArgumentParser(prog="python -m orchestrator.tools.demo_processes")
+    parser = argparse.ArgumentParser(prog="python -m orchestrator.demo.processes")
     parser.add_argument("--db", required=True)
     parser.add_argument("--replica-id", required=True)
     parser.add_argument("--tick", type=float, required=True)
@@ -156,7 +156,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 async def _replica(args: argparse.Namespace, uri: str) -> int:
-    from orchestrator.tools.workflows.gateway import Faults, build  # noqa: PLC0415
+    from orchestrator.demo.workflows.gateway import Faults, build  # noqa: PLC0415
 
     db = await connect_async(uri, args.db, timeout=10)
     workflow = build(
