@@ -24,7 +24,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.demo.run import DemoOptions, _quiet_logs, _Waits
+from orchestrator.demo.logs import RelockWaits, quiet_logs
+from orchestrator.demo.run import DemoOptions
 from orchestrator.mongo import connect_async
 
 if TYPE_CHECKING:
@@ -173,16 +174,15 @@ async def _replica(args: argparse.Namespace, uri: str) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    waits = _Waits()
-    with _quiet_logs(args.log_file, waits):
+    waits = RelockWaits()
+    with quiet_logs(args.log_file, waits):
         await orch.start()
         fields: dict[str, Any] = {"pid": os.getpid()}
         while not await _wait(stop, PUBLISH_EVERY):
             fields["stats"] = orch.stats()
             await reports.update_one({"_id": args.replica_id}, {"$set": fields}, upsert=True)
         report = await orch.stop(timeout=10)
-    with waits.lock:
-        fields.update(waits=list(waits.values), stillRunning=len(report.still_running))
+    fields.update(waits=waits.snapshot(), stillRunning=len(report.still_running))
     fields.update(stats=orch.stats(), stopped=True)
     await reports.update_one({"_id": args.replica_id}, {"$set": fields}, upsert=True)
     return 0

@@ -15,14 +15,12 @@ of a deployment are. The display, the users' requests and the replicas share the
 from __future__ import annotations
 
 import asyncio
-import logging
 import random
-import threading
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -35,6 +33,7 @@ from rich.text import Text
 
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.settings import DEFAULT_DATABASE
+from orchestrator.demo.logs import RelockWaits, quiet_logs
 from orchestrator.mongo import connect_async
 from orchestrator.mongo.common import Document
 from orchestrator.operations import AsyncOperations, Status
@@ -94,56 +93,6 @@ class DemoOptions:
                 )
 
 
-@dataclass
-class _Waits:
-    """Relock waits of the certificate step, read from its log records."""
-
-    values: list[float] = field(default_factory=list)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-
-class _WaitCollector(logging.Handler):
-    def __init__(self, waits: _Waits) -> None:
-        super().__init__(logging.INFO)
-        self.waits = waits
-
-    def emit(self, record: logging.LogRecord) -> None:
-        wait = getattr(record, "wait", None)
-        if isinstance(wait, int | float) and getattr(record, "outcome", None) == "relocked":
-            with self.waits.lock:
-                self.waits.values.append(float(wait))
-
-
-@contextmanager
-def _quiet_logs(log_file: Path | None, waits: _Waits) -> Iterator[None]:
-    """Keep log lines off the live display: to ``log_file`` if given, else nowhere."""
-    names = ("orchestrator", "apscheduler")
-    saved = [(logging.getLogger(n), logging.getLogger(n).propagate) for n in names]
-    saved_levels = [lg.level for lg, _ in saved]
-    handlers: list[logging.Handler] = [_WaitCollector(waits)]
-    if log_file is not None:
-        to_file = logging.FileHandler(log_file, encoding="utf-8")
-        to_file.setFormatter(
-            logging.Formatter("%(asctime)s %(levelname)s %(name)s [%(threadName)s] %(message)s")
-        )
-        handlers.append(to_file)
-    for lg, _ in saved:
-        lg.propagate = False
-        lg.setLevel(logging.WARNING if lg.name == "apscheduler" else logging.INFO)
-        for handler in handlers:
-            lg.addHandler(handler)
-    try:
-        yield
-    finally:
-        for (lg, propagate), level in zip(saved, saved_levels, strict=True):
-            lg.propagate = propagate
-            lg.setLevel(level)
-            for handler in handlers:
-                lg.removeHandler(handler)
-        for handler in handlers:
-            handler.close()
-
-
 class Fleet(Protocol):
     """The demo's replicas, wherever they run: tasks here or processes of their own."""
 
@@ -175,7 +124,7 @@ class Fleet(Protocol):
 class _Tasks:
     """Replicas as ``AsyncOrchestrator``s on this process's event loop."""
 
-    def __init__(self, replicas: list[Workflow], waits: _Waits) -> None:
+    def __init__(self, replicas: list[Workflow], waits: RelockWaits) -> None:
         self.replicas = replicas
         self.platform = replicas[0].platform
         self._waits = waits
@@ -208,8 +157,7 @@ class _Tasks:
         return [(r.orch.replica_id, r.orch.stats()) for r in self.replicas]
 
     async def relock_waits(self) -> list[float]:
-        with self._waits.lock:
-            return sorted(self._waits.values)
+        return sorted(self._waits.snapshot())
 
 
 @contextmanager
@@ -311,7 +259,7 @@ async def _demo(
     """The run itself, on ``db``, whose client the caller closes."""
     from orchestrator.demo.workflows.gateway import Faults, build  # noqa: PLC0415
 
-    waits = _Waits()
+    waits = RelockWaits()
     settings: dict[str, Any] = {
         "cert_delay": options.cert_delay,
         "faults": Faults(options.fail_rate, options.seed),
@@ -348,7 +296,7 @@ async def _demo(
     deadline = started + options.timeout  # the whole run, setup included
     display = _Display(console, db, fleet, started, len(names), len(deleted), monotonic)
     timed_out: str | None = None
-    with _quiet_logs(options.log_file, waits):
+    with quiet_logs(options.log_file, waits):
         await fleet.start()
         try:
             submitters = fleet.submitters()
