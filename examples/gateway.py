@@ -7,6 +7,6 @@ the name examples use: ``orchestrator run examples.gateway:worker`` from a clone
 server example's ``build``. The workflow is async, written once for all of them.
 """
 
-from orchestrator.demo.workflows.gateway import Platform, Workflow, build, worker
+from orchestrator.demo.workflows import Platform, Workflow, build, worker
 
 __all__ = ["Platform", "Workflow", "build", "worker"]
