@@ -28,10 +28,8 @@ from pymongo import AsyncMongoClient
 from pymongo.asynchronous.database import AsyncDatabase
 
 from examples.gateway import Platform, Workflow, build
-from orchestrator import DEFAULT_DATABASE, StoreError
-from orchestrator.core.redact import redact
+from orchestrator import DEFAULT_DATABASE, AsyncOperations, StoreError, redact
 from orchestrator.testing import async_memory_database
-from orchestrator.tools.status import collect_async
 
 logger = logging.getLogger("examples.api_server")
 
@@ -178,7 +176,7 @@ def create_app(db: AsyncDatabase[dict[str, Any]] | None = None, **settings: Any)
 
     @app.get("/phases")
     async def phases(workflow: WorkflowDep) -> dict[str, Any]:
-        status = await collect_async(workflow.platform.db, errors=0)
+        status = await AsyncOperations(workflow.platform.db).status(errors=0)
         return {"replica": workflow.orch.replica_id, "phases": status.counts()}
 
     return app

@@ -7,7 +7,13 @@ progressive backoff) or ``advance`` (next phase).
 
 from orchestrator.core.backoff import BackoffPolicy, ExponentialBackoff, ProgressiveBackoff
 from orchestrator.core.clock import Clock, SystemClock
-from orchestrator.core.errors import ConfigError, LeaseLost, OrchestratorError, StoreError
+from orchestrator.core.errors import (
+    ConfigError,
+    LeaseLost,
+    OperatorError,
+    OrchestratorError,
+    StoreError,
+)
 from orchestrator.core.events import (
     AttemptFailedEvent,
     ClockMeasuredEvent,
@@ -21,10 +27,12 @@ from orchestrator.core.events import (
 from orchestrator.core.extras import library_version
 from orchestrator.core.lease import Outcome
 from orchestrator.core.outcomes import LeaseWrite, StepOutcome
+from orchestrator.core.redact import redact
 from orchestrator.core.resource import EPOCH, ErrorRecord, Resource
 from orchestrator.core.settings import DEFAULT_DATABASE, Settings
+from orchestrator.core.status import Status
 from orchestrator.core.steps import StepTimeout, StopReport
-from orchestrator.mongo import AsyncLease, Lease
+from orchestrator.mongo import AsyncLease, AsyncOperations, Lease, Operations
 from orchestrator.runners._async.engine import AsyncOrchestrator
 from orchestrator.runners._sync.engine import Orchestrator
 from orchestrator.runners.threads import ThreadLease
@@ -36,6 +44,7 @@ __all__ = [
     "DEFAULT_DATABASE",
     "EPOCH",
     "AsyncLease",
+    "AsyncOperations",
     "AsyncOrchestrator",
     "AttemptFailedEvent",
     "BackoffPolicy",
@@ -51,12 +60,15 @@ __all__ = [
     "LeaseLostEvent",
     "LeaseWrite",
     "Listener",
+    "Operations",
+    "OperatorError",
     "Orchestrator",
     "OrchestratorError",
     "Outcome",
     "ProgressiveBackoff",
     "Resource",
     "Settings",
+    "Status",
     "StepClaimedEvent",
     "StepFinishedEvent",
     "StepOutcome",
@@ -66,4 +78,5 @@ __all__ = [
     "SystemClock",
     "ThreadLease",
     "__version__",
+    "redact",
 ]

@@ -38,6 +38,9 @@ REPLACEMENTS = {
     "AsyncReplicaRecorder": "ReplicaRecorder",
     "AsyncWorkers": "Workers",
     "AsyncHandlerCalls": "HandlerCalls",
+    "AsyncReportStore": "ReportStore",
+    "AsyncReports": "Reports",
+    "AsyncOperations": "Operations",
     "_async": "_sync",  # orchestrator.mongo._async.* -> orchestrator.mongo._sync.*
     "connect_async": "connect",
     "check_reachable_async": "check_reachable",

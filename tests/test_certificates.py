@@ -11,9 +11,9 @@ from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.database import Database
 
 from orchestrator.core.queries import as_utc
+from orchestrator.demo.workflows.certificates import RuntimeDomain
+from orchestrator.demo.workflows.gateway import LEDGER, Faults, Workflow, build
 from orchestrator.testing import FakeClock
-from orchestrator.tools.workflows.certificates import RuntimeDomain
-from orchestrator.tools.workflows.gateway import LEDGER, Faults, Workflow, build
 
 pytestmark = pytest.mark.anyio
 
@@ -58,7 +58,7 @@ def next_claimable(db: Database[Any]) -> Any:
 async def test_the_step_relocks_with_growing_waits_until_the_certificate_is_ready(
     workflow: Workflow, db: Database[Any], clock: FakeClock, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="orchestrator.tools.workflows.certificates")
+    caplog.set_level(logging.INFO, logger="orchestrator.demo.workflows.certificates")
     server = workflow.orch.clock  # lease times are the server's: compare with its estimate
     await submit_domain(workflow)
     start = server.now()

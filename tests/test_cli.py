@@ -24,11 +24,13 @@ from rich.console import Console
 
 import orchestrator
 from orchestrator import Lease, LeaseLost, Orchestrator
+from orchestrator.cli import commands
+from orchestrator.cli import main as cli
 from orchestrator.core.queries import bson_time
+from orchestrator.demo import run as demo
+from orchestrator.demo.run import DemoOptions
+from orchestrator.demo.workflows import gateway
 from orchestrator.testing import FakeClock
-from orchestrator.tools import cli, commands, demo
-from orchestrator.tools.demo import DemoOptions
-from orchestrator.tools.workflows import gateway
 from tests.conftest import MakeEither
 from tests.engines import hold, wait
 
@@ -215,7 +217,7 @@ def test_graph_draws_the_gateway_workflow(capsys: pytest.CaptureFixture[str]) ->
         ("examples.gateway", "expected module:attribute"),
         ("no_such_module:orch", "cannot import 'no_such_module'"),
         ("examples.gateway:nothing", "has no attribute 'nothing'"),
-        ("orchestrator.tools.workflows.gateway:CREATE_ORDER", "is a tuple, not an Orchestrator"),
+        ("orchestrator.demo.workflows.gateway:CREATE_ORDER", "is a tuple, not an Orchestrator"),
     ],
 )
 def test_graph_and_run_refuse_a_wrong_target(

@@ -12,10 +12,10 @@ from pymongo import AsyncMongoClient, MongoClient
 
 from examples import api_server, quickstart
 from orchestrator import DEFAULT_DATABASE
+from orchestrator.cli import commands
+from orchestrator.demo.run import DemoOptions
+from orchestrator.demo.workflows import gateway
 from orchestrator.testing import async_memory_database, memory_database
-from orchestrator.tools import commands
-from orchestrator.tools.demo import DemoOptions
-from orchestrator.tools.workflows import gateway
 
 ROOT = Path(__file__).resolve().parent.parent
 NO_SERVER = "mongodb://127.0.0.1:1/"

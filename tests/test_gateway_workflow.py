@@ -14,8 +14,7 @@ from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.database import Database
 
 from orchestrator import ConfigError
-from orchestrator.testing import FakeClock
-from orchestrator.tools.workflows.gateway import (
+from orchestrator.demo.workflows.gateway import (
     CREATE_ORDER,
     DELETE_ORDER,
     LEDGER,
@@ -23,6 +22,7 @@ from orchestrator.tools.workflows.gateway import (
     Workflow,
     build,
 )
+from orchestrator.testing import FakeClock
 
 pytestmark = pytest.mark.anyio
 

@@ -12,8 +12,8 @@ cancelled: its lease left to expire, the replica going on), crashes, stalls past
 (before the step's first lease call, or between it and the rest), the stalled replica's
 heartbeat (its extension confirmed in time, its reply slow or late, or its write stalled
 while the other replicas tick past the expiry), operator unlock and retry racing claims
-(planned and guarded by ``orchestrator.tools.operations``, as the command line and the
-page do), outside phase changes (a cancel) racing a stalled ``remove()``, malformed
+(through ``orchestrator.operations``, guarded by what the operator saw, as the command
+line and the page do), outside phase changes (a cancel) racing a stalled ``remove()``, malformed
 documents, colliding submits, replicas with different lock timeouts and ``max_wait``
 (600 s and 30 days), and handlers that share one name (made by one helper function) on
 different phases; it shrinks any failure to a short list of steps.
@@ -73,11 +73,16 @@ from hypothesis.stateful import (
 from orchestrator import AsyncOrchestrator, LeaseLost, Orchestrator, Outcome, Resource
 from orchestrator.core import queries
 from orchestrator.core.queries import as_utc
-from orchestrator.mongo import Store
+from orchestrator.operations import (
+    DocumentChanged,
+    DocumentNotFound,
+    LeaseHeld,
+    Operations,
+    error_phase,
+)
 from orchestrator.testing import FakeClock, memory_database
 from orchestrator.testing.async_memory import AsyncMemoryDatabase
 from orchestrator.testing.memory import DOCUMENT_WRITES
-from orchestrator.tools.operations import error_phase, live_lease, plan_retry, plan_unlock
 
 T = TypeVar("T")
 
@@ -553,6 +558,7 @@ class OperatorView:
     token: Any
     target: str | None  # a retry's phase
     forced: bool  # a retry that may take a live lease (the page, or --force)
+    until: Any = None  # the lease's end as the command line read it (the page sends none)
 
 
 # -- the recorder: every write to the collection, seen before and after -----------------------
@@ -632,7 +638,7 @@ class LeaseMachine(RuleBasedStateMachine):
         self.db = RecordingDatabase(self.raw, self)
         # The asyncio replicas' database: the async view of the same recorded one.
         self.adb = AsyncMemoryDatabase(self.db)  # type: ignore[arg-type]
-        self.operator = Store(self.db)  # type: ignore[arg-type]
+        self.operator = Operations(self.db)  # type: ignore[arg-type]
         self.lock = threading.RLock()
         self.mirror: dict[Any, dict[str, Any]] = {}
         self.docs: dict[Any, DocModel] = {}
@@ -1328,26 +1334,32 @@ class LeaseMachine(RuleBasedStateMachine):
         self.bury(stall.replica)
 
     def operate(self, view: OperatorView) -> bool:
-        """Apply a confirmed operator action as the command line and the page do: planned
-        by ``orchestrator.tools.operations`` from what the operator saw, guarded by it;
-        True when it applied."""
-        now = self.operator.server_time()
-        assert now is not None
-        if view.action == "retry":
-            assert view.target is not None
-            retry = plan_retry(COLLECTION, view.doc_id, view.phase, view.token, view.target)
-            guard, update = retry.guard, retry.update(now)
-        else:
-            unlock = plan_unlock(COLLECTION, view.doc_id, view.phase, view.token)
-            guard, update = unlock.guard, unlock.update()
+        """Apply a confirmed operator action as the command line and the page do: through
+        ``orchestrator.operations``, from what the operator saw, guarded by it; True when
+        it applied."""
+        seen = {
+            "_id": view.doc_id,
+            "phase": view.phase,
+            "lockToken": view.token,
+            "lockedUntil": view.until,
+        }
         self.operator_view = view
         try:
             with acting_as(f"operator-{view.action}"):
-                applied = self.operator.operator_update(COLLECTION, guard, update) is not None
+                if view.action == "retry":
+                    assert view.target is not None
+                    self.operator.retry(COLLECTION, seen, view.target, force=view.forced)
+                else:
+                    self.operator.unlock(COLLECTION, seen)
+            outcome = "applied"
+        except LeaseHeld:
+            outcome = "refused, live lease"
+        except (DocumentChanged, DocumentNotFound):
+            outcome = "refused, changed"
         finally:
             self.operator_view = None
-        FIGURES[f"operator {view.action}: {'applied' if applied else 'refused, changed'}"] += 1
-        return applied
+        FIGURES[f"operator {view.action}: {outcome}"] += 1
+        return outcome == "applied"
 
     # -- rules ----------------------------------------------------------------------------
 
@@ -1608,24 +1620,26 @@ class LeaseMachine(RuleBasedStateMachine):
     def operator_command(
         self, which: int | None, action: str, phase: str | None, force: bool, racing: int | None
     ) -> None:
-        """``orchestrator unlock|retry [--phase P] [--force]``: reads the document, plans
-        the action from what it read, refuses a retry of a live lease without --force, and
-        applies it; ``racing``: a replica ticks between the read and the write."""
+        """``orchestrator unlock|retry [--phase P] [--force]``: reads the document, and
+        applies the action to it as read (a retry of a live lease without --force is
+        refused); ``racing``: a replica ticks between the read and the write."""
         self.action(
             f"operator {action} (command line{', racing a tick' if racing is not None else ''})"
         )
         doc_id = self.document(which)["_id"]
-        doc = self.operator.find_one(COLLECTION, queries.exact_id_filter(doc_id))
-        assert doc is not None
+        doc = self.operator.document(COLLECTION, doc_id)
         target = (phase or error_phase(doc)) if action == "retry" else None
         if action == "retry" and target is None:
             return  # refused: no recorded error phase and no --phase
-        now = self.operator.server_time()
-        assert now is not None
-        if action == "retry" and live_lease(doc, now) and not force:
-            FIGURES["operator retry: refused, live lease"] += 1
-            return
-        view = OperatorView(action, doc_id, doc.get("phase"), doc.get("lockToken"), target, force)
+        view = OperatorView(
+            action,
+            doc_id,
+            doc.get("phase"),
+            doc.get("lockToken"),
+            target,
+            force,
+            doc.get("lockedUntil"),
+        )
         if racing is not None and self.idle():
             self.tick(self.pick(self.idle(), racing))
         self.operate(view)

@@ -22,12 +22,13 @@ from pymongo.database import Database
 from rich.console import Console
 
 from orchestrator import ConfigError
+from orchestrator.cli import main as cli
+from orchestrator.demo import run as demo
+from orchestrator.demo.run import DemoOptions
 from orchestrator.monitoring.prometheus import PrometheusListener, StatusCollector
+from orchestrator.operations import PhaseCount, Status
 from orchestrator.testing import FakeClock, async_memory_database
 from orchestrator.testing.memory import MemoryDatabase
-from orchestrator.tools import cli, demo
-from orchestrator.tools.demo import DemoOptions
-from orchestrator.tools.status import PhaseCount, Status
 from tests.conftest import MakeEither
 from tests.engines import hold, wait
 
@@ -248,7 +249,7 @@ def test_importing_orchestrator_needs_no_extra_and_the_listeners_name_theirs() -
 import sys
 sys.modules["prometheus_client"] = None
 sys.modules["opentelemetry"] = None
-import orchestrator, orchestrator.tools.status
+import orchestrator, orchestrator.operations
 for name in ("prometheus", "tracing"):
     try:
         __import__(f"orchestrator.monitoring.{name}")

@@ -71,7 +71,7 @@ def test_the_operators_page_names_the_web_extra(hidden: str) -> None:
 def test_the_command_names_the_missing_extra_in_one_line(
     hidden: tuple[str, ...], argv: list[str], extra: str
 ) -> None:
-    result = without(hidden, f"from orchestrator.tools.cli import main\nsys.exit(main({argv!r}))")
+    result = without(hidden, f"from orchestrator.cli.main import main\nsys.exit(main({argv!r}))")
     assert result.returncode == 2
     assert "Traceback" not in result.stderr
     [line] = result.stderr.strip().splitlines()

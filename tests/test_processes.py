@@ -27,9 +27,9 @@ from pymongo import MongoClient
 from pymongo.database import Database
 
 from orchestrator import Orchestrator
+from orchestrator.cli import main as cli
 from orchestrator.core.queries import as_utc
-from orchestrator.tools import cli
-from orchestrator.tools.demo_processes import REPLICAS
+from orchestrator.demo.processes import REPLICAS
 from tests.conftest import MONGODB_URI
 from tests.process_replica import COLLECTION, LOCK_TIMEOUT, STEPS
 

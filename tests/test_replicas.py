@@ -16,6 +16,8 @@ from pymongo import AsyncMongoClient
 from pymongo.database import Database
 
 from orchestrator import AsyncOrchestrator, ConfigError, Orchestrator, Settings
+from orchestrator.cli import commands
+from orchestrator.cli import main as cli
 from orchestrator.core import queries
 from orchestrator.core.extras import library_version
 from orchestrator.core.replicas import (
@@ -30,11 +32,10 @@ from orchestrator.core.replicas import (
     refresh_interval,
 )
 from orchestrator.core.settings import MAX_LOCK_TIMEOUT
-from orchestrator.mongo import Store
+from orchestrator.mongo import Reports, Store
 from orchestrator.testing import FakeClock, async_view, memory_database
 from orchestrator.testing.faults import Faults
 from orchestrator.testing.memory import MemoryDatabase
-from orchestrator.tools import cli, commands
 from tests.conftest import MONGODB_URI, MakeEither, MakeReplica
 from tests.engines import hold, new_replica, wait
 
@@ -132,7 +133,7 @@ def test_memory_ttl_index_expires_by_the_server_clock_once_a_minute(clock: FakeC
     store.record_replica(record("pod-1", now=clock.now() + timedelta(seconds=10)))  # expires :40
     clock.advance(45)
     assert db[REPLICAS_COLLECTION].find_one({"_id": "pod-1"}) is not None  # no pass since :00
-    assert store.live_replicas(clock.now()) == []  # but no reader lists it
+    assert Reports(db).live_replicas(clock.now()) == []  # but no reader lists it
     clock.advance(15)  # the monitor's pass at 00:01:00
     assert db[REPLICAS_COLLECTION].find_one({"_id": "pod-1"}) is None
 
@@ -141,7 +142,7 @@ def test_memory_ttl_index_expires_by_the_server_clock_once_a_minute(clock: FakeC
 
 
 def listed(db: Database[Any], now: datetime) -> dict[str, ReplicaRecord]:
-    return {r.replica_id: r for r in Store(db).live_replicas(now)}
+    return {r.replica_id: r for r in Reports(db).live_replicas(now)}
 
 
 async def test_each_engine_records_itself_on_start_and_refreshes_on_heartbeat(
@@ -262,15 +263,15 @@ async def test_a_failing_replica_write_does_not_break_steps(engine: str, clock: 
         await replica.heartbeat()  # fails again, and raises nothing
         errors = replica.stats()["replica_errors"]
         assert errors >= 2
-        assert Store(db).live_replicas(replica.clock.now()) == []
+        assert Reports(db).live_replicas(replica.clock.now()) == []
         assert sorted(d["_id"] for d in db.jobs.find({"phase": "Done"})) == ["j0", "j1", "j2"]
 
         faults.rates["find_one_and_replace"] = 0.0  # the next heartbeat writes it
         await replica.heartbeat()
-        assert [r.replica_id for r in Store(db).live_replicas(replica.clock.now())] == ["pod-1"]
+        assert [r.replica_id for r in Reports(db).live_replicas(replica.clock.now())] == ["pod-1"]
     finally:
         await replica.stop()
-    assert Store(db).live_replicas(replica.clock.now()) == []
+    assert Reports(db).live_replicas(replica.clock.now()) == []
 
 
 def _pause(orch: Orchestrator) -> None:
@@ -301,7 +302,7 @@ def test_two_processes_with_one_replica_id_are_told(
     second.heartbeat()
     assert second.stats()["replica_namesakes"] == 1
     first.stop()
-    [left] = Store(db).live_replicas(second.clock.now())
+    [left] = Reports(db).live_replicas(second.clock.now())
     assert left.instance == second._record.instance  # the stopping one removed only its own
 
 
@@ -315,7 +316,7 @@ async def test_sync_and_async_replicas_with_mixed_settings_are_flagged(clock: Fa
     try:
         await aio.start()
         try:
-            live = Store(db).live_replicas(threaded.clock.now())
+            live = Reports(db).live_replicas(threaded.clock.now())
             assert [(r.replica_id, r.engine) for r in live] == [
                 ("pod-async", "async"),
                 ("pod-sync", "threaded"),
@@ -336,8 +337,8 @@ async def test_the_collection_is_a_setting(clock: FakeClock) -> None:
     orch = Orchestrator(db, replica_id="pod-1", clock=clock, replicas_collection="ops.replicas")
     orch.start()
     try:
-        assert Store(db).live_replicas(orch.clock.now()) == []
-        [found] = Store(db).live_replicas(orch.clock.now(), "ops.replicas")
+        assert Reports(db).live_replicas(orch.clock.now()) == []
+        [found] = Reports(db).live_replicas(orch.clock.now(), "ops.replicas")
         assert found.replica_id == "pod-1"
     finally:
         orch.stop()

@@ -23,6 +23,8 @@ from pymongo.errors import (
 )
 
 from orchestrator import ConfigError, Lease, Orchestrator, Resource, StoreError
+from orchestrator.cli import commands
+from orchestrator.cli import main as cli
 from orchestrator.core import queries
 from orchestrator.core.queries import bson_time
 from orchestrator.core.settings import Settings
@@ -30,7 +32,6 @@ from orchestrator.mongo import Store
 from orchestrator.mongo.common import MIN_SERVER_VERSION, driver_errors
 from orchestrator.testing import FakeClock, memory_database
 from orchestrator.testing.memory import MAX_BSON_SIZE
-from orchestrator.tools import cli, commands
 from tests.conftest import MakeReplica, server_name
 
 

@@ -14,11 +14,10 @@ import anyio
 import pytest
 from pymongo.database import Database
 
-from orchestrator import EPOCH, Lease, LeaseLost, Orchestrator, Outcome
+from orchestrator import EPOCH, Lease, LeaseLost, Operations, Orchestrator, Outcome
 from orchestrator.core.queries import as_utc
 from orchestrator.testing import FakeClock, memory_database
 from orchestrator.testing.faults import Faults
-from orchestrator.tools.status import collect
 from tests.conftest import MakeEither
 from tests.engines import hold, wait
 
@@ -237,14 +236,14 @@ async def test_a_success_after_a_failure_is_no_longer_counted_failed(
 
     await orch.submit("jobs", {"phase": "Running"})
     await orch.run_once()
-    assert collect(db).phases[0].failed == 1
+    assert Operations(db).status().phases[0].failed == 1
     clock.advance(5)
     await orch.run_once()
     doc = _doc(db)
     assert "lastError" not in doc and doc["attempts"] == 0
     assert doc["previousError"]["message"] == "flaky"
-    assert collect(db).phases[0].failed == 0
-    assert collect(db).errors == []
+    assert Operations(db).status().phases[0].failed == 0
+    assert Operations(db).status().errors == []
 
 
 # -- defect 10: an outside writer changes the phase under a held lease -------------------

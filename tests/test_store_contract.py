@@ -1,7 +1,8 @@
 """The store contract, checked once against every store, as APScheduler 4 checks its data
 stores: the sync ``Store`` on ``memory_database``, ``AsyncStore`` on
 ``async_memory_database`` and on an ``async_view`` of a ``memory_database``, and both on
-the server named by ``MONGODB_URI`` (``MongoClient``, ``AsyncMongoClient``) when it is set.
+the server named by ``MONGODB_URI`` (``MongoClient``, ``AsyncMongoClient``) when it is set;
+and the operator's side (``ReportStore``: ``Reports``, ``AsyncReports``) on each of them.
 
 Every test is written against the async face; the sync store runs each call in a worker
 thread (as sync replicas call it from theirs), so concurrent calls overlap for real in
@@ -30,9 +31,10 @@ from pymongo.errors import DocumentTooLarge as DriverDocumentTooLarge
 
 from orchestrator import ConfigError, StoreError
 from orchestrator.core import queries
-from orchestrator.core.queries import bson_time
+from orchestrator.core.queries import as_utc, bson_time
 from orchestrator.core.resource import EPOCH
-from orchestrator.mongo import AsyncStore, Store, connect, connect_async
+from orchestrator.core.status import PhaseCount, RecentError
+from orchestrator.mongo import AsyncReports, AsyncStore, Reports, Store, connect, connect_async
 from orchestrator.mongo.common import MIN_SERVER_VERSION, DocumentTooLarge
 from orchestrator.testing import FakeClock, async_memory_database, async_view, memory_database
 from orchestrator.testing.faults import Faults
@@ -135,6 +137,11 @@ class Backend:
             return AsyncStore(db, **store_options)
         return Threaded(Store(db, **store_options))
 
+    def reports(self, db: Any) -> Any:
+        """The operator's side of the store on ``db`` (a store's ``database``), of this
+        backend's kind."""
+        return AsyncReports(db) if self.is_async else Threaded(Reports(db))
+
 
 def _backend_params() -> list[Any]:
     real = [
@@ -197,6 +204,11 @@ async def seed(store: Any, name: str, *docs: dict[str, Any]) -> None:
         await store.insert(name, doc, ())
 
 
+async def read(store: Any, name: str, query: dict[str, Any]) -> Any:
+    """A document as ``store``'s collection reads it (with the store's codec options)."""
+    return await resolve(store.collection(name).find_one(query))
+
+
 # -- claim -------------------------------------------------------------------------------------
 
 
@@ -254,7 +266,7 @@ async def test_claim_leaves_live_leases_and_takes_expired_and_bogus_ones(
     ):
         taken.add(doc["_id"])
     assert taken == {"expired", "bogus", "not-a-date"}
-    live = await store.find_one("jobs", {"_id": "live"})
+    live = await read(store, "jobs", {"_id": "live"})
     assert live is not None and live["lockToken"] == "a", "a live lease is left to its holder"
 
 
@@ -304,7 +316,7 @@ async def test_concurrent_claims_take_each_document_once(
     assert sorted(taken) == list(range(8)), "each document claimed exactly once"
     for doc in results:
         if doc is not None:
-            stored = await store.find_one("jobs", {"_id": doc["_id"]})
+            stored = await read(store, "jobs", {"_id": doc["_id"]})
             assert stored is not None and stored["lockToken"] == doc["lockToken"]
 
 
@@ -322,7 +334,7 @@ async def test_probe_answers_whether_any_handler_could_claim_and_writes_nothing(
         {"_id": 1, "phase": "A", **lease(now, "a")},
         {"_id": 2, "phase": "B", "lockedUntil": EPOCH},
     )
-    before = await store.find_one("jobs", {"_id": 2})
+    before = await read(store, "jobs", {"_id": 2})
     assert await store.has_claimable("jobs", [({"phase": "A"}, None)], now, HORIZON) is False
     assert (
         await store.has_claimable(
@@ -330,7 +342,7 @@ async def test_probe_answers_whether_any_handler_could_claim_and_writes_nothing(
         )
         is True
     )
-    assert await store.find_one("jobs", {"_id": 2}) == before
+    assert await read(store, "jobs", {"_id": 2}) == before
     later = now + timedelta(minutes=1)
     assert await store.has_claimable("jobs", [({"phase": "A"}, None)], later, HORIZON) is True
 
@@ -349,7 +361,7 @@ async def test_a_fenced_write_lands_only_under_its_lease(
     assert await store.write("jobs", queries.fenced(1, "mine", "R"), {"$set": {"x": 3}}) is False
     assert await store.write("jobs", queries.fenced(1, "mine", "Q"), {"$set": {"y": 4}}) is True
     assert await store.write("jobs", queries.fenced(2, "mine"), {"$set": {"x": 5}}) is False
-    doc = await store.find_one("jobs", {"_id": 1})
+    doc = await read(store, "jobs", {"_id": 1})
     assert doc is not None and (doc["x"], doc["y"]) == (1, 4)
 
 
@@ -370,20 +382,21 @@ async def test_a_fenced_delete_matches_only_the_lease_s_token_and_phase(
     assert await store.delete("jobs", queries.fenced(2, "mine", "Deleting")) is False
     assert await store.delete("jobs", queries.fenced(3, "mine", "Deleting")) is False
     assert await store.delete("jobs", queries.fenced(1, "mine", "Deleting")) is True
-    assert await store.find_one("jobs", {"_id": 1}) is None
-    assert await store.find_one("jobs", {"_id": 2}) is not None
-    assert await store.find_one("jobs", {"_id": 3}) is not None
+    assert await read(store, "jobs", {"_id": 1}) is None
+    assert await read(store, "jobs", {"_id": 2}) is not None
+    assert await read(store, "jobs", {"_id": 3}) is not None
 
 
 async def test_an_operator_update_is_not_fenced_and_returns_the_document_after(
     backend: Backend, clock: FakeClock
 ) -> None:
     store = backend.open()
+    reports = backend.reports(store.database)
     now = clock.now()
     await seed(store, "jobs", {"_id": 1, "phase": "Failed", **lease(now, "held")})
-    doc = await store.operator_update("jobs", {"_id": 1}, queries.operator_retry_update("Q", now))
+    doc = await reports.operator_update("jobs", {"_id": 1}, queries.operator_retry_update("Q", now))
     assert doc is not None and doc["phase"] == "Q" and "lockToken" not in doc
-    assert await store.operator_update("jobs", {"_id": 2}, {"$set": {"x": 1}}) is None
+    assert await reports.operator_update("jobs", {"_id": 2}, {"$set": {"x": 1}}) is None
     assert await store.write("jobs", queries.fenced(1, "held"), {"$set": {"x": 1}}) is False
 
 
@@ -395,7 +408,7 @@ async def test_insert_without_unique_keys_stores_each_document(backend: Backend)
     first = await store.insert("jobs", {"phase": "Q", "n": 1}, ())
     second = await store.insert("jobs", {"phase": "Q", "n": 1}, ())
     assert first["_id"] != second["_id"]
-    assert await store.find_one("jobs", {"_id": second["_id"]}) == second
+    assert await read(store, "jobs", {"_id": second["_id"]}) == second
 
 
 async def test_insert_is_idempotent_by_its_unique_keys(backend: Backend) -> None:
@@ -523,11 +536,12 @@ async def test_driver_errors_leave_as_store_errors_that_say_whether_to_retry(
     assert unacknowledged.value.transient
 
     faults.cut_off(60)
+    reports = backend.reports(store.database)
     with pytest.raises(StoreError, match="read from jobs") as outage:
-        await store.find_one("jobs", {"_id": 1})
+        await reports.find_one("jobs", {"_id": 1})
     assert outage.value.transient
     faults.silence()
-    doc = await store.find_one("jobs", {"_id": 1})
+    doc = await reports.find_one("jobs", {"_id": 1})
     assert doc is not None and doc["y"] == 1, "the timed-out write applied on the primary"
 
 
@@ -547,11 +561,13 @@ async def test_a_document_refused_as_over_16_mib_is_a_document_too_large_error(
         await store.write("jobs", queries.fenced(1, "t"), {"$set": {"blob": "x"}})
     faults.fail_next("find_one_and_update", OperationFailure(message, 17419))
     with pytest.raises(DocumentTooLarge, match="update jobs refused"):
-        await store.operator_update("jobs", {"_id": 1}, {"$set": {"blob": "x"}})
+        await backend.reports(store.database).operator_update(
+            "jobs", {"_id": 1}, {"$set": {"blob": "x"}}
+        )
     faults.fail_next("insert_one", DriverDocumentTooLarge("BSON document too large"))
     with pytest.raises(DocumentTooLarge, match="insert into jobs refused"):
         await store.insert("jobs", {"name": "big"}, ())
-    doc = await store.find_one("jobs", {"_id": 1})
+    doc = await read(store, "jobs", {"_id": 1})
     assert doc is not None and "blob" not in doc
 
 
@@ -639,10 +655,14 @@ async def test_dates_come_back_aware_utc_whatever_the_clients_codec_options(
     store = backend.open(codec_options=codec)
     now = clock.now()
     await seed(store, "jobs", {"_id": 1, "phase": "Q", **lease(now, "t")})
-    doc = await store.find_one("jobs", {"_id": 1})
-    assert doc is not None
-    assert doc["lockedUntil"] == bson_time(now + timedelta(seconds=30)).replace(tzinfo=UTC)
-    assert doc["lockedUntil"].tzinfo is UTC
+    stored = await read(store, "jobs", {"_id": 1})
+    reported = await backend.reports(store.database).find_one("jobs", {"_id": 1})
+    for read_back in (stored, reported):
+        assert read_back is not None
+        assert read_back["lockedUntil"] == bson_time(now + timedelta(seconds=30)).replace(
+            tzinfo=UTC
+        )
+        assert read_back["lockedUntil"].tzinfo is UTC
 
 
 # -- operators ---------------------------------------------------------------------------------
@@ -663,14 +683,14 @@ async def test_phase_summary_counts_each_phase_by_lease_state(
         {"phase": "Q", "lockedUntil": EPOCH, "lastError": error},
         {"phase": "Done", "lockedUntil": EPOCH},
     )
-    rows = {row["_id"]: row for row in await store.phase_summary("jobs", now)}
-    assert rows == {
-        "Q": {"_id": "Q", "count": 4, "leased": 1, "overdue": 1, "waiting": 1, "failed": 1},
-        "Done": {"_id": "Done", "count": 1, "leased": 0, "overdue": 0, "waiting": 0, "failed": 0},
-    }
+    rows = await backend.reports(store.database).phase_summary("jobs", now)
+    assert sorted(rows, key=lambda row: row.phase) == [
+        PhaseCount("jobs", "Done", count=1, leased=0, overdue=0, waiting=0, failed=0),
+        PhaseCount("jobs", "Q", count=4, leased=1, overdue=1, waiting=1, failed=1),
+    ]
 
 
-async def test_latest_errors_are_the_newest_first_with_only_what_a_report_shows(
+async def test_latest_errors_are_the_newest_first_as_a_report_shows_them(
     backend: Backend, clock: FakeClock
 ) -> None:
     store = backend.open()
@@ -690,20 +710,24 @@ async def test_latest_errors_are_the_newest_first_with_only_what_a_report_shows(
         ),
         {"_id": 9, "phase": "Q"},
     )
-    errors = await store.latest_errors("jobs", 3)
-    assert [doc["_id"] for doc in errors] == [3, 2, 1]
-    assert all(set(doc) == {"_id", "phase", "lastError", "attempts"} for doc in errors)
+    errors = await backend.reports(store.database).latest_errors("jobs", 3)
+    assert [(e.id, e.ref, e.attempts, e.message) for e in errors] == [
+        (str(n), f'{{"$numberInt": "{n}"}}', n, f"e{n}") for n in (3, 2, 1)
+    ]
+    at = as_utc(bson_time(now + timedelta(seconds=3)))
+    assert errors[0] == RecentError("jobs", "3", '{"$numberInt": "3"}', "Q", 3, "E", "e3", at)
 
 
 async def test_collection_names_are_sorted_without_the_servers_own_and_drop_removes_one(
     backend: Backend,
 ) -> None:
     store = backend.open()
+    reports = backend.reports(store.database)
     await seed(store, "b", {"x": 1})
     await seed(store, "a", {"x": 1})
-    assert await store.collection_names() == ["a", "b"]
+    assert await reports.collection_names() == ["a", "b"]
     await store.drop("b")
-    assert await store.collection_names() == ["a"]
+    assert await reports.collection_names() == ["a"]
 
 
 async def test_after_a_drop_the_next_submit_makes_the_unique_index_again(backend: Backend) -> None:

@@ -9,7 +9,7 @@ import pytest
 from pymongo.database import Database
 
 from orchestrator import EPOCH, ConfigError, Lease, Resource
-from orchestrator.mongo import Store
+from orchestrator.mongo import Reports
 from tests.conftest import MakeReplica
 
 
@@ -116,7 +116,6 @@ def test_status_counts_documents_without_a_lease_field(
     orch = make()
     orch.submit("jobs", {"phase": "Queued"})
     db.jobs.insert_one({"phase": "Queued"})
-    store = Store(db)
-    rows = {r["_id"]: r for r in store.phase_summary("jobs", orch.clock.now())}
-    assert rows["Queued"]["count"] == 2
-    assert rows["Queued"]["leased"] == 0
+    rows = {r.phase: r for r in Reports(db).phase_summary("jobs", orch.clock.now())}
+    assert rows["Queued"].count == 2
+    assert rows["Queued"].leased == 0

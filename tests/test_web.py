@@ -36,16 +36,17 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 
 from orchestrator import ConfigError
+from orchestrator.cli import commands
+from orchestrator.cli import main as cli
 from orchestrator.core.replicas import RunningStep
 from orchestrator.core.resource import EPOCH
 from orchestrator.mongo import Store
 from orchestrator.monitoring.prometheus import StatusCollector
+from orchestrator.operations import Operations
 from orchestrator.testing import FakeClock, async_view, memory_database
 from orchestrator.testing.memory import MemoryDatabase
-from orchestrator.tools import cli, commands
-from orchestrator.tools.status import collect
-from orchestrator.tools.web import serve as web_serve
 from orchestrator.web import operator_app
+from orchestrator.web import serve as web_serve
 from tests.conftest import MONGODB_URI, MakeEither
 from tests.engines import hold, wait
 from tests.operator_page import Page, replica_records, seed
@@ -94,7 +95,7 @@ def test_the_page_shows_the_status_commands_counts_per_collection_and_phase(
     shown = read(page.get("/ops/"))
     expected = [
         [r.collection, r.phase, *map(str, (r.count, r.leased, r.overdue, r.waiting, r.failed))]
-        for r in collect(db).phases
+        for r in Operations(db).status().phases
     ]
     rows = [row for row in shown.rows("counts") if row[1] != "all phases"]
     assert rows == expected

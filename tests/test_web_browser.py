@@ -30,8 +30,8 @@ from starlette.routing import Mount
 
 from orchestrator.testing import FakeClock, async_view, memory_database
 from orchestrator.testing.memory import MemoryDatabase
-from orchestrator.tools.web.serve import listen, url_of
 from orchestrator.web import operator_app
+from orchestrator.web.serve import listen, url_of
 from tests.conftest import MONGODB_URI
 from tests.operator_page import seed
 

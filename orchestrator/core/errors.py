@@ -44,3 +44,52 @@ class LeaseLost(OrchestratorError):
         self.doc_id = doc_id
         self.token = token
         self.action = action
+
+
+class OperatorError(OrchestratorError):
+    """An operator's request that cannot be carried out as asked (``orchestrator.operations``):
+    malformed input here; the subclasses say which document is not as the request says."""
+
+
+class DocumentNotFound(OperatorError):
+    """No document has the id the operator gave (``shown``: that id as they gave it)."""
+
+    def __init__(self, collection: str, shown: str) -> None:
+        super().__init__(f"no document {shown} in collection {collection!r}")
+        self.collection = collection
+        self.shown = shown
+
+
+class AmbiguousId(OperatorError):
+    """An id typed as text names more than one document (the string ``"42"`` and the
+    integer ``42``): ``documents`` are those it names, for the operator to choose from."""
+
+    def __init__(self, collection: str, typed: str, documents: list[dict[str, Any]]) -> None:
+        super().__init__(f"{typed!r} names more than one document in {collection!r}")
+        self.collection = collection
+        self.typed = typed
+        self.documents = documents
+
+
+class DocumentChanged(OperatorError):
+    """The document moved since the operator saw it (another operator, a replica or the
+    application changed its phase or its lease): nothing was done."""
+
+    def __init__(self, collection: str, doc_id: Any) -> None:
+        super().__init__(f"{collection}/{doc_id} changed since it was read: nothing was done")
+        self.collection = collection
+        self.doc_id = doc_id
+
+
+class LeaseHeld(OperatorError):
+    """A retry refused because a replica holds the document's lease now: retrying would let
+    another replica run its step while that one is still in it (``force`` allows it)."""
+
+    def __init__(self, collection: str, doc_id: Any, holder: Any, until: Any) -> None:
+        super().__init__(
+            f"{collection}/{doc_id} is held by a live lease of replica {holder!r} until {until}"
+        )
+        self.collection = collection
+        self.doc_id = doc_id
+        self.holder = holder
+        self.until = until

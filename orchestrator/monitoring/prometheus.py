@@ -51,7 +51,7 @@ from orchestrator.core.events import (
     StepFinishedEvent,
 )
 from orchestrator.mongo.common import Document
-from orchestrator.tools.status import Status, collect, collect_async
+from orchestrator.operations import AsyncOperations, Operations, Status
 
 __all__ = ["DEFAULT_STATUS_TIMEOUT", "DURATION_BUCKETS", "PrometheusListener", "StatusCollector"]
 
@@ -258,7 +258,7 @@ def _on_its_loop(
 
     async def count() -> Status:
         with pymongo.timeout(bound):
-            return await collect_async(db, collections=names, errors=0)
+            return await AsyncOperations(db).status(names, errors=0)
 
     def start() -> Future[Status]:
         if loop.is_closed():
@@ -333,7 +333,7 @@ class StatusCollector(Collector):
 
             def count() -> Status:
                 with pymongo.timeout(bound):
-                    return collect(db, collections=names, errors=0)
+                    return Operations(db).status(names, errors=0)
 
             self._start = partial(_in_thread, count)
         elif callable(source):

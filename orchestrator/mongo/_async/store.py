@@ -9,6 +9,8 @@ every filter and update comes from ``orchestrator.core.queries``.
 
 Driver errors leave here as ``StoreError`` (with a ``transient`` flag) and fenced writes
 that match nothing as ``LeaseLost``, so the layers above never see a driver exception.
+What only the operator's tools ask (reports, an operator's change) is the other side of the
+store, in ``orchestrator/mongo/_async/reports.py``.
 
 Whatever codec options the application's client has (``tz_aware``, ``DATETIME_MS``...),
 the store reads with its own: dates come back as aware UTC datetimes (a date outside the
@@ -35,7 +37,7 @@ from pymongo.errors import (
     ServerSelectionTimeoutError,
 )
 
-from orchestrator.core import queries, replicas
+from orchestrator.core import queries
 from orchestrator.core.errors import ConfigError, StoreError
 from orchestrator.core.queries import as_utc
 from orchestrator.core.redact import redact
@@ -318,12 +320,6 @@ class AsyncStore:
             return (info.get("options") or {}).get("collation")
         return None
 
-    async def find_one(self, name: str, query: Mapping[str, Any]) -> Document | None:
-        """A plain read outside any lease (operators, ``submit``'s answer): what it returns
-        may be changed by a holder at once, so nothing is decided on it under a lease."""
-        with driver_errors(f"read from {name}"):
-            return await self.collection(name).find_one(dict(query))
-
     # -- live replicas ------------------------------------------------------------------
 
     async def ensure_replica_index(self, name: str = REPLICAS_COLLECTION) -> str:
@@ -364,55 +360,7 @@ class AsyncStore:
             )
         return result.deleted_count > 0
 
-    async def live_replicas(
-        self, now: datetime, name: str = REPLICAS_COLLECTION
-    ) -> list[ReplicaRecord]:
-        """The replicas whose records are live at ``now`` (the server's time: take it from
-        ``server_time()``), by replica id. A record past its expiry is not listed even if
-        the TTL monitor has not deleted it yet; a document that is not a record is skipped."""
-        with driver_errors(f"read replicas from {name}"):
-            cursor = self.collection(name).find(queries.live_replicas_filter(now))
-            docs = await cursor.sort(queries.REPLICAS_SORT).to_list()
-        parsed = (ReplicaRecord.from_document(doc) for doc in docs)
-        return replicas.live((r for r in parsed if r is not None), now)
-
-    # -- operators ----------------------------------------------------------------------
-
-    async def collection_names(self) -> list[str]:
-        """The database's collections, sorted, without the server's own (``system.*``)."""
-        with driver_errors("list collections"):
-            names = await self._db.list_collection_names()
-        return sorted(n for n in names if not n.startswith("system."))
-
-    async def phase_summary(
-        self, name: str, now: datetime, match: Mapping[str, Any] | None = None
-    ) -> list[Document]:
-        """One aggregation counting documents per phase and lease state at ``now`` (the
-        server's time), so a status report costs one round trip whatever the collection;
-        ``match`` narrows it (to one document, for the operator's page)."""
-        with driver_errors(f"summarise {name}"):
-            cursor = await self.collection(name).aggregate(queries.status_pipeline(now, match))
-            return await cursor.to_list()
-
-    async def latest_errors(self, name: str, limit: int) -> list[Document]:
-        """At most ``limit`` documents carrying an error, most recent first, each with only
-        the fields a report shows (a document may be large; its error is small)."""
-        with driver_errors(f"read errors of {name}"):
-            cursor = self.collection(name).find(queries.errors_filter(), queries.ERRORS_PROJECTION)
-            return await cursor.sort(queries.ERRORS_SORT).limit(limit).to_list()
-
-    async def operator_update(
-        self, name: str, query: Mapping[str, Any], update: Mapping[str, Any]
-    ) -> Document | None:
-        """An operator's change to one document; the document after it, or None if absent.
-
-        Not fenced: an operator acts from outside any lease (a retry, a forced unlock) and
-        wins over the holder, whose next fenced write then fails.
-        """
-        with driver_errors(f"update {name}"):
-            return await self.collection(name).find_one_and_update(
-                dict(query), dict(update), return_document=ReturnDocument.AFTER
-            )
+    # -- collections --------------------------------------------------------------------
 
     async def drop(self, name: str) -> None:
         """Drop a collection with its documents and indexes. The unique indexes this store

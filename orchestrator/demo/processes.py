@@ -24,11 +24,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.demo.logs import RelockWaits, quiet_logs
+from orchestrator.demo.run import DemoOptions
 from orchestrator.mongo import connect_async
-from orchestrator.tools.demo import DemoOptions, _quiet_logs, _Waits
 
 if TYPE_CHECKING:
-    from orchestrator.tools.workflows.gateway import Platform
+    from orchestrator.demo.workflows.gateway import Platform
 
 REPLICAS = "demoReplicas"
 """One document per replica process: its step counts, then its final report."""
@@ -62,7 +63,7 @@ class Processes:
             argv = [
                 sys.executable,
                 "-m",
-                "orchestrator.tools.demo_processes",
+                "orchestrator.demo.processes",
                 f"--db={self.platform.db.name}",
                 f"--replica-id={name}",
                 f"--tick={options.tick}",
@@ -139,7 +140,7 @@ class Processes:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """One replica process: run the workflow until SIGTERM, publishing its counts."""
-    parser = argparse.ArgumentParser(prog="python -m orchestrator.tools.demo_processes")
+    parser = argparse.ArgumentParser(prog="python -m orchestrator.demo.processes")
     parser.add_argument("--db", required=True)
     parser.add_argument("--replica-id", required=True)
     parser.add_argument("--tick", type=float, required=True)
@@ -156,7 +157,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 async def _replica(args: argparse.Namespace, uri: str) -> int:
-    from orchestrator.tools.workflows.gateway import Faults, build  # noqa: PLC0415
+    from orchestrator.demo.workflows.gateway import Faults, build  # noqa: PLC0415
 
     db = await connect_async(uri, args.db, timeout=10)
     workflow = build(
@@ -173,16 +174,15 @@ async def _replica(args: argparse.Namespace, uri: str) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    waits = _Waits()
-    with _quiet_logs(args.log_file, waits):
+    waits = RelockWaits()
+    with quiet_logs(args.log_file, waits):
         await orch.start()
         fields: dict[str, Any] = {"pid": os.getpid()}
         while not await _wait(stop, PUBLISH_EVERY):
             fields["stats"] = orch.stats()
             await reports.update_one({"_id": args.replica_id}, {"$set": fields}, upsert=True)
         report = await orch.stop(timeout=10)
-    with waits.lock:
-        fields.update(waits=list(waits.values), stillRunning=len(report.still_running))
+    fields.update(waits=waits.snapshot(), stillRunning=len(report.still_running))
     fields.update(stats=orch.stats(), stopped=True)
     await reports.update_one({"_id": args.replica_id}, {"$set": fields}, upsert=True)
     return 0

@@ -1,6 +1,6 @@
 """The ``orchestrator`` command's entry point: the demo, a standalone worker, operators' tools.
 
-It runs the Click commands of ``orchestrator.tools.commands`` and turns every failure an
+It runs the Click commands of ``orchestrator.cli.commands`` and turns every failure an
 operator can cause (a bad option, a wrong ``module:attribute``, an unreachable or
 malformed URI, an unknown collection or document, an extra not installed) into one line on
 stderr and exit status 2, never a traceback; URIs are printed with their password masked.
@@ -12,10 +12,10 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
+from orchestrator.cli.loading import CommandError
 from orchestrator.core.errors import OrchestratorError
 from orchestrator.core.extras import EXTRA_OF_MODULE, install_hint
 from orchestrator.core.redact import redact, visible
-from orchestrator.tools.loading import CommandError
 
 EXIT_ERROR = 2
 EXIT_INTERRUPTED = 130
@@ -44,7 +44,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _run(args: list[str]) -> int:
     import click  # noqa: PLC0415  (the cli extra: imported here so its absence is named)
 
-    from orchestrator.tools import commands  # noqa: PLC0415
+    from orchestrator.cli import commands  # noqa: PLC0415
 
     where = "orchestrator"
     if args and args[0] in commands.main.commands:

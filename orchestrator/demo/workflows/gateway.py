@@ -37,16 +37,16 @@ from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.errors import DuplicateKeyError
 
 from orchestrator import DEFAULT_DATABASE, AsyncLease, AsyncOrchestrator, ConfigError, Resource
-from orchestrator.testing import async_memory_database
-from orchestrator.tools.workflows.certificates import (
+from orchestrator.demo.workflows.certificates import (
     CERTIFICATES,
     INGRESSES,
     CertManager,
     RuntimeDomain,
     register_domains,
 )
+from orchestrator.testing import async_memory_database
 
-logger = logging.getLogger("orchestrator.tools.workflows.gateway")
+logger = logging.getLogger("orchestrator.demo.workflows.gateway")
 
 CREATE_ORDER = ("runtimeDomains", "databases", "stages", "cloudFunctions", "cronTriggers")
 """The runtime domain first: its certificate takes longest, so it starts earliest."""

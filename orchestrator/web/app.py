@@ -5,10 +5,10 @@ application's authentication::
 
     app.mount("/ops", operator_app(client["orchestrator"]))  # an AsyncMongoClient's database
 
-or run it alone with ``orchestrator web --uri ...`` (loopback by default). It reads with
-``AsyncStore`` and ``tools.status.collect_async`` (the counts are the status command's,
-from the one aggregation in ``core.queries``) and acts with the plans of
-``tools.operations`` (the command line's unlock and retry).
+or run it alone with ``orchestrator web --uri ...`` (loopback by default). It reads and
+acts with ``orchestrator.operations.AsyncOperations``: the counts are the status
+command's (from the one aggregation in ``core.queries``), unlock and retry the command
+line's.
 
 What it guards against:
 
@@ -36,7 +36,8 @@ from __future__ import annotations
 
 import inspect
 import math
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -52,22 +53,21 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Route
 
-from orchestrator.core import queries
 from orchestrator.core.errors import ConfigError, StoreError
 from orchestrator.core.replicas import REPLICAS_COLLECTION
 from orchestrator.core.resource import EPOCH, LEASE_FIELDS
-from orchestrator.mongo import AsyncStore
 from orchestrator.mongo.common import Document
-from orchestrator.runners.plans import adrive
-from orchestrator.tools.loading import CommandError
-from orchestrator.tools.operations import (
+from orchestrator.operations import (
+    AmbiguousId,
+    AsyncOperations,
+    DocumentChanged,
+    DocumentNotFound,
+    OperatorError,
+    PhaseCount,
+    Status,
     error_phase,
-    find_typed,
     id_json,
-    plan_retry,
-    plan_unlock,
 )
-from orchestrator.tools.status import Status, collect_async
 
 __all__ = ["operator_app"]
 
@@ -204,12 +204,12 @@ class _Page:
         self, database: AsyncDatabase[Document], *, refresh: float, errors: int, replicas: str
     ) -> None:
         self.database = database
-        self.store = AsyncStore(database)
+        self.operations = AsyncOperations(database, replicas_collection=replicas)
         self.refresh = refresh
         self.errors = errors
         self.replicas = replicas
         self.templates = Environment(
-            loader=PackageLoader("orchestrator.tools.web", "templates"),
+            loader=PackageLoader("orchestrator.web", "templates"),
             autoescape=True,
             undefined=StrictUndefined,
             trim_blocks=True,
@@ -234,7 +234,7 @@ class _Page:
                 response = self.render(
                     links, "error.html", exc.status, message=str(exc), choices=exc.choices
                 )
-            except CommandError as exc:
+            except OperatorError as exc:
                 response = self.render(links, "error.html", 400, message=str(exc))
             except StoreError as exc:
                 message = f"the database did not answer: {exc}"
@@ -256,9 +256,7 @@ class _Page:
     # -- pages ----------------------------------------------------------------------------
 
     async def overview(self, request: Request, links: _Links) -> Response:
-        status = await collect_async(
-            self.database, errors=self.errors, replicas_collection=self.replicas
-        )
+        status = await self.operations.status(errors=self.errors)
         latest = sorted(
             status.errors,
             key=lambda e: e.at or datetime.min.replace(tzinfo=UTC),
@@ -286,7 +284,7 @@ class _Page:
                 chosen=params.get("c", ""),
             )
         collection, doc = await self._find(params, links)
-        now = await self._now()
+        now = await self.operations.now()
         notice = NOTICES.get(request.query_params.get("done", ""))
         return self.render(
             links,
@@ -310,7 +308,7 @@ class _Page:
             raise _Refused(400, "unknown action: the page offers unlock and retry")
         collection, doc = await self._find(request.query_params, links)
         seen = {"phase": doc.get("phase"), "lockToken": doc.get("lockToken")}
-        now = await self._now()
+        now = await self.operations.now()
         return self.render(
             links,
             "confirm.html",
@@ -333,8 +331,8 @@ class _Page:
 
     async def unlock(self, request: Request, links: _Links) -> Response:
         collection, doc_id, seen, _form = await self._action(request)
-        plan = plan_unlock(collection, doc_id, seen.get("phase"), seen.get("lockToken"))
-        await self._apply(collection, doc_id, plan.guard, plan.update())
+        async with self._applying(collection, doc_id):
+            await self.operations.unlock(collection, seen)
         return RedirectResponse(links.document(collection, doc_id, done="unlocked"), 303)
 
     async def retry(self, request: Request, links: _Links) -> Response:
@@ -342,16 +340,15 @@ class _Page:
         target = form.get("phase", "").strip()
         if not target:
             raise _Refused(400, "name the phase to send the document back to")
-        plan = plan_retry(collection, doc_id, seen.get("phase"), seen.get("lockToken"), target)
-        server = await self.store.server_time()
-        now = server or datetime.now(UTC)
-        await self._apply(collection, doc_id, plan.guard, plan.update(now))
-        done = "retried" if server is not None else "retried-local-clock"
+        # Forced: the confirmation showed the lease, and warned when a replica held it.
+        async with self._applying(collection, doc_id):
+            retried = await self.operations.retry(collection, seen, target, force=True)
+        done = "retried" if retried.server_time else "retried-local-clock"
         return RedirectResponse(links.document(collection, doc_id, done=done), 303)
 
     async def _action(self, request: Request) -> tuple[str, Any, dict[str, Any], dict[str, str]]:
         """The checked request of an action: its collection, document id, the state the
-        operator confirmed, and the form."""
+        operator confirmed (with the id: the document as they saw it), and the form."""
         refusal = _cross_site(request)
         if refusal is not None:
             raise _Refused(403, f"refused a cross-site request ({refusal})")
@@ -361,26 +358,29 @@ class _Page:
         seen = _parse_json(form.get("seen"), "confirmed state")
         if not isinstance(seen, dict):
             raise _Refused(400, "the confirmed state is not a document")
-        return collection, doc_id, seen, form
+        return collection, doc_id, {**seen, "_id": doc_id}, form
 
-    async def _apply(
-        self, collection: str, doc_id: Any, guard: Mapping[str, Any], update: Mapping[str, Any]
-    ) -> None:
-        if await self.store.operator_update(collection, guard, update) is not None:
-            return
-        if await self.store.find_one(collection, queries.exact_id_filter(doc_id)) is None:
-            raise _Refused(404, f"no document {_text(doc_id)} in collection {collection!r}")
-        raise _Refused(
-            409,
-            f"{collection}/{_text(doc_id)} changed since you confirmed (another operator, a "
-            "replica or the application moved it): nothing was done; look again",
-        )
+    @asynccontextmanager
+    async def _applying(self, collection: str, doc_id: Any) -> AsyncIterator[None]:
+        """An action's refusals as the page words them."""
+        try:
+            yield
+        except DocumentNotFound:
+            raise _Refused(
+                404, f"no document {_text(doc_id)} in collection {collection!r}"
+            ) from None
+        except DocumentChanged:
+            raise _Refused(
+                409,
+                f"{collection}/{_text(doc_id)} changed since you confirmed (another operator, a "
+                "replica or the application moved it): nothing was done; look again",
+            ) from None
 
     # -- reads ----------------------------------------------------------------------------
 
     async def _collections(self) -> list[str]:
         """The database's collections but the replicas' own (no document to open there)."""
-        return [name for name in await self.store.collection_names() if name != self.replicas]
+        return [name for name in await self.operations.collections() if name != self.replicas]
 
     async def _collection(self, name: str | None) -> str:
         if not name:
@@ -395,37 +395,30 @@ class _Page:
         with a link to each."""
         collection = await self._collection(params.get("c"))
         ref, raw = params.get("ref"), params.get("id", "")
-        if ref:
-            query = queries.exact_id_filter(_parse_json(ref, "document reference"))
-            doc = await self.store.find_one(collection, query)
-            found = [] if doc is None else [doc]
-        elif raw:
-            found = await adrive(find_typed(self.store, collection, raw))
-        else:
-            raise _Refused(400, "which document? give its id (id=...)")
-        if not found:
+        try:
+            if ref:
+                doc_id = _parse_json(ref, "document reference")
+                return collection, await self.operations.document(collection, doc_id)
+            if raw:
+                return collection, await self.operations.find(collection, raw)
+        except DocumentNotFound:
             shown = raw or ref
-            raise _Refused(404, f"no document {shown!r} in collection {collection!r}")
-        if len(found) > 1:
+            raise _Refused(404, f"no document {shown!r} in collection {collection!r}") from None
+        except AmbiguousId as exc:
             choices = [
                 (
                     f"{id_json(d['_id'])} (phase {_text(d.get('phase', _MISSING))})",
                     links.document(collection, d["_id"]),
                 )
-                for d in found
+                for d in exc.documents
             ]
             message = f"{raw!r} names more than one document in {collection!r}: which one?"
-            raise _Refused(300, message, choices)
-        return collection, found[0]
+            raise _Refused(300, message, choices) from None
+        raise _Refused(400, "which document? give its id (id=...)")
 
     async def _state(self, collection: str, doc: Document, now: datetime) -> dict[str, Any]:
         """The document's lease state as the counts judge it (``queries.status_pipeline``)."""
-        rows = await self.store.phase_summary(collection, now, queries.exact_id_filter(doc["_id"]))
-        return _state(rows[0] if rows else None)
-
-    async def _now(self) -> datetime:
-        """The server's time, as leases are judged (this machine's when it reports none)."""
-        return await self.store.server_time() or datetime.now(UTC)
+        return _state(await self.operations.lease_state(collection, doc["_id"], now))
 
 
 # -- requests ------------------------------------------------------------------------------
@@ -496,15 +489,15 @@ def _totals(status: Status) -> dict[str, dict[str, int]]:
     return totals
 
 
-def _state(row: Document | None) -> dict[str, Any]:
+def _state(row: PhaseCount | None) -> dict[str, Any]:
     """A document's lease state as ``queries.status_pipeline`` judged it (the counts'
     own judgement, run on that one document)."""
     if row is None:
         return {"name": "no phase", "failed": False}
     for name in ("leased", "overdue", "waiting"):
-        if row.get(name):
-            return {"name": name, "failed": bool(row.get("failed"))}
-    return {"name": "free", "failed": bool(row.get("failed"))}
+        if getattr(row, name):
+            return {"name": name, "failed": bool(row.failed)}
+    return {"name": "free", "failed": bool(row.failed)}
 
 
 def _error_view(error: Any) -> dict[str, Any] | None:

@@ -24,9 +24,9 @@ from orchestrator import AsyncLease, AsyncOrchestrator, Outcome, Resource
 from orchestrator.core.queries import as_utc
 
 if TYPE_CHECKING:
-    from orchestrator.tools.workflows.gateway import Faults
+    from orchestrator.demo.workflows.gateway import Faults
 
-logger = logging.getLogger("orchestrator.tools.workflows.certificates")
+logger = logging.getLogger("orchestrator.demo.workflows.certificates")
 
 CERTIFICATES = "certificates"
 INGRESSES = "ingresses"

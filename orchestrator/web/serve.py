@@ -16,10 +16,10 @@ from dataclasses import dataclass
 
 import uvicorn
 
+from orchestrator.core.errors import ConfigError
 from orchestrator.core.replicas import REPLICAS_COLLECTION
 from orchestrator.mongo import connect_async
-from orchestrator.tools.loading import CommandError
-from orchestrator.tools.web.app import operator_app
+from orchestrator.web.app import operator_app
 
 
 @dataclass(frozen=True)
@@ -46,12 +46,12 @@ def serve(options: WebOptions, ready: Callable[[str, str, bool], None]) -> None:
 
 
 def listen(host: str, port: int) -> socket.socket:
-    """A listening socket on ``host``:``port`` (0: any free port), or a ``CommandError``."""
+    """A listening socket on ``host``:``port`` (0: any free port), or a ``ConfigError``."""
     try:
         family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
         return socket.create_server((host, port), family=family)
     except OSError as exc:
-        raise CommandError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+        raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
 
 
 def url_of(sock: socket.socket) -> tuple[str, bool]:

@@ -3,7 +3,7 @@
 Click gives what the conventions of well-liked command lines ask for with little code:
 ``--version``, help with defaults and environment variables shown, typed and range-checked
 options (a bad value is refused before anything runs, exit status 2), and case-insensitive
-choices. ``orchestrator.tools.cli.main`` runs it and turns every error into one line.
+choices. ``orchestrator.cli.main.main`` runs it and turns every error into one line.
 """
 
 from __future__ import annotations
@@ -11,11 +11,12 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import shlex
 import signal
 import threading
 import warnings
-from collections.abc import Callable
-from datetime import UTC, datetime
+from collections.abc import Callable, Iterable
+from datetime import datetime
 from pathlib import Path
 from types import FrameType
 from typing import Any, TypeVar
@@ -29,31 +30,28 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from orchestrator.core import queries
+from orchestrator import AsyncOrchestrator, Orchestrator, StopReport
+from orchestrator.cli.graph import mermaid
+from orchestrator.cli.loading import CommandError, Engine, load_orchestrator
 from orchestrator.core.extras import DISTRIBUTION
 from orchestrator.core.redact import redact, visible
 from orchestrator.core.replicas import REPLICAS_COLLECTION, ReplicaRecord
 from orchestrator.core.settings import DEFAULT_DATABASE
-from orchestrator.core.steps import StopReport
-from orchestrator.mongo import Store, check_reachable, check_reachable_async, connect
+from orchestrator.demo.run import DemoOptions
+from orchestrator.demo.run import run as run_demo
+from orchestrator.mongo import check_reachable, check_reachable_async, connect
 from orchestrator.mongo.common import Document
-from orchestrator.runners._async.engine import AsyncOrchestrator
-from orchestrator.runners._sync.engine import Orchestrator
-from orchestrator.runners.plans import drive
-from orchestrator.tools.demo import DemoOptions
-from orchestrator.tools.demo import run as run_demo
-from orchestrator.tools.graph import mermaid
-from orchestrator.tools.loading import CommandError, Engine, load_orchestrator
-from orchestrator.tools.operations import (
-    ambiguous,
+from orchestrator.operations import (
+    AmbiguousId,
+    DocumentChanged,
+    DocumentNotFound,
+    LeaseHeld,
+    Operations,
+    Status,
     error_phase,
-    find_typed,
-    live_lease,
+    id_json,
     parse_id_json,
-    plan_retry,
-    plan_unlock,
 )
-from orchestrator.tools.status import Status, collect
 
 EXIT_FAILED = 1  # the command ran and found something wrong (demo invariants)
 EXIT_ERROR = 2  # the command could not run: bad input, unreachable database
@@ -405,12 +403,8 @@ def status(
       MONGODB_URI=mongodb://localhost:27017 orchestrator status -c gateways
     """
     database = open_database(uri, db, connect_timeout)
-    report = collect(
-        database,
-        collections=list(collections) or None,
-        errors=errors,
-        replicas_collection=replicas_collection,
-    )
+    operations = Operations(database, replicas_collection=replicas_collection)
+    report = operations.status(list(collections) or None, errors=errors)
     if as_json:
         click.echo(json.dumps(report.to_dict(), indent=2))
         return 0
@@ -541,13 +535,15 @@ def unlock(
     Example:
       orchestrator unlock gw-01 -c gateways
     """
-    store = _operator_store(uri, db, connect_timeout, collection)
-    doc = _the_document(store, collection, doc_id, id_json)
-    plan = plan_unlock(collection, doc["_id"], doc.get("phase"), doc.get("lockToken"))
-    # Only the lease read above: a replica that claimed it meanwhile keeps its own.
-    after = store.operator_update(collection, plan.guard, plan.update())
-    if after is None:
-        raise CommandError(f"{collection}/{doc['_id']} changed meanwhile; run unlock again")
+    operations = _operations(uri, db, connect_timeout, collection)
+    doc = _the_document(operations, collection, doc_id, id_json)
+    try:
+        # Only the lease read above: a replica that claimed it meanwhile keeps its own.
+        operations.unlock(collection, doc)
+    except (DocumentChanged, DocumentNotFound):
+        raise CommandError(
+            f"{collection}/{doc['_id']} changed meanwhile; run unlock again"
+        ) from None
     click.echo(
         visible(f"unlocked {collection}/{doc['_id']} (phase {doc.get('phase')}): claimable now")
     )
@@ -588,65 +584,78 @@ def retry(
     Example:
       orchestrator retry gw-01 -c gateways --phase Deleting
     """
-    store = _operator_store(uri, db, connect_timeout, collection)
-    doc = _the_document(store, collection, doc_id, id_json)
+    operations = _operations(uri, db, connect_timeout, collection)
+    doc = _the_document(operations, collection, doc_id, id_json)
     if phase is None:
         phase = error_phase(doc)
         if phase is None:
             raise CommandError(
                 f"{collection}/{doc['_id']} has no recorded error phase; pass --phase"
             )
-    plan = plan_retry(collection, doc["_id"], doc.get("phase"), doc.get("lockToken"), phase)
-    now = store.server_time()
-    if now is None:
-        now = datetime.now(UTC)
-        click.echo(
-            "orchestrator retry: warning: the server reports no time; "
-            "updatedAt is stamped with this machine's clock",
-            err=True,
-        )
-    held = live_lease(doc, now)
-    if held and not force:
+    try:
+        # Only if nobody moved it meanwhile: the phase and the lease read above are still so.
+        retried = operations.retry(collection, doc, phase, force=force)
+    except LeaseHeld:
         raise CommandError(
             f"{collection}/{doc['_id']} is held by a live lease of replica"
             f" {doc.get('lockedBy')!r} until {doc['lockedUntil']:%Y-%m-%d %H:%M:%S} UTC: a"
             " retry now lets another replica run its step while that one is still in it;"
             " wait for the lease to end, or pass --force"
+        ) from None
+    except (DocumentChanged, DocumentNotFound):
+        raise CommandError(
+            f"{collection}/{doc['_id']} changed meanwhile; run retry again"
+        ) from None
+    if not retried.server_time:
+        click.echo(
+            "orchestrator retry: warning: the server reports no time; "
+            "updatedAt is stamped with this machine's clock",
+            err=True,
         )
-    # Only if nobody moved it meanwhile: the phase and the lease read above are still so.
-    if store.operator_update(collection, plan.guard, plan.update(now)) is None:
-        raise CommandError(f"{collection}/{doc['_id']} changed meanwhile; run retry again")
     click.echo(
         visible(
-            f"retrying {collection}/{doc['_id']}: {plan.source} -> {plan.target}, "
+            f"retrying {collection}/{doc['_id']}: {retried.source} -> {retried.target}, "
             "attempts reset, claimable now"
-            + (f" (the live lease of {doc.get('lockedBy')!r} was taken away)" if held else "")
+            + (
+                f" (the live lease of {doc.get('lockedBy')!r} was taken away)"
+                if retried.lease_taken
+                else ""
+            )
         )
     )
     return 0
 
 
-def _the_document(store: Store, collection: str, raw: str | None, exact: str | None) -> Document:
+def _the_document(
+    operations: Operations, collection: str, raw: str | None, exact: str | None
+) -> Document:
     """The one document the operator names, by its id as typed (``raw``) or as Extended
     JSON (``exact``); an id typed as text that names two documents is refused, saying how
     to name each."""
     if exact is not None:
         if raw is not None:
             raise click.UsageError("give ID or --id-json, not both", click.get_current_context())
-        doc = store.find_one(collection, queries.exact_id_filter(parse_id_json(exact)))
-        if doc is None:
-            raise CommandError(f"no document {exact} in collection {collection!r}")
-        return doc
+        try:
+            return operations.document(collection, parse_id_json(exact))
+        except DocumentNotFound:
+            raise CommandError(f"no document {exact} in collection {collection!r}") from None
     if raw is None:
         raise click.UsageError(
             "which document? give its ID, or --id-json", click.get_current_context()
         )
-    found = drive(find_typed(store, collection, raw))
-    if not found:
-        raise CommandError(f"no document {raw!r} in collection {collection!r}")
-    if len(found) > 1:
-        raise CommandError(ambiguous(collection, raw, found, "--id-json"))
-    return found[0]
+    try:
+        return operations.find(collection, raw)
+    except DocumentNotFound:
+        raise CommandError(f"no document {raw!r} in collection {collection!r}") from None
+    except AmbiguousId as exc:
+        raise CommandError(_ambiguous(collection, raw, exc.documents, "--id-json")) from None
+
+
+def _ambiguous(collection: str, raw: str, docs: Iterable[Document], option: str) -> str:
+    """Why ``raw`` is refused: the documents it names, each with the Extended JSON that
+    names it alone, quoted for a shell, to give as ``option``."""
+    forms = " or ".join(f"{option} {shlex.quote(id_json(doc['_id']))}" for doc in docs)
+    return f"{raw!r} names more than one document in {collection!r}: say which with {forms}"
 
 
 # -- web -------------------------------------------------------------------------------------
@@ -703,7 +712,7 @@ def web(
       orchestrator web --uri mongodb://localhost:27017/orchestrator --port 8080
     """
     # The web extra, imported here so that its absence is named, not a traceback.
-    from orchestrator.tools.web.serve import WebOptions, serve  # noqa: PLC0415
+    from orchestrator.web.serve import WebOptions, serve  # noqa: PLC0415
 
     if not uri:
         raise CommandError("no database: set MONGODB_URI or pass --uri")
@@ -765,12 +774,12 @@ def open_database(uri: str | None, db: str | None, timeout: float) -> Database[D
     return connect(uri, db, timeout=timeout)
 
 
-def _operator_store(uri: str | None, db: str | None, timeout: float, collection: str) -> Store:
+def _operations(uri: str | None, db: str | None, timeout: float, collection: str) -> Operations:
     database = open_database(uri, db, timeout)
-    store = Store(database)
-    if collection not in store.collection_names():
+    operations = Operations(database)
+    if collection not in operations.collections():
         raise CommandError(f"unknown collection {collection!r} in database {database.name!r}")
-    return store
+    return operations
 
 
 __all__ = ["EXIT_ERROR", "EXIT_FAILED", "main", "open_database"]

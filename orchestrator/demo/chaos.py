@@ -1,4 +1,4 @@
-"""``python -m orchestrator.tools.chaos``: many replicas, many faults, then the invariants.
+"""``python -m orchestrator.demo.chaos``: many replicas, many faults, then the invariants.
 
 A seeded, reproducible run on the in-memory store. Replicas take turns ticking while a
 FakeClock, advanced by the harness, stands for time; every replica reaches MongoDB through
@@ -763,7 +763,7 @@ def _table(figures: Figures, config: ChaosConfig) -> Table:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m orchestrator.tools.chaos", description=__doc__.split("\n\n")[0]
+        prog="python -m orchestrator.demo.chaos", description=__doc__.split("\n\n")[0]
     )
     defaults = ChaosConfig()
     parser.add_argument("--replicas", type=int, default=defaults.replicas)

@@ -7,22 +7,20 @@ side effect run twice (a ledger with a unique key counts repeats), no lease left
 Time is real; ``tick`` and ``lock_timeout`` are small so the run takes seconds.
 
 The replicas are ``AsyncOrchestrator``s on this process's event loop (the workflow is
-written once, async: ``orchestrator.tools.workflows.gateway``), or, with ``processes`` (and
-a real server), separate OS processes (``orchestrator.tools.demo_processes``), as the pods
+written once, async: ``orchestrator.demo.workflows.gateway``), or, with ``processes`` (and
+a real server), separate OS processes (``orchestrator.demo.processes``), as the pods
 of a deployment are. The display, the users' requests and the replicas share the loop.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
 import random
-import threading
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -35,12 +33,13 @@ from rich.text import Text
 
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.settings import DEFAULT_DATABASE
+from orchestrator.demo.logs import RelockWaits, quiet_logs
 from orchestrator.mongo import connect_async
 from orchestrator.mongo.common import Document
-from orchestrator.tools.status import Status, collect_async
+from orchestrator.operations import AsyncOperations, Status
 
 if TYPE_CHECKING:
-    from orchestrator.tools.workflows.gateway import Platform, Workflow
+    from orchestrator.demo.workflows.gateway import Platform, Workflow
 
 PHASES = ("Creating", "Created", "Deleting", "Deleted", "Failed")
 WATCHED = ("gateways", "runtimeDomains")
@@ -94,56 +93,6 @@ class DemoOptions:
                 )
 
 
-@dataclass
-class _Waits:
-    """Relock waits of the certificate step, read from its log records."""
-
-    values: list[float] = field(default_factory=list)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-
-class _WaitCollector(logging.Handler):
-    def __init__(self, waits: _Waits) -> None:
-        super().__init__(logging.INFO)
-        self.waits = waits
-
-    def emit(self, record: logging.LogRecord) -> None:
-        wait = getattr(record, "wait", None)
-        if isinstance(wait, int | float) and getattr(record, "outcome", None) == "relocked":
-            with self.waits.lock:
-                self.waits.values.append(float(wait))
-
-
-@contextmanager
-def _quiet_logs(log_file: Path | None, waits: _Waits) -> Iterator[None]:
-    """Keep log lines off the live display: to ``log_file`` if given, else nowhere."""
-    names = ("orchestrator", "apscheduler")
-    saved = [(logging.getLogger(n), logging.getLogger(n).propagate) for n in names]
-    saved_levels = [lg.level for lg, _ in saved]
-    handlers: list[logging.Handler] = [_WaitCollector(waits)]
-    if log_file is not None:
-        to_file = logging.FileHandler(log_file, encoding="utf-8")
-        to_file.setFormatter(
-            logging.Formatter("%(asctime)s %(levelname)s %(name)s [%(threadName)s] %(message)s")
-        )
-        handlers.append(to_file)
-    for lg, _ in saved:
-        lg.propagate = False
-        lg.setLevel(logging.WARNING if lg.name == "apscheduler" else logging.INFO)
-        for handler in handlers:
-            lg.addHandler(handler)
-    try:
-        yield
-    finally:
-        for (lg, propagate), level in zip(saved, saved_levels, strict=True):
-            lg.propagate = propagate
-            lg.setLevel(level)
-            for handler in handlers:
-                lg.removeHandler(handler)
-        for handler in handlers:
-            handler.close()
-
-
 class Fleet(Protocol):
     """The demo's replicas, wherever they run: tasks here or processes of their own."""
 
@@ -175,7 +124,7 @@ class Fleet(Protocol):
 class _Tasks:
     """Replicas as ``AsyncOrchestrator``s on this process's event loop."""
 
-    def __init__(self, replicas: list[Workflow], waits: _Waits) -> None:
+    def __init__(self, replicas: list[Workflow], waits: RelockWaits) -> None:
         self.replicas = replicas
         self.platform = replicas[0].platform
         self._waits = waits
@@ -208,8 +157,7 @@ class _Tasks:
         return [(r.orch.replica_id, r.orch.stats()) for r in self.replicas]
 
     async def relock_waits(self) -> list[float]:
-        with self._waits.lock:
-            return sorted(self._waits.values)
+        return sorted(self._waits.snapshot())
 
 
 @contextmanager
@@ -309,9 +257,9 @@ async def _demo(
     listeners: list[Any],
 ) -> int:
     """The run itself, on ``db``, whose client the caller closes."""
-    from orchestrator.tools.workflows.gateway import Faults, build  # noqa: PLC0415
+    from orchestrator.demo.workflows.gateway import Faults, build  # noqa: PLC0415
 
-    waits = _Waits()
+    waits = RelockWaits()
     settings: dict[str, Any] = {
         "cert_delay": options.cert_delay,
         "faults": Faults(options.fail_rate, options.seed),
@@ -320,7 +268,7 @@ async def _demo(
     }
     fleet: Fleet
     if options.processes:
-        from orchestrator.tools.demo_processes import Processes  # noqa: PLC0415
+        from orchestrator.demo.processes import Processes  # noqa: PLC0415
 
         # The users' side submits and deletes; its orchestrator is never started.
         fleet = Processes(build(db, replica_id="demo-users", **settings).platform, options)
@@ -348,7 +296,7 @@ async def _demo(
     deadline = started + options.timeout  # the whole run, setup included
     display = _Display(console, db, fleet, started, len(names), len(deleted), monotonic)
     timed_out: str | None = None
-    with _quiet_logs(options.log_file, waits):
+    with quiet_logs(options.log_file, waits):
         await fleet.start()
         try:
             submitters = fleet.submitters()
@@ -379,7 +327,7 @@ async def _demo(
         finally:
             left_wrong = await fleet.stop()
     elapsed = monotonic() - started
-    status = await collect_async(db, collections=None, errors=3)
+    status = await AsyncOperations(db).status(errors=3)
     return await _report(
         console, options, fleet, status, elapsed, kept, deleted, timed_out, left_wrong
     )
@@ -400,7 +348,7 @@ class _Display:
         monotonic: Callable[[], float],
     ) -> None:
         self.console = console
-        self.db = db
+        self.operations = AsyncOperations(db)
         self.fleet = fleet
         self.started = started
         self.total = total
@@ -476,7 +424,7 @@ class _Display:
         return None
 
     async def _status(self) -> Status:
-        return await collect_async(self.db, collections=WATCHED, errors=0)
+        return await self.operations.status(WATCHED, errors=0)
 
     async def _render(self, status: Status, stage: str) -> Group:
         counts = status.counts()

@@ -1,0 +1,131 @@
+"""What operators ask first, as a report: where the documents are, who holds them, what
+failed, and which replicas are live. The types, and how a report's rows become them; the
+reading is the store's (``orchestrator.operations``)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from typing import Any
+
+from bson.errors import BSONError
+
+from orchestrator.core.operator import id_json
+from orchestrator.core.queries import as_utc
+from orchestrator.core.replicas import Disagreement, ReplicaRecord
+
+
+@dataclass(frozen=True)
+class PhaseCount:
+    """``leased``: held by a live lease; ``overdue``: held past the lock timeout (its
+    replica died or is stuck; claimable); ``waiting``: sitting out a relock or retry;
+    ``failed``: whose last attempt failed."""
+
+    collection: str
+    phase: str
+    count: int
+    leased: int
+    overdue: int
+    waiting: int
+    failed: int
+
+    @classmethod
+    def from_row(cls, collection: str, row: Mapping[str, Any]) -> PhaseCount:
+        """A row of ``queries.status_pipeline`` (its ``_id`` is the phase)."""
+        return cls(
+            collection=collection,
+            phase=str(row["_id"]),
+            count=row["count"],
+            leased=row["leased"],
+            overdue=row["overdue"],
+            waiting=row["waiting"],
+            failed=row["failed"],
+        )
+
+
+@dataclass(frozen=True)
+class RecentError:
+    """A document's last error as a report shows it: every part as text, whatever the
+    stored fields hold (``lastError`` may be a string a migrated application wrote).
+    ``id``: the document's id as text, for reading (the string ``"42"`` and the integer
+    ``42`` read alike); ``ref``: its canonical Extended JSON, exact whatever its type
+    (``operator.id_json``), for finding it again; None when the id cannot be encoded."""
+
+    collection: str
+    id: str
+    ref: str | None
+    phase: str | None
+    attempts: int
+    type: str
+    message: str
+    at: datetime | None
+
+    @classmethod
+    def from_document(cls, collection: str, doc: Mapping[str, Any]) -> RecentError:
+        """From a document carrying ``lastError`` (``queries.ERRORS_PROJECTION``'s fields)."""
+        error = doc.get("lastError")
+        if isinstance(error, dict):
+            kind, message, at = error.get("type", "?"), error.get("message", ""), error.get("at")
+        else:  # not an error record: shown as it is
+            kind, message, at = "?", "" if error is None else error, None
+        attempts, phase = doc.get("attempts"), doc.get("phase")
+        try:
+            ref: str | None = id_json(doc.get("_id"))
+        except (TypeError, ValueError, BSONError):
+            ref = None
+        return cls(
+            collection=collection,
+            id=_text(doc.get("_id")),
+            ref=ref,
+            phase=None if phase is None else _text(phase),
+            attempts=attempts
+            if isinstance(attempts, int) and not isinstance(attempts, bool)
+            else 0,
+            type=_text(kind),
+            message=_text(message),
+            at=as_utc(at) if isinstance(at, datetime) else None,
+        )
+
+
+@dataclass(frozen=True)
+class Status:
+    """``server_time``: False when the server reported no time and this machine's clock
+    judged the leases (then ``leased``/``overdue`` are only as right as that clock).
+    ``replicas``: the live replicas; ``disagreements``: the settings they differ on."""
+
+    at: datetime
+    server_time: bool
+    phases: list[PhaseCount] = field(default_factory=list)
+    errors: list[RecentError] = field(default_factory=list)
+    replicas: list[ReplicaRecord] = field(default_factory=list)
+    disagreements: list[Disagreement] = field(default_factory=list)
+
+    def counts(self) -> dict[str, dict[str, int]]:
+        """``{collection: {phase: count}}``."""
+        out: dict[str, dict[str, int]] = {}
+        for row in self.phases:
+            out.setdefault(row.collection, {})[row.phase] = row.count
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        data: dict[str, Any] = {
+            "at": self.at.isoformat(),
+            "server_time": self.server_time,
+            "phases": [asdict(row) for row in self.phases],
+            "errors": [asdict(error) for error in self.errors],
+            "replicas": [
+                {**r.to_dict(), "seen_ago": round(r.seen_ago(self.at), 3)} for r in self.replicas
+            ],
+            "disagreements": [d.to_dict() for d in self.disagreements],
+        }
+        for error in data["errors"]:
+            error["at"] = error["at"].isoformat() if error["at"] is not None else None
+        return data
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else str(value)
+
+
+__all__ = ["PhaseCount", "RecentError", "Status"]
