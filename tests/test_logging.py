@@ -33,3 +33,5 @@ def test_step_records_carry_structured_fields(
     assert record.phase == "Running"
     assert record.handler.endswith("broken")
     assert "bad input from upstream" in record.getMessage()
+    # Plain strings, as a JSON formatter serialises them: no enum member leaks into a field.
+    assert all(type(getattr(r, "outcome", "")) is str for r in caplog.records)

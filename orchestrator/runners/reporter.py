@@ -65,7 +65,7 @@ class Reporter:
             "collection": lease.collection,
             "doc_id": str(lease.id),
             "phase": lease.phase,
-            "outcome": outcome,
+            "outcome": str(outcome),  # a plain name, whichever vocabulary gave it
             "handler": lease.handler.name,
         }
         if wait is not None:
