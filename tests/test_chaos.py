@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 from orchestrator.core import queries
-from orchestrator.demo.chaos import HANDLER_EXCEPTIONS, Chaos, ChaosConfig, Figures, main
+from orchestrator.demo.chaos import Chaos, ChaosConfig, Figures, main
+from orchestrator.demo.chaos.step_faults import HANDLER_EXCEPTIONS
 
 CI = ChaosConfig(replicas=3, resources=40, duration=400, rate=0.05, seed=1)
 

@@ -24,7 +24,7 @@ from rich.console import Console
 
 import orchestrator
 from orchestrator import Lease, LeaseLost, Orchestrator
-from orchestrator.cli import commands
+from orchestrator.cli import connecting
 from orchestrator.cli import main as cli
 from orchestrator.core.queries import bson_time
 from orchestrator.demo import run as demo
@@ -41,7 +41,7 @@ URI = "mongodb://ops:hunter2@db.internal:27017/platform"
 @pytest.fixture
 def connected(db: Database[Any], monkeypatch: pytest.MonkeyPatch) -> Database[Any]:
     """``--uri`` resolves to the test database (in-memory, or the real server)."""
-    monkeypatch.setattr(commands, "connect", lambda uri, database, timeout: db)
+    monkeypatch.setattr(connecting, "connect", lambda uri, database, timeout: db)
     return db
 
 
@@ -405,7 +405,7 @@ def test_an_invalid_uri_is_refused_before_any_connection(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     tried: list[str] = []
-    monkeypatch.setattr(commands, "connect", lambda uri, database, timeout: tried.append(uri))
+    monkeypatch.setattr(connecting, "connect", lambda uri, database, timeout: tried.append(uri))
     monkeypatch.setenv("MONGODB_URI", "notauri")
     code, _, err = run(["status"], capsys)
     assert_one_line_error(code, err, "MONGODB_URI", "notauri")

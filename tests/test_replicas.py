@@ -16,7 +16,7 @@ from pymongo import AsyncMongoClient
 from pymongo.database import Database
 
 from orchestrator import AsyncOrchestrator, ConfigError, Orchestrator, Settings
-from orchestrator.cli import commands
+from orchestrator.cli import connecting
 from orchestrator.cli import main as cli
 from orchestrator.core import queries
 from orchestrator.core.extras import library_version
@@ -363,7 +363,7 @@ def status(
     capsys: pytest.CaptureFixture[str],
     *args: str,
 ) -> tuple[int, str]:
-    monkeypatch.setattr(commands, "connect", lambda uri, database, timeout: db)
+    monkeypatch.setattr(connecting, "connect", lambda uri, database, timeout: db)
     code = cli.main(["status", "--uri", "mongodb://db.internal/platform", *args])
     out, err = capsys.readouterr()
     assert err == ""

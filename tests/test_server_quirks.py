@@ -23,7 +23,7 @@ from pymongo.errors import (
 )
 
 from orchestrator import ConfigError, Lease, Orchestrator, Resource, StoreError
-from orchestrator.cli import commands
+from orchestrator.cli import connecting
 from orchestrator.cli import main as cli
 from orchestrator.core import queries
 from orchestrator.core.queries import bson_time
@@ -462,7 +462,7 @@ def test_retry_stamps_updated_at_with_the_servers_clock(
 ) -> None:
     server = FakeClock(datetime(2031, 5, 6, 7, 8, 9, tzinfo=UTC))  # not this machine's time
     db = memory_database(clock=server)
-    monkeypatch.setattr(commands, "connect", lambda uri, database, timeout: db)
+    monkeypatch.setattr(connecting, "connect", lambda uri, database, timeout: db)
     failed_job(db, server)
     assert cli.main(["retry", "j", "-c", "jobs", "--uri", "mongodb://db"]) == 0
     assert db.jobs.find_one({"_id": "j"})["updatedAt"] == datetime(2031, 5, 6, 7, 8, 9)
@@ -473,7 +473,7 @@ def test_retry_says_so_when_the_server_gives_no_time(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     db = memory_database(clock=FakeClock(), server_time=False)
-    monkeypatch.setattr(commands, "connect", lambda uri, database, timeout: db)
+    monkeypatch.setattr(connecting, "connect", lambda uri, database, timeout: db)
     failed_job(db, FakeClock())
     assert cli.main(["retry", "j", "-c", "jobs", "--uri", "mongodb://db"]) == 0
     assert "this machine's clock" in capsys.readouterr().err

@@ -36,7 +36,7 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 
 from orchestrator import ConfigError
-from orchestrator.cli import commands
+from orchestrator.cli import connecting, running
 from orchestrator.cli import main as cli
 from orchestrator.core.replicas import RunningStep
 from orchestrator.core.resource import EPOCH
@@ -482,7 +482,7 @@ def test_orchestrator_web_serves_the_page_until_interrupted(
 
         monkeypatch.setattr(web_serve, "connect_async", connect_memory)
     fetched: dict[str, httpx.Response] = {}
-    serving = commands._serving
+    serving = running._serving
 
     def fetch_then_interrupt(url: str, database: str, loopback: bool) -> None:
         serving(url, database, loopback)
@@ -495,7 +495,7 @@ def test_orchestrator_web_serves_the_page_until_interrupted(
 
         threading.Thread(target=visit, daemon=True).start()
 
-    monkeypatch.setattr(commands, "_serving", fetch_then_interrupt)
+    monkeypatch.setattr(running, "_serving", fetch_then_interrupt)
     code = cli.main(["web", "--uri", uri, "--db", db.name, "--port", "0"])
     out, err = capsys.readouterr()
     assert code == 130
@@ -731,7 +731,7 @@ def test_every_view_shows_any_stored_value(
     status command (table and JSON) and the Prometheus collector show it, and every link
     to the document opens that document."""
     db = memory_database(clock=FakeClock())
-    monkeypatch.setattr(commands, "connect", lambda uri, database, timeout: db)
+    monkeypatch.setattr(connecting, "connect", lambda uri, database, timeout: db)
     monkeypatch.setenv("COLUMNS", "200")
     app = FastAPI()
     app.mount("/ops", operator_app(async_view(db)))

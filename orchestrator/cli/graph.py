@@ -1,4 +1,5 @@
-"""The registered state machine as a Mermaid diagram, so users can see what they built.
+"""``orchestrator graph``: the registered state machine as a Mermaid diagram, so users can
+see what they built.
 
 Transitions are those declared with ``to=`` on each handler, plus the move to its failed
 phase; a handler that declares none is drawn as a note on its phase. The phases a
@@ -12,7 +13,30 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+import click
+
+from orchestrator.cli.conventions import EPILOG, CommandError
+from orchestrator.cli.loading import load_orchestrator
 from orchestrator.core.registry import Handler
+
+
+@click.command(epilog=EPILOG, short_help="The registered phases as a Mermaid diagram.")
+@click.argument("target")
+def graph(target: str) -> int:
+    """The registered phases and transitions as a Mermaid stateDiagram-v2.
+
+    TARGET is module:attribute, an Orchestrator or AsyncOrchestrator, or a function of no
+    arguments returning one.
+
+    \b
+    Example:
+      orchestrator graph myapp.workers:orch > phases.mmd
+    """
+    orch = load_orchestrator(target)
+    if not orch.handlers:
+        raise CommandError(f"{target} has no handlers registered")
+    click.echo(mermaid(orch.handlers), nl=False)
+    return 0
 
 
 def mermaid(handlers: Iterable[Handler]) -> str:
@@ -90,3 +114,6 @@ def _short(name: str) -> str:
 
 def _id(text: str) -> str:
     return re.sub(r"\W", "_", text)
+
+
+__all__ = ["graph", "mermaid"]

@@ -7,16 +7,13 @@ import os
 import sys
 from typing import Any
 
+from orchestrator.cli.conventions import CommandError
 from orchestrator.core.errors import OrchestratorError
 from orchestrator.runners._async.engine import AsyncOrchestrator
 from orchestrator.runners._sync.engine import Orchestrator
 
 Engine = Orchestrator | AsyncOrchestrator
 """What ``orchestrator run`` runs: either engine (the async one with ``asyncio.run``)."""
-
-
-class CommandError(Exception):
-    """Bad input: printed as one line, exit status 2."""
 
 
 def load_orchestrator(target: str) -> Engine:
@@ -61,4 +58,4 @@ def load_orchestrator(target: str) -> Engine:
     return value
 
 
-__all__ = ["CommandError", "Engine", "load_orchestrator"]
+__all__ = ["Engine", "load_orchestrator"]

@@ -12,13 +12,10 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from orchestrator.cli.loading import CommandError
+from orchestrator.cli.conventions import EXIT_ERROR, EXIT_INTERRUPTED, CommandError
 from orchestrator.core.errors import OrchestratorError
 from orchestrator.core.extras import EXTRA_OF_MODULE, install_hint
 from orchestrator.core.redact import redact, visible
-
-EXIT_ERROR = 2
-EXIT_INTERRUPTED = 130
 
 
 def main(argv: Sequence[str] | None = None) -> int:

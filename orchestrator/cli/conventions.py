@@ -1,0 +1,42 @@
+"""What every subcommand of ``orchestrator`` shares, so that they agree: the exit statuses
+and the error that means 2, the epilog that documents them with the environment, the help's
+settings and the log levels. It imports no optional module: ``main`` reads it before Click
+is known to be installed."""
+
+from __future__ import annotations
+
+EXIT_FAILED = 1  # the command ran and found something wrong (demo invariants)
+EXIT_ERROR = 2  # the command could not run: bad input, unreachable database
+EXIT_INTERRUPTED = 130
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+EPILOG = """\b
+Environment:
+  MONGODB_URI  the server's URI, when --uri is not given (status, unlock, retry,
+               web; demo: a real server instead of the in-memory store)
+\b
+Exit status:
+  0    success
+  1    the command ran and found something wrong (a demo invariant failed,
+       a worker stopped with steps still running)
+  2    bad input or an unreachable database: one line on stderr, never a traceback
+  130  interrupted (Ctrl-C)
+"""
+
+CONTEXT = {"help_option_names": ["-h", "--help"], "show_default": True, "max_content_width": 100}
+
+
+class CommandError(Exception):
+    """Bad input: printed as one line, exit status 2."""
+
+
+__all__ = [
+    "CONTEXT",
+    "EPILOG",
+    "EXIT_ERROR",
+    "EXIT_FAILED",
+    "EXIT_INTERRUPTED",
+    "LOG_LEVELS",
+    "CommandError",
+]
