@@ -16,6 +16,7 @@ from tests.conftest import MakeReplica
 TABLE = [(1, 0.1), (10, 1.0), (30, 3.0), (120, 12.0), (180, 30.0)]
 
 
+@pytest.mark.pure
 @pytest.mark.parametrize(("waited", "expected"), TABLE)
 def test_progressive_policy_is_a_tenth_of_the_wait_then_the_lock_timeout(
     waited: float, expected: float
@@ -111,6 +112,7 @@ def test_relock_with_a_missing_updated_at_still_waits_the_floor(
     assert waits == [1.0]
 
 
+@pytest.mark.pure
 def test_a_custom_relock_policy_is_used() -> None:
     class Fixed:
         def wait(self, *, waited: float, count: int, lock_timeout: float) -> float:
@@ -121,6 +123,7 @@ def test_a_custom_relock_policy_is_used() -> None:
     )
 
 
+@pytest.mark.pure
 def test_exponential_backoff_doubles_is_capped_and_jittered_downwards() -> None:
     policy = ExponentialBackoff(base=1, factor=2, cap=20, jitter=0.1, rng=random.Random(7))
     waits = [policy.wait(waited=0, count=n, lock_timeout=30) for n in range(1, 8)]

@@ -82,6 +82,7 @@ def _probing(
     return measure_if_due
 
 
+@pytest.mark.pure
 def test_the_offset_is_refreshed_and_a_failed_probe_keeps_the_last_estimate() -> None:
     local = FakeClock()
     answers: list[datetime | Exception | None] = [
@@ -117,6 +118,7 @@ def test_the_offset_is_refreshed_and_a_failed_probe_keeps_the_last_estimate() ->
     assert len(probes) == 3
 
 
+@pytest.mark.pure
 def test_with_no_estimate_yet_a_failed_probe_raises() -> None:
     def down() -> datetime | None:
         raise StoreError("unreachable")
@@ -133,6 +135,7 @@ def test_with_no_estimate_yet_a_failed_probe_raises() -> None:
         clock.now()  # never an answer from an unmeasured clock
 
 
+@pytest.mark.pure
 def test_reading_the_time_does_no_io() -> None:
     local = FakeClock()
     clock = ServerClock(local, refresh=30)

@@ -10,6 +10,8 @@ from bson import ObjectId
 from orchestrator import EPOCH, ConfigError
 from orchestrator.core import queries as q
 
+pytestmark = pytest.mark.pure
+
 NOW = datetime(2026, 1, 1, 12, 0, 0, 123456, tzinfo=UTC)
 
 

@@ -64,6 +64,7 @@ def record(replica_id: str, **changes: Any) -> ReplicaRecord:
 # -- what a record is, and what readers make of several ------------------------------------
 
 
+@pytest.mark.pure
 @pytest.mark.parametrize("lock_timeout", [0.01, 1, 30, 60, 300, 3600, MAX_LOCK_TIMEOUT])
 def test_a_record_outlives_several_refreshes(lock_timeout: float) -> None:
     interval = refresh_interval(lock_timeout)
@@ -72,6 +73,7 @@ def test_a_record_outlives_several_refreshes(lock_timeout: float) -> None:
     assert record_ttl(lock_timeout) >= max(3 * interval, MIN_TTL)
 
 
+@pytest.mark.pure
 def test_a_record_round_trips_through_its_stored_form() -> None:
     step = RunningStep("gateways", "gw-1", "Deleting", T0 + timedelta(seconds=1, microseconds=7))
     original = record("pod-1", steps=[step], now=T0 + timedelta(seconds=5))
@@ -85,6 +87,7 @@ def test_a_record_round_trips_through_its_stored_form() -> None:
     )
 
 
+@pytest.mark.pure
 @pytest.mark.parametrize(
     "junk",
     [
@@ -100,6 +103,7 @@ def test_a_document_that_is_no_record_is_skipped_not_fatal(junk: dict[str, Any])
     assert ReplicaRecord.from_document(junk) is None
 
 
+@pytest.mark.pure
 def test_alike_replicas_have_no_disagreement() -> None:
     assert disagreements([record("a"), record("b"), record("c", engine="async")]) == []
     assert disagreements([]) == []
@@ -407,6 +411,7 @@ def test_status_says_when_no_replica_is_live(
     assert "warning" not in out
 
 
+@pytest.mark.pure
 @pytest.mark.parametrize("name", ["", "system.replicas", "ops.$replicas", "a\x00b", "r" * 121])
 def test_the_replicas_collection_must_be_a_usable_name(name: str) -> None:
     with pytest.raises(ConfigError, match="replicas_collection"):

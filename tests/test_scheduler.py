@@ -6,9 +6,13 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import pytest
+
 from orchestrator.core.registry import Handler
 from orchestrator.core.scheduler import Claim, Probe, Scheduler, heartbeat
 from orchestrator.core.settings import Settings
+
+pytestmark = pytest.mark.pure
 
 SETTINGS = Settings()
 
