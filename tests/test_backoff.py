@@ -132,3 +132,31 @@ def test_exponential_backoff_doubles_is_capped_and_jittered_downwards() -> None:
         assert ceiling * 0.9 <= wait <= ceiling
     with pytest.raises(ValueError):
         ExponentialBackoff(jitter=1.5)
+
+
+@pytest.mark.pure
+@pytest.mark.parametrize(
+    "bad",
+    [{"base": 0}, {"factor": 0.99}, {"cap": 0}, {"jitter": -0.01}, {"jitter": 1.0}],
+)
+def test_an_exponential_policy_that_could_not_wait_is_refused(bad: dict[str, float]) -> None:
+    with pytest.raises(ValueError, match="ExponentialBackoff needs base > 0, factor >= 1"):
+        ExponentialBackoff(**bad)
+
+
+@pytest.mark.pure
+def test_an_exponential_policy_starts_at_its_base_and_never_overflows() -> None:
+    exact = ExponentialBackoff(base=0.5, factor=1, cap=0.5, jitter=0)
+    assert exact.wait(waited=0, count=9, lock_timeout=30) == 0.5
+    policy = ExponentialBackoff(base=2, factor=3, cap=1e300, jitter=0)
+    assert [policy.wait(waited=0, count=n, lock_timeout=30) for n in (0, 1, 2, 3)] == [2, 2, 6, 18]
+    assert policy.wait(waited=0, count=10**6, lock_timeout=30) == 2 * 3.0**64
+
+
+@pytest.mark.pure
+def test_the_progressive_policy_waits_a_tenth_up_to_its_threshold_and_never_less_than_0() -> None:
+    policy = ProgressiveBackoff(threshold=60, divisor=4)
+    assert policy.wait(waited=60, count=1, lock_timeout=30) == 15
+    assert policy.wait(waited=60.5, count=1, lock_timeout=30) == 30
+    assert policy.wait(waited=-5, count=1, lock_timeout=30) == 0
+    assert ProgressiveBackoff().wait(waited=120, count=1, lock_timeout=7) == 12

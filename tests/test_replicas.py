@@ -8,7 +8,8 @@ import logging
 import os
 import socket
 import threading
-from datetime import UTC, datetime, timedelta
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import pytest
@@ -85,6 +86,40 @@ def test_a_record_round_trips_through_its_stored_form() -> None:
     assert parsed.steps == (
         RunningStep("gateways", "gw-1", "Deleting", T0 + timedelta(seconds=1)),  # BSON: ms
     )
+    assert replace(parsed, steps=()) == replace(original, steps=())
+    assert parsed.to_dict()["steps"] == [
+        {
+            "collection": "gateways",
+            "id": "gw-1",
+            "phase": "Deleting",
+            "since": "2026-01-01T00:00:01+00:00",
+        }
+    ]
+
+
+@pytest.mark.pure
+def test_a_record_reads_its_times_as_utc_and_what_it_may_lack_as_empty() -> None:
+    stored = queries.replica_document(record("pod-1", steps=[RunningStep("c", "1", None, T0)]))
+    for optional in ("instance", "host", "pid", "version", "engine"):
+        del stored[optional]
+    stored["started"] = T0.replace(tzinfo=None)
+    stored["lastSeen"] = T0.astimezone(timezone(timedelta(hours=2)))
+    parsed = ReplicaRecord.from_document(stored)
+    assert parsed is not None
+    assert (parsed.instance, parsed.host, parsed.pid, parsed.version, parsed.engine) == (
+        "",
+        "",
+        0,
+        "",
+        "",
+    )
+    assert parsed.started == T0 and parsed.started.tzinfo is UTC
+    assert parsed.last_seen == T0 and parsed.last_seen.tzinfo is UTC
+    assert parsed.steps == (RunningStep("c", "1", None, T0),)
+    assert (parsed.lock_timeout, parsed.tick, parsed.max_concurrency) == (30.0, 1.0, 4)
+    assert ReplicaRecord.from_document({**stored, "lockTimeout": 30, "steps": None}) == replace(
+        parsed, steps=()
+    )
 
 
 @pytest.mark.pure
@@ -97,6 +132,25 @@ def test_a_record_round_trips_through_its_stored_form() -> None:
         {**queries.replica_document(record("x")), "lockTimeout": True},
         {**queries.replica_document(record("x")), "steps": [{"collection": "c"}]},
         {**queries.replica_document(record("x")), "steps": 3},
+        *(
+            {k: v for k, v in queries.replica_document(record("x")).items() if k != missing}
+            for missing in (
+                "started",
+                "lastSeen",
+                "expiresAt",
+                "lockTimeout",
+                "tick",
+                "maxConcurrency",
+            )
+        ),
+        {**queries.replica_document(record("x")), "pid": "1"},
+        {**queries.replica_document(record("x")), "pid": False},
+        {**queries.replica_document(record("x")), "tick": "1"},
+        {**queries.replica_document(record("x")), "steps": [{"collection": "c", "id": 1}]},
+        {
+            **queries.replica_document(record("x")),
+            "steps": [{"collection": "c", "id": 1, "since": "today"}],
+        },
     ],
 )
 def test_a_document_that_is_no_record_is_skipped_not_fatal(junk: dict[str, Any]) -> None:
@@ -109,6 +163,7 @@ def test_alike_replicas_have_no_disagreement() -> None:
     assert disagreements([]) == []
 
 
+@pytest.mark.pure
 def test_disagreements_name_each_setting_lock_timeout_first() -> None:
     found = disagreements(
         [
