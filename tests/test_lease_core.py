@@ -9,7 +9,7 @@ of the lease (``scripts/mutation``), so they call the core's methods the leases 
 from __future__ import annotations
 
 import math
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -69,7 +69,7 @@ def lease(
         token=TOKEN,
         claimed_at=now,
         expires_at=now + timedelta(seconds=settings.lock_timeout),
-        throttled=throttled,
+        **({"throttled": True} if throttled else {}),
     )
 
 
@@ -349,3 +349,135 @@ def test_what_a_lease_says_about_itself() -> None:
     core = lease({"phase": 3})
     assert (core.id, core.collection, core.phase) == (7, "jobs", None)
     assert repr(lease()) == "<LeaseCore jobs/7 phase=Running held>"
+
+
+# -- the exact writes: what lands on the document -----------------------------------------
+
+
+def stamp(update: dict[str, Any]) -> dict[str, Any]:
+    """``update`` as a releasing write of this lease carries it: its token left behind."""
+    update["$set"]["lastToken"] = TOKEN
+    return update
+
+
+def test_each_outcome_writes_exactly_its_update() -> None:
+    core = lease({"updatedAt": datetime(2026, 1, 1, tzinfo=UTC)})
+    now = queries.bson_time(now_of(core))
+    epoch = queries.bson_time(EPOCH)
+    assert core.resource is core.doc and core.claimed_at == core.locked_at == now_of(core)
+    assert core._unlock_write({"n": 1})[0].update == stamp(
+        {
+            "$set": {"n": 1, "lockedUntil": epoch, "attempts": 0},
+            "$unset": {"lockToken": ""},
+            "$rename": {"lastError": "previousError"},
+        }
+    )
+    assert core._relock_write(5, {"n": 1})[0].update == stamp(
+        {
+            "$set": {"n": 1, "lockedUntil": now + timedelta(seconds=5), "attempts": 0},
+            "$inc": {"relocks": 1},
+            "$unset": {"lockToken": ""},
+            "$rename": {"lastError": "previousError"},
+        }
+    )
+    assert core._advance_write("Done", {"n": 1})[0].update == stamp(
+        {
+            "$set": {
+                "n": 1,
+                "phase": "Done",
+                "lockedUntil": epoch,
+                "updatedAt": now,
+                "attempts": 0,
+                "relocks": 0,
+            },
+            "$unset": {"lockToken": "", "failedBy": ""},
+            "$rename": {"lastError": "previousError"},
+        }
+    )
+    assert core._release_write()[0].update == stamp(
+        {"$set": {"lockedUntil": epoch}, "$unset": {"lockToken": ""}}
+    )
+    extended_at, until, update = core._extend_write()
+    assert update == {
+        "$set": {
+            "lockedAt": queries.bson_time(extended_at),
+            "lockedUntil": queries.bson_time(until),
+        }
+    }
+
+
+def test_a_failed_attempt_writes_exactly_its_record() -> None:
+    core = lease(retry_policy=Fixed(7))
+    now = queries.bson_time(now_of(core))
+    error = {"type": "E", "message": "m", "at": now, "phase": "Running"}
+    retry = core._error_write("E", "m", permanent=False)
+    assert retry.forms[0].update == stamp(
+        {
+            "$set": {
+                "attempts": 1,
+                "lastError": error,
+                "lockedUntil": now + timedelta(seconds=7),
+            },
+            "$unset": {"lockToken": ""},
+        }
+    )
+    assert retry.outcome.token == TOKEN
+    failed = core._error_write("E", "m", permanent=True)
+    assert failed.outcome.token == TOKEN
+    assert failed.forms[0].update == stamp(
+        {
+            "$set": {
+                "phase": "Failed",
+                "attempts": 1,
+                "lastError": error,
+                "failedBy": core.handler.key,
+                "updatedAt": now,
+                "lockedUntil": queries.bson_time(EPOCH),
+            },
+            "$unset": {"lockToken": ""},
+        }
+    )
+
+
+def test_a_lease_lost_names_the_document_the_lease_and_what_was_dropped() -> None:
+    def raised(core: LeaseCore[Any], action: str, after: bool = False) -> LeaseLost:
+        with pytest.raises(LeaseLost) as caught:
+            core._check_allowed(action, after=after)
+        return caught.value
+
+    released = lease()
+    released._released(released._unlock_write({})[0], Outcome("unlocked", "Running"))
+    lost = lease()
+    for error in (raised(released, "advance"), lost._lost("advance"), lost._lost("advance", "x")):
+        assert (error.collection, error.doc_id, error.token, error.action) == (
+            "jobs",
+            7,
+            TOKEN,
+            "advance",
+        )
+        assert str(error).startswith(f"lease {TOKEN[:8]} on jobs/7 is no longer held (")
+        assert str(error).endswith("); advance dropped")
+    assert "(another replica holds it now, or its phase was changed from outside)" in str(
+        lease()._lost("advance")
+    )
+    assert "(this step already gave an outcome; a step returns exactly one)" in str(
+        raised(released, "advance")
+    )
+    assert "(another replica holds it now)" in str(raised(lost, "unlock"))
+    recorded = lease()
+    planned = recorded._error_write("E", "m", permanent=False)
+    recorded._released(planned.forms[0], planned.outcome)
+    assert "(this step's failed attempt is already recorded)" in str(
+        raised(recorded, "record", after=True)
+    )
+
+
+def test_a_note_after_a_release_is_fenced_on_the_release_it_follows() -> None:
+    until = datetime(2026, 1, 1, 0, 0, 1, 234567, tzinfo=UTC)
+    assert queries.released_fence(7, TOKEN, until, "Done") == {
+        "_id": 7,
+        "lockToken": {"$exists": False},
+        "lastToken": TOKEN,
+        "lockedUntil": datetime(2026, 1, 1, 0, 0, 1, 234000),
+        "phase": "Done",
+    }

@@ -98,6 +98,28 @@ def test_a_record_round_trips_through_its_stored_form() -> None:
 
 
 @pytest.mark.pure
+def test_a_record_as_json_for_the_status_command_and_the_page() -> None:
+    step = RunningStep("gateways", "gw-1", None, T0)
+    shown = record("pod-1", steps=[step], now=T0 + timedelta(seconds=5)).to_dict()
+    assert shown == {
+        "replica_id": "pod-1",
+        "instance": "i-pod-1",
+        "host": "host",
+        "pid": 1,
+        "version": "1.0.0",
+        "engine": "threaded",
+        "started": "2026-01-01T00:00:00+00:00",
+        "last_seen": "2026-01-01T00:00:05+00:00",
+        "expires_at": (T0 + timedelta(seconds=5 + record_ttl(30))).isoformat(),
+        "lock_timeout": 30.0,
+        "tick": 1.0,
+        "max_concurrency": 4,
+        "steps": [{"collection": "gateways", "id": "gw-1", "phase": None, "since": T0.isoformat()}],
+    }
+    assert json.loads(json.dumps(shown)) == shown
+
+
+@pytest.mark.pure
 def test_a_record_reads_its_times_as_utc_and_what_it_may_lack_as_empty() -> None:
     stored = queries.replica_document(record("pod-1", steps=[RunningStep("c", "1", None, T0)]))
     for optional in ("instance", "host", "pid", "version", "engine"):
@@ -176,7 +198,11 @@ def test_disagreements_name_each_setting_lock_timeout_first() -> None:
     lock = found[0]
     assert lock.values == (("30s", ("a", "b")), ("300s", ("c",)))  # the majority first
     assert lock.message == "replicas disagree on lock_timeout: 30s (a, b); 300s (c)"
-    assert found[3].to_dict()["values"] == {"1.0.0": ["a", "c"], "1.1.0": ["b"]}
+    assert found[3].to_dict() == {
+        "setting": "version",
+        "values": {"1.0.0": ["a", "c"], "1.1.0": ["b"]},
+        "message": "replicas disagree on version: 1.0.0 (a, c); 1.1.0 (b)",
+    }
 
 
 # -- the in-memory store's TTL index -------------------------------------------------------
