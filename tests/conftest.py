@@ -24,6 +24,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Itera
 from typing import Any
 
 import pytest
+from hypothesis import Phase, settings
 from pymongo import AsyncMongoClient, MongoClient
 from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.database import Database
@@ -60,6 +61,23 @@ def pytest_report_header(config: pytest.Config) -> str | None:
         return f"MONGODB_URI server: unreachable ({type(exc).__name__})"
     finally:
         client.close()
+
+
+settings.register_profile("mutation", phases=(Phase.explicit, Phase.reuse, Phase.generate))
+"""``--hypothesis-profile=mutation``, as ``scripts/mutation`` runs: a failing example is
+enough to kill a mutant, so none is shrunk (the randomized tests' own profiles, made after
+it is loaded, inherit that). Shrinking a broken state machine's run took minutes a mutant."""
+
+DATABASE_FIXTURES = frozenset({"db", "adb", "make", "replicas", "aorch"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test marked ``pure`` (the mutation run's selection, ``scripts/mutation``) asks for
+    no database: the mark stays true as tests change."""
+    for item in items:
+        used = DATABASE_FIXTURES.intersection(getattr(item, "fixturenames", ()))
+        if used and item.get_closest_marker("pure") is not None:
+            raise pytest.UsageError(f"{item.nodeid} is marked pure but uses {sorted(used)}")
 
 
 @pytest.hookimpl(wrapper=True)

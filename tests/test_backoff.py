@@ -16,6 +16,7 @@ from tests.conftest import MakeReplica
 TABLE = [(1, 0.1), (10, 1.0), (30, 3.0), (120, 12.0), (180, 30.0)]
 
 
+@pytest.mark.pure
 @pytest.mark.parametrize(("waited", "expected"), TABLE)
 def test_progressive_policy_is_a_tenth_of_the_wait_then_the_lock_timeout(
     waited: float, expected: float
@@ -111,6 +112,7 @@ def test_relock_with_a_missing_updated_at_still_waits_the_floor(
     assert waits == [1.0]
 
 
+@pytest.mark.pure
 def test_a_custom_relock_policy_is_used() -> None:
     class Fixed:
         def wait(self, *, waited: float, count: int, lock_timeout: float) -> float:
@@ -121,6 +123,7 @@ def test_a_custom_relock_policy_is_used() -> None:
     )
 
 
+@pytest.mark.pure
 def test_exponential_backoff_doubles_is_capped_and_jittered_downwards() -> None:
     policy = ExponentialBackoff(base=1, factor=2, cap=20, jitter=0.1, rng=random.Random(7))
     waits = [policy.wait(waited=0, count=n, lock_timeout=30) for n in range(1, 8)]
@@ -129,3 +132,31 @@ def test_exponential_backoff_doubles_is_capped_and_jittered_downwards() -> None:
         assert ceiling * 0.9 <= wait <= ceiling
     with pytest.raises(ValueError):
         ExponentialBackoff(jitter=1.5)
+
+
+@pytest.mark.pure
+@pytest.mark.parametrize(
+    "bad",
+    [{"base": 0}, {"factor": 0.99}, {"cap": 0}, {"jitter": -0.01}, {"jitter": 1.0}],
+)
+def test_an_exponential_policy_that_could_not_wait_is_refused(bad: dict[str, float]) -> None:
+    with pytest.raises(ValueError, match="ExponentialBackoff needs base > 0, factor >= 1"):
+        ExponentialBackoff(**bad)
+
+
+@pytest.mark.pure
+def test_an_exponential_policy_starts_at_its_base_and_never_overflows() -> None:
+    exact = ExponentialBackoff(base=0.5, factor=1, cap=0.5, jitter=0)
+    assert exact.wait(waited=0, count=9, lock_timeout=30) == 0.5
+    policy = ExponentialBackoff(base=2, factor=3, cap=1e300, jitter=0)
+    assert [policy.wait(waited=0, count=n, lock_timeout=30) for n in (0, 1, 2, 3)] == [2, 2, 6, 18]
+    assert policy.wait(waited=0, count=10**6, lock_timeout=30) == 2 * 3.0**64
+
+
+@pytest.mark.pure
+def test_the_progressive_policy_waits_a_tenth_up_to_its_threshold_and_never_less_than_0() -> None:
+    policy = ProgressiveBackoff(threshold=60, divisor=4)
+    assert policy.wait(waited=60, count=1, lock_timeout=30) == 15
+    assert policy.wait(waited=60.5, count=1, lock_timeout=30) == 30
+    assert policy.wait(waited=-5, count=1, lock_timeout=30) == 0
+    assert ProgressiveBackoff().wait(waited=120, count=1, lock_timeout=7) == 12

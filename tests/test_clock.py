@@ -82,6 +82,7 @@ def _probing(
     return measure_if_due
 
 
+@pytest.mark.pure
 def test_the_offset_is_refreshed_and_a_failed_probe_keeps_the_last_estimate() -> None:
     local = FakeClock()
     answers: list[datetime | Exception | None] = [
@@ -117,6 +118,7 @@ def test_the_offset_is_refreshed_and_a_failed_probe_keeps_the_last_estimate() ->
     assert len(probes) == 3
 
 
+@pytest.mark.pure
 def test_with_no_estimate_yet_a_failed_probe_raises() -> None:
     def down() -> datetime | None:
         raise StoreError("unreachable")
@@ -133,6 +135,7 @@ def test_with_no_estimate_yet_a_failed_probe_raises() -> None:
         clock.now()  # never an answer from an unmeasured clock
 
 
+@pytest.mark.pure
 def test_reading_the_time_does_no_io() -> None:
     local = FakeClock()
     clock = ServerClock(local, refresh=30)
@@ -200,3 +203,66 @@ def test_a_new_primary_is_measured_at_the_next_tick_not_a_refresh_later() -> Non
     orch.run_once()
     orch.measure_clock()  # what every action does first: due now, not a refresh later
     assert orch.clock.offset - before == timedelta(seconds=40)
+
+
+@pytest.mark.pure
+def test_a_measurement_stands_for_the_middle_of_its_round_trip() -> None:
+    local = FakeClock()
+    measured: list[tuple[ServerClock, float]] = []
+    clock = ServerClock(local, refresh=30, on_measured=lambda c, rtt: measured.append((c, rtt)))
+    started = local.monotonic()
+    local.advance(2)  # the probe's round trip: the reply stands for one second ago
+    clock.record(local.now() + timedelta(seconds=99), started, local.monotonic(), local.now())
+    assert clock.offset == timedelta(seconds=100)
+    assert clock.now() == local.now() + timedelta(seconds=100)
+    assert clock.server_time and clock.uncertainty == 0.0 and clock.measured
+    assert measured == [(clock, 2.0)]
+    local.advance(27.9)
+    assert not clock.due, "due a refresh after the probe started"
+    local.advance(0.1)
+    assert clock.due
+
+
+@pytest.mark.pure
+def test_without_server_time_the_local_clock_stands_in_with_its_tolerance() -> None:
+    local = FakeClock()
+    fallbacks: list[int] = []
+    clock = ServerClock(local, tolerance=5, on_fallback=lambda: fallbacks.append(1))
+    started = local.monotonic()
+    local.advance(2)
+    clock.record(None, started, local.monotonic(), local.now())
+    assert clock.offset == timedelta(0) and not clock.server_time
+    assert clock.uncertainty == 5.0
+    assert clock.now() == local.now()
+    clock.record(None, local.monotonic(), local.monotonic(), local.now())
+    assert fallbacks == [1], "said once, not at every measurement"
+    clock.record(local.now(), local.monotonic(), local.monotonic(), local.now())
+    assert clock.server_time and clock.uncertainty == 0.0
+    clock.record(None, local.monotonic(), local.monotonic(), local.now())
+    assert fallbacks == [1, 1], "said again after the server gave its time meanwhile"
+
+
+@pytest.mark.pure
+def test_by_default_a_measurement_is_due_every_minute_and_the_tolerance_is_a_minute() -> None:
+    local = FakeClock()
+    clock = ServerClock(local)
+    assert clock.due and not clock.measured and clock.server_time
+    clock.record(None, local.monotonic(), local.monotonic(), local.now())
+    assert clock.uncertainty == 60.0
+    local.advance(59.9)
+    assert not clock.due
+    local.advance(0.1)
+    assert clock.due
+
+
+@pytest.mark.pure
+def test_a_new_server_makes_a_measurement_due_at_once() -> None:
+    local = FakeClock()
+    clock = ServerClock(local)
+    clock.watch("a")
+    clock.record(local.now(), local.monotonic(), local.monotonic(), local.now())
+    clock.watch(None)
+    clock.watch("a")
+    assert not clock.due, "the same server, or none known: no new measurement"
+    clock.watch("b")
+    assert clock.due

@@ -48,6 +48,7 @@ def test_invalid_settings_raise_a_clear_error_at_construction(
         Orchestrator(memory_database(), **options)
 
 
+@pytest.mark.pure
 @pytest.mark.parametrize(
     ("options", "message"),
     [

@@ -22,6 +22,7 @@ NO_SERVER = "mongodb://127.0.0.1:1/"
 """A URI without a database: the tools' own default applies (no connection is made)."""
 
 
+@pytest.mark.pure
 def test_the_default_is_one_plain_name() -> None:
     assert re.fullmatch(r"[a-z][a-z0-9_]*", DEFAULT_DATABASE)
 

@@ -230,6 +230,7 @@ def _at(seconds: float) -> datetime:
     return datetime(2026, 1, 1, tzinfo=UTC) + timedelta(seconds=seconds)
 
 
+@pytest.mark.pure
 @pytest.mark.parametrize(
     ("before", "due"),
     [
@@ -252,6 +253,7 @@ def test_how_long_a_document_was_due_is_read_from_its_fields(
     assert queries.due_since(before) == due
 
 
+@pytest.mark.pure
 def test_a_claim_applies_its_update_to_the_document_it_read() -> None:
     before = {"_id": 1, "phase": "P", "lockedUntil": EPOCH}
     now = datetime(2026, 1, 1, 0, 0, 0, 123456, tzinfo=UTC)

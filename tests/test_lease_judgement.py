@@ -226,6 +226,7 @@ def test_without_server_time_a_replica_40s_ahead_does_not_steal_a_live_lease(
 # -- defect 6: durations that would overflow date arithmetic -----------------------------
 
 
+@pytest.mark.pure
 @pytest.mark.parametrize(
     "values",
     [
@@ -264,6 +265,7 @@ async def test_the_longest_allowed_durations_run_a_tick_without_overflow(
     assert await orch.run_once() == {"ticks": 1}
 
 
+@pytest.mark.pure
 def test_the_estimate_never_runs_backwards_when_a_measurement_comes_out_earlier(
     clock: FakeClock,
 ) -> None:

@@ -7,6 +7,8 @@ import pytest
 
 from orchestrator.core.outcomes import LeaseWrite, StepOutcome
 
+pytestmark = pytest.mark.pure  # no I/O: in the mutation run (scripts/mutation)
+
 MEANINGS = {
     # outcome: (frees_work, is_failure, is_recorded)
     StepOutcome.UNLOCKED: (True, False, True),

@@ -10,6 +10,8 @@ from bson import ObjectId
 from orchestrator import EPOCH, ConfigError
 from orchestrator.core import queries as q
 
+pytestmark = pytest.mark.pure
+
 NOW = datetime(2026, 1, 1, 12, 0, 0, 123456, tzinfo=UTC)
 
 
@@ -170,3 +172,54 @@ def test_an_id_typed_as_text_matches_the_integer_or_objectid_it_spells() -> None
     assert q.id_filter(hex_id) == {"_id": {"$in": [ObjectId(hex_id), hex_id]}}
     for text in ("042", "gw-1", "1e3", str(2**63), ""):
         assert q.id_filter(text) == {"_id": text}
+
+
+def test_fields_a_step_may_set_are_accepted_nested_and_dotted() -> None:
+    q.check_fields(
+        {"progress": 3, "result": {"items": [1, {"ok": True}]}, "a.b": 1, "phaseNote": "x"}
+    )
+    q.check_fields({"lockToken": 1}, reserved=frozenset())  # the reserved set is the caller's
+
+
+@pytest.mark.parametrize(
+    ("fields", "says"),
+    [
+        ({1: "x"}, "field names must be non-empty strings, got 1"),
+        ({"": 1}, "field names must be non-empty strings, got ''"),
+        ({"$set": 1}, "field name '$set' is not allowed"),
+        ({"a\x00b": 1}, "field name 'a\\x00b' is not allowed"),
+        ({"lockToken": "x"}, "field 'lockToken' is managed by the orchestrator"),
+        ({"attempts.n": 1}, "field 'attempts.n' is managed by the orchestrator"),
+        ({"phase": "X"}, "field 'phase' is managed"),
+        ({"phase.x": 1}, "field 'phase.x' is managed"),
+        ({"_id": 1}, "field '_id' is managed"),
+        ({"updatedAt": NOW}, "field 'updatedAt' is managed"),
+        ({"a": {"$gt": 1}}, "field a.$gt is not allowed: it starts with '$'"),
+        ({"a": [{"b": {"$x": 1}}]}, "field a.b.$x is not allowed"),
+        ({"a": object()}, "fields cannot be stored in MongoDB"),
+        ({"a": "x" * (16 * 1024 * 1024)}, "a MongoDB document holds at most 16777216"),
+    ],
+)
+def test_each_refused_field_says_why(fields: dict[object, object], says: str) -> None:
+    with pytest.raises(ConfigError) as refused:
+        q.check_fields(fields)  # type: ignore[arg-type]
+    assert says in str(refused.value)
+
+
+def test_a_handler_filter_is_a_non_empty_dict_that_leaves_the_claim_its_fields() -> None:
+    q.check_match({"phase": "A", "attempts": {"$lt": 3}})
+    with pytest.raises(ConfigError, match="must be a non-empty dict"):
+        q.check_match([("phase", "A")])  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=r"cannot select on \['failedBy', 'lockToken'\]"):
+        q.check_match({"lockToken": "t", "failedBy": "x", "phase": "A"})
+
+
+def test_a_probe_asks_for_any_of_the_handlers_claims() -> None:
+    exclusion = {"failedBy": {"$ne": "k"}}
+    probe = q.probe_filter([({"phase": "A"}, None), ({"kind": 1}, exclusion)], NOW, 86_400)
+    assert probe == {
+        "$or": [
+            q.claim_filter({"phase": "A"}, NOW, 86_400),
+            q.claim_filter({"kind": 1}, NOW, 86_400, exclusion),
+        ]
+    }

@@ -8,7 +8,8 @@ import logging
 import os
 import socket
 import threading
-from datetime import UTC, datetime, timedelta
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import pytest
@@ -65,6 +66,7 @@ def record(replica_id: str, **changes: Any) -> ReplicaRecord:
 # -- what a record is, and what readers make of several ------------------------------------
 
 
+@pytest.mark.pure
 @pytest.mark.parametrize("lock_timeout", [0.01, 1, 30, 60, 300, 3600, MAX_LOCK_TIMEOUT])
 def test_a_record_outlives_several_refreshes(lock_timeout: float) -> None:
     interval = refresh_interval(lock_timeout)
@@ -73,6 +75,7 @@ def test_a_record_outlives_several_refreshes(lock_timeout: float) -> None:
     assert record_ttl(lock_timeout) >= max(3 * interval, MIN_TTL)
 
 
+@pytest.mark.pure
 def test_a_record_round_trips_through_its_stored_form() -> None:
     step = RunningStep("gateways", "gw-1", "Deleting", T0 + timedelta(seconds=1, microseconds=7))
     original = record("pod-1", steps=[step], now=T0 + timedelta(seconds=5))
@@ -84,8 +87,65 @@ def test_a_record_round_trips_through_its_stored_form() -> None:
     assert parsed.steps == (
         RunningStep("gateways", "gw-1", "Deleting", T0 + timedelta(seconds=1)),  # BSON: ms
     )
+    assert replace(parsed, steps=()) == replace(original, steps=())
+    assert parsed.to_dict()["steps"] == [
+        {
+            "collection": "gateways",
+            "id": "gw-1",
+            "phase": "Deleting",
+            "since": "2026-01-01T00:00:01+00:00",
+        }
+    ]
 
 
+@pytest.mark.pure
+def test_a_record_as_json_for_the_status_command_and_the_page() -> None:
+    step = RunningStep("gateways", "gw-1", None, T0)
+    shown = record("pod-1", steps=[step], now=T0 + timedelta(seconds=5)).to_dict()
+    assert shown == {
+        "replica_id": "pod-1",
+        "instance": "i-pod-1",
+        "host": "host",
+        "pid": 1,
+        "version": "1.0.0",
+        "engine": "threaded",
+        "started": "2026-01-01T00:00:00+00:00",
+        "last_seen": "2026-01-01T00:00:05+00:00",
+        "expires_at": (T0 + timedelta(seconds=5 + record_ttl(30))).isoformat(),
+        "lock_timeout": 30.0,
+        "tick": 1.0,
+        "max_concurrency": 4,
+        "steps": [{"collection": "gateways", "id": "gw-1", "phase": None, "since": T0.isoformat()}],
+    }
+    assert json.loads(json.dumps(shown)) == shown
+
+
+@pytest.mark.pure
+def test_a_record_reads_its_times_as_utc_and_what_it_may_lack_as_empty() -> None:
+    stored = queries.replica_document(record("pod-1", steps=[RunningStep("c", "1", None, T0)]))
+    for optional in ("instance", "host", "pid", "version", "engine"):
+        del stored[optional]
+    stored["started"] = T0.replace(tzinfo=None)
+    stored["lastSeen"] = T0.astimezone(timezone(timedelta(hours=2)))
+    parsed = ReplicaRecord.from_document(stored)
+    assert parsed is not None
+    assert (parsed.instance, parsed.host, parsed.pid, parsed.version, parsed.engine) == (
+        "",
+        "",
+        0,
+        "",
+        "",
+    )
+    assert parsed.started == T0 and parsed.started.tzinfo is UTC
+    assert parsed.last_seen == T0 and parsed.last_seen.tzinfo is UTC
+    assert parsed.steps == (RunningStep("c", "1", None, T0),)
+    assert (parsed.lock_timeout, parsed.tick, parsed.max_concurrency) == (30.0, 1.0, 4)
+    assert ReplicaRecord.from_document({**stored, "lockTimeout": 30, "steps": None}) == replace(
+        parsed, steps=()
+    )
+
+
+@pytest.mark.pure
 @pytest.mark.parametrize(
     "junk",
     [
@@ -95,17 +155,38 @@ def test_a_record_round_trips_through_its_stored_form() -> None:
         {**queries.replica_document(record("x")), "lockTimeout": True},
         {**queries.replica_document(record("x")), "steps": [{"collection": "c"}]},
         {**queries.replica_document(record("x")), "steps": 3},
+        *(
+            {k: v for k, v in queries.replica_document(record("x")).items() if k != missing}
+            for missing in (
+                "started",
+                "lastSeen",
+                "expiresAt",
+                "lockTimeout",
+                "tick",
+                "maxConcurrency",
+            )
+        ),
+        {**queries.replica_document(record("x")), "pid": "1"},
+        {**queries.replica_document(record("x")), "pid": False},
+        {**queries.replica_document(record("x")), "tick": "1"},
+        {**queries.replica_document(record("x")), "steps": [{"collection": "c", "id": 1}]},
+        {
+            **queries.replica_document(record("x")),
+            "steps": [{"collection": "c", "id": 1, "since": "today"}],
+        },
     ],
 )
 def test_a_document_that_is_no_record_is_skipped_not_fatal(junk: dict[str, Any]) -> None:
     assert ReplicaRecord.from_document(junk) is None
 
 
+@pytest.mark.pure
 def test_alike_replicas_have_no_disagreement() -> None:
     assert disagreements([record("a"), record("b"), record("c", engine="async")]) == []
     assert disagreements([]) == []
 
 
+@pytest.mark.pure
 def test_disagreements_name_each_setting_lock_timeout_first() -> None:
     found = disagreements(
         [
@@ -118,7 +199,11 @@ def test_disagreements_name_each_setting_lock_timeout_first() -> None:
     lock = found[0]
     assert lock.values == (("30s", ("a", "b")), ("300s", ("c",)))  # the majority first
     assert lock.message == "replicas disagree on lock_timeout: 30s (a, b); 300s (c)"
-    assert found[3].to_dict()["values"] == {"1.0.0": ["a", "c"], "1.1.0": ["b"]}
+    assert found[3].to_dict() == {
+        "setting": "version",
+        "values": {"1.0.0": ["a", "c"], "1.1.0": ["b"]},
+        "message": "replicas disagree on version: 1.0.0 (a, c); 1.1.0 (b)",
+    }
 
 
 # -- the in-memory store's TTL index -------------------------------------------------------
@@ -415,6 +500,7 @@ def test_status_says_when_no_replica_is_live(
     assert "warning" not in out
 
 
+@pytest.mark.pure
 @pytest.mark.parametrize("name", ["", "system.replicas", "ops.$replicas", "a\x00b", "r" * 121])
 def test_the_replicas_collection_must_be_a_usable_name(name: str) -> None:
     with pytest.raises(ConfigError, match="replicas_collection"):

@@ -13,6 +13,8 @@ from orchestrator.core.registry import Handler
 from orchestrator.core.scheduler import Claim, Probe, Scheduler, heartbeat
 from orchestrator.core.settings import Settings
 
+pytestmark = pytest.mark.pure
+
 SETTINGS = Settings()
 
 

@@ -49,6 +49,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
@@ -57,6 +58,8 @@ from orchestrator.core.outcomes import StepOutcome
 from orchestrator.core.registry import Handler
 from orchestrator.core.scheduler import Claim, Probe, Scheduler, heartbeat
 from orchestrator.core.settings import Settings
+
+pytestmark = pytest.mark.pure
 
 SETTINGS = Settings()
 COLLECTIONS = ("jobs", "mail", "keys")

@@ -19,6 +19,7 @@ from orchestrator.testing.faults import Faults
 SECRET_URI = "mongodb://admin:hunter2@db-0.example:27017,db-1.example/app?authSource=admin"
 
 
+@pytest.mark.pure
 @pytest.mark.parametrize(
     ("text", "expected"),
     [

@@ -199,6 +199,7 @@ def test_a_non_unique_index_is_refused_the_same_on_servers_before_5_0(clock: Fak
 # -- write concern without a majority ------------------------------------------------------------
 
 
+@pytest.mark.pure
 def test_write_timeout_is_a_bounded_setting() -> None:
     assert Settings().write_timeout == 10.0
     for bad in (0, -1, 601, float("inf")):
@@ -249,6 +250,7 @@ def test_a_write_concern_timeout_is_a_transient_store_error(clock: FakeClock) ->
     assert db.jobs.find_one({"_id": 1})["x"] == 1  # applied on the primary all the same
 
 
+@pytest.mark.pure
 @pytest.mark.parametrize(
     "error",
     [

@@ -13,6 +13,8 @@ from orchestrator.core import steps
 from orchestrator.core.lease import Outcome
 from orchestrator.core.outcomes import StepOutcome
 
+pytestmark = pytest.mark.pure  # no I/O: in the mutation run (scripts/mutation)
+
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 
 

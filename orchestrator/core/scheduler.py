@@ -70,7 +70,6 @@ class Scheduler:
         self._start = 0  # first handler of this tick: a new one each tick, for fairness
         self._cursor = 0
         self._stopping = False
-        self.ticks = 0
 
     # -- what happened ------------------------------------------------------------------
 
@@ -81,7 +80,6 @@ class Scheduler:
 
     def tick(self) -> None:
         """A new tick: due relocks and expired leases may be claimable now; budgets reset."""
-        self.ticks += 1
         self._claims.clear()
         self._idle.clear()
         count = len(self._handlers)

@@ -1,0 +1,488 @@
+"""What a lease decides, without I/O: ``LeaseCore`` (``orchestrator/core/lease.py``), the
+half of ``Lease`` and ``AsyncLease`` that holds no store. Each outcome's write (and what
+it refuses before writing), the checked policy waits, a failed attempt's record, and the
+state machine that says which writes a lease may still make and under which fence.
+
+The engines' tests show the same through a database; these are the mutation run's view
+of the lease (``scripts/mutation``), so they call the core's methods the leases call."""
+
+from __future__ import annotations
+
+import math
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from orchestrator import EPOCH, ConfigError, LeaseLost, Outcome
+from orchestrator.core import queries
+from orchestrator.core.clock import ServerClock
+from orchestrator.core.lease import LeaseCore, PolicyError
+from orchestrator.core.outcomes import LeaseWrite
+from orchestrator.core.registry import Registry, options
+from orchestrator.core.settings import Settings
+from orchestrator.testing import FakeClock
+
+pytestmark = pytest.mark.pure
+
+TOKEN = "t" * 32
+
+
+class Fixed:
+    """A backoff policy answering ``answer`` (raised, if an exception), and keeping what
+    it was asked."""
+
+    def __init__(self, answer: Any) -> None:
+        self.answer = answer
+        self.asked: list[dict[str, Any]] = []
+
+    def wait(self, *, waited: float, count: int, lock_timeout: float) -> Any:
+        self.asked.append({"waited": waited, "count": count, "lock_timeout": lock_timeout})
+        if isinstance(self.answer, Exception):
+            raise self.answer
+        return self.answer
+
+
+def step(lease: Any) -> None:
+    return None
+
+
+def lease(
+    doc: dict[str, Any] | None = None,
+    *,
+    throttled: bool = False,
+    settings: Settings | None = None,
+    **opts: Any,
+) -> LeaseCore[dict[str, Any]]:
+    """A lease held on ``doc`` (in phase "Running") by a handler with options ``opts``,
+    claimed now, on a server clock measured with no offset."""
+    local = FakeClock()
+    clock = ServerClock(local)
+    clock.record(local.now(), local.monotonic(), local.monotonic(), local.now())
+    settings = settings or Settings(tick=1, lock_timeout=30, max_wait=600, max_attempts=3)
+    handler = Registry(settings).add(step, "jobs", {"phase": "Running"}, "Running", options(opts))
+    now = clock.now()
+    return LeaseCore(
+        clock=clock,
+        settings=settings,
+        handler=handler,
+        doc={"_id": 7, "phase": "Running", **(doc or {})},
+        token=TOKEN,
+        claimed_at=now,
+        expires_at=now + timedelta(seconds=settings.lock_timeout),
+        **({"throttled": True} if throttled else {}),
+    )
+
+
+def now_of(core: LeaseCore[Any]) -> datetime:
+    return core._clock.now()
+
+
+# -- advance and the declared transitions ------------------------------------------------
+
+
+def test_an_advance_to_a_declared_phase_writes_it_and_releases() -> None:
+    core = lease(to=["Done", "Cancelled"])
+    write, wait = core._advance_write("Cancelled", {"reason": "asked"})
+    assert wait is None
+    assert (write.action, write.phase_change, write.next_phase) == ("advance", True, "Cancelled")
+    assert write.until == EPOCH
+    assert write.update["$set"]["phase"] == "Cancelled"
+    assert write.update["$set"]["reason"] == "asked"
+    assert write.update["$set"]["lastToken"] == TOKEN
+    assert write.update["$set"]["lockedUntil"] == queries.bson_time(EPOCH)
+
+
+@pytest.mark.parametrize("phase", ["Elsewhere", "Running", "done"])
+def test_an_advance_to_an_undeclared_phase_is_refused_before_any_write(phase: str) -> None:
+    core = lease(to=("Done", "Cancelled"))
+    with pytest.raises(ConfigError) as refused:
+        core._advance_write(phase, {})
+    assert f"may advance to ['Done', 'Cancelled'], not {phase!r}" in str(refused.value)
+    assert core.held and core.outcome is None
+
+
+def test_one_declared_phase_may_be_named_alone() -> None:
+    core = lease(to="Done")
+    assert core.handler.to == ("Done",)
+    assert core._advance_write("Done", {})[0].next_phase == "Done"
+    with pytest.raises(ConfigError, match="not 'Failed'"):
+        core._advance_write("Failed", {})
+
+
+def test_without_declared_transitions_any_phase_may_be_entered() -> None:
+    core = lease()
+    assert core.handler.to == ()
+    assert core._advance_write("Anywhere", {})[0].next_phase == "Anywhere"
+
+
+@pytest.mark.parametrize("phase", ["", "$set", None, 3])
+def test_an_advance_needs_a_phase_name(phase: Any) -> None:
+    with pytest.raises(ConfigError, match=r"advance\(\) needs a phase name"):
+        lease()._advance_write(phase, {})
+
+
+# -- unlock, release and the per-tick budget ---------------------------------------------
+
+
+def test_unlock_frees_the_document_at_once_with_its_fields() -> None:
+    write, wait = lease()._unlock_write({"progress": 3})
+    assert wait is None and write.until == EPOCH and write.action == "unlock"
+    assert not write.phase_change
+    assert write.update["$set"]["progress"] == 3
+    assert write.update["$set"]["lastToken"] == TOKEN
+    assert write.update["$unset"] == {"lockToken": ""}
+
+
+def test_a_throttled_document_waits_the_relock_floor_whatever_the_outcome() -> None:
+    core = lease(throttled=True, settings=Settings(tick=2, lock_timeout=30, min_relock=5))
+    until = now_of(core) + timedelta(seconds=5)
+    for write, wait in (core._unlock_write({}), core._advance_write("Done", {})):
+        assert (write.until, wait) == (until, 5.0)
+        assert write.update["$set"]["lockedUntil"] == queries.bson_time(until)
+    write, wait = core._release_write()
+    assert (write.until, wait, write.action) == (until, 5.0, "release")
+
+
+def test_an_outcome_may_not_set_the_lease_s_fields_or_operators() -> None:
+    core = lease()
+    with pytest.raises(ConfigError):
+        core._unlock_write({"lockToken": "mine"})
+    with pytest.raises(ConfigError):
+        core._unlock_write({"$set": 1})
+
+
+# -- relock and the checked policy waits --------------------------------------------------
+
+
+def test_relock_asks_the_policy_with_the_time_in_phase_and_the_relock_count() -> None:
+    policy = Fixed(42)
+    core = lease({"relocks": 2}, relock_policy=policy)
+    core.doc["updatedAt"] = now_of(core) - timedelta(seconds=100)
+    write, wait = core._relock_write(None, {"note": "x"})
+    assert policy.asked == [{"waited": 100.0, "count": 3, "lock_timeout": 30}]
+    assert wait == 42.0 and write.action == "relock"
+    assert write.until == now_of(core) + timedelta(seconds=42)
+    assert write.update["$set"]["note"] == "x"
+    assert write.update["$inc"] == {"relocks": 1}
+
+
+def test_the_time_in_phase_falls_back_to_creation_and_is_never_negative() -> None:
+    policy = Fixed(1)
+    core = lease({"relocks": "junk"}, relock_policy=policy)
+    core.doc["createdAt"] = now_of(core) - timedelta(seconds=9)
+    core._relock_write(None, {})
+    core.doc["createdAt"] = now_of(core) + timedelta(seconds=9)
+    core._relock_write(None, {})
+    del core.doc["createdAt"]
+    core._relock_write(None, {})
+    assert [a["waited"] for a in policy.asked] == [9.0, 0.0, 0.0]
+    assert [a["count"] for a in policy.asked] == [1, 1, 1]  # a corrupt counter counts as 0
+
+
+@pytest.mark.parametrize(("answer", "wait"), [(0, 1.0), (0.5, 1.0), (7.5, 7.5), (10**6, 600.0)])
+def test_a_relock_wait_is_kept_between_the_floor_and_max_wait(answer: float, wait: float) -> None:
+    assert lease(relock_policy=Fixed(answer))._relock_write(None, {})[1] == wait
+    assert lease()._relock_write(answer, {})[1] == wait
+
+
+@pytest.mark.parametrize("wait", [-1, math.nan, math.inf, True, "5"])
+def test_an_explicit_relock_wait_must_be_a_finite_number_of_seconds(wait: Any) -> None:
+    with pytest.raises(ConfigError, match=r"relock\(wait=\.\.\.\) needs a finite number"):
+        lease()._relock_write(wait, {})
+
+
+@pytest.mark.parametrize(
+    ("answer", "says"),
+    [
+        (ValueError("boom"), "relock_policy raised ValueError: boom"),
+        (None, "relock_policy returned None"),
+        (-1, "relock_policy returned -1"),
+        (math.nan, "relock_policy returned nan"),
+        (math.inf, "relock_policy returned inf"),
+        (False, "relock_policy returned False"),
+    ],
+)
+def test_a_policy_that_raises_or_answers_no_wait_is_a_policy_error(answer: Any, says: str) -> None:
+    with pytest.raises(PolicyError) as raised:
+        lease(relock_policy=Fixed(answer))._relock_write(None, {})
+    assert str(raised.value).startswith(says)
+
+
+# -- a failed attempt's record ------------------------------------------------------------
+
+
+def test_a_failed_attempt_below_max_attempts_retries_after_the_retry_policy() -> None:
+    policy = Fixed(7)
+    core = lease({"attempts": 1}, retry_policy=policy)
+    planned = core._error_write("ValueError", "bad", permanent=False)
+    assert planned.outcome == Outcome("retrying", "Running", 7.0)
+    assert planned.outcome.token == TOKEN
+    assert policy.asked[0]["count"] == 2
+    first = planned.forms[0]
+    assert first.action == "retry" and not first.phase_change
+    assert first.until == now_of(core) + timedelta(seconds=7)
+    assert first.update["$set"]["attempts"] == 2
+    assert first.update["$set"]["lastError"]["type"] == "ValueError"
+    assert first.update["$set"]["lastError"]["message"] == "bad"
+    assert first.update["$set"]["lastError"]["phase"] == "Running"
+    assert first.update["$set"]["lastToken"] == TOKEN
+
+
+def test_the_last_attempt_or_a_permanent_error_moves_to_the_failed_phase() -> None:
+    for core, permanent in ((lease({"attempts": 2}), False), (lease(), True)):
+        planned = core._error_write("Failed", "gave up", permanent=permanent)
+        assert planned.outcome == Outcome("failed", "Failed", None)
+        write = planned.forms[0]
+        assert (write.action, write.phase_change, write.next_phase) == ("fail", True, "Failed")
+        assert write.until == EPOCH
+        assert write.update["$set"]["phase"] == "Failed"
+        assert write.update["$set"]["failedBy"] == core.handler.key
+        assert write.update["$set"]["attempts"] == (3 if not permanent else 1)
+
+
+def test_the_handler_s_failed_phase_and_max_attempts_override_the_settings() -> None:
+    core = lease({"attempts": 3}, failed_phase="Broken", max_attempts=5)
+    assert core._error_write("E", "m", permanent=False).outcome.action == "retrying"
+    core = lease({"attempts": 4}, failed_phase="Broken", max_attempts=5)
+    assert core._error_write("E", "m", permanent=False).outcome == Outcome("failed", "Broken")
+
+
+def test_a_broken_retry_policy_still_counts_the_attempt_and_says_so() -> None:
+    core = lease(retry_policy=Fixed(RuntimeError("down")))
+    planned = core._error_write("E", "m", permanent=False)
+    assert planned.outcome == Outcome("retrying", "Running", 30.0)  # the lock timeout
+    message = planned.forms[0].update["$set"]["lastError"]["message"]
+    assert message == "m [retry_policy raised RuntimeError: down; waiting 30s instead]"
+
+
+def test_a_record_too_large_is_tried_cut_short_then_bare() -> None:
+    planned = lease()._error_write("E", "x" * 5000, permanent=False)
+    whole, cut, bare = (w.update for w in planned.forms)
+    assert whole["$set"]["lastError"]["message"] == "x" * 2000  # error_record's own cap
+    assert cut["$set"]["lastError"]["message"] == (
+        "x" * 200 + " [cut: the document is near 16 MiB]"
+    )
+    assert bare["$set"]["lastError"]["message"] == (
+        "[not stored: the document is at the 16 MiB limit]"
+    )
+    assert bare["$unset"]["previousError"] == ""
+    assert "previousError" not in whole.get("$unset", {})
+    assert all(w.update["$set"]["attempts"] == 1 for w in planned.forms)
+
+
+# -- the state machine --------------------------------------------------------------------
+
+
+def test_a_held_lease_writes_under_its_token_and_a_phase_change_under_its_phase() -> None:
+    core = lease()
+    core._check_allowed(LeaseWrite.UNLOCK)
+    assert core._fence(False) == {"_id": 7, "lockToken": TOKEN}
+    assert core._fence(True) == {"_id": 7, "lockToken": TOKEN, "phase": "Running"}
+    assert core.held and not core.lost
+
+
+def test_after_its_outcome_a_lease_only_records_its_error_once() -> None:
+    core = lease()
+    write, _ = core._unlock_write({})
+    first = Outcome("unlocked", "Running", None, TOKEN)
+    core._released(write, first)
+    assert not core.held and not core.lost and core.outcome == first
+    with pytest.raises(LeaseLost, match="already gave an outcome"):
+        core._check_allowed(LeaseWrite.ADVANCE)
+    core._check_allowed(LeaseWrite.RECORD, after=True)
+    assert core._fence(False) == queries.released_fence(7, TOKEN, EPOCH, "Running")
+    planned = core._error_write("E", "after its unlock", permanent=False)
+    assert planned.outcome.action == "retrying"  # an unlock keeps the phase's streak
+    core._released(planned.forms[0], planned.outcome)
+    assert core.outcome == first  # the first outcome stands
+    with pytest.raises(LeaseLost, match="already recorded"):
+        core._check_allowed(LeaseWrite.RECORD, after=True)
+
+
+def test_an_error_after_an_advance_is_only_noted_on_the_new_phase() -> None:
+    core = lease()
+    write, _ = core._advance_write("Done", {})
+    advanced = Outcome("advanced", "Done", None, TOKEN)
+    core._released(write, advanced)
+    assert core._fence(False) == queries.released_fence(7, TOKEN, EPOCH, "Done")
+    planned = core._error_write("E", "late", permanent=False)
+    assert planned.outcome is advanced
+    assert [w.action for w in planned.forms] == ["note"] * 3
+    assert planned.forms[0].update == {
+        "$set": {"lastError": planned.forms[0].update["$set"]["lastError"]}
+    }
+
+
+def test_an_error_after_a_removal_writes_nothing() -> None:
+    core = lease()
+    removed = Outcome("removed", "Running", None, TOKEN)
+    core._released(None, removed)
+    planned = core._error_write("E", "late", permanent=False)
+    assert planned.forms == () and planned.outcome is removed
+
+
+def test_a_lost_lease_refuses_every_write() -> None:
+    core = lease()
+    error = core._lost(LeaseWrite.UNLOCK)
+    assert isinstance(error, LeaseLost) and error.token == TOKEN and error.action == "unlock"
+    assert core.lost and not core.held
+    for action, after in (("unlock", False), ("record", True)):
+        with pytest.raises(LeaseLost, match="another replica holds it now"):
+            core._check_allowed(action, after=after)
+    assert "it expired" in str(lease()._lost(LeaseWrite.EXTEND, "it expired"))
+
+
+def test_a_lease_expires_at_its_expiry_and_an_extension_moves_it() -> None:
+    core = lease()
+    now = now_of(core)
+    assert not core.expired(now + timedelta(seconds=29.999))
+    assert core.expired(now + timedelta(seconds=30))
+    extended_at, until, update = core._extend_write()
+    assert until == extended_at + timedelta(seconds=30)
+    assert update == queries.extend_update(extended_at, until)
+    core._extended(extended_at + timedelta(seconds=1), until + timedelta(seconds=1))
+    assert core.locked_at == extended_at + timedelta(seconds=1)
+    assert not core.expired(now + timedelta(seconds=30))
+
+
+def test_what_a_lease_says_about_itself() -> None:
+    core = lease({"phase": 3})
+    assert (core.id, core.collection, core.phase) == (7, "jobs", None)
+    assert repr(lease()) == "<LeaseCore jobs/7 phase=Running held>"
+
+
+# -- the exact writes: what lands on the document -----------------------------------------
+
+
+def stamp(update: dict[str, Any]) -> dict[str, Any]:
+    """``update`` as a releasing write of this lease carries it: its token left behind."""
+    update["$set"]["lastToken"] = TOKEN
+    return update
+
+
+def test_each_outcome_writes_exactly_its_update() -> None:
+    core = lease({"updatedAt": datetime(2026, 1, 1, tzinfo=UTC)})
+    now = queries.bson_time(now_of(core))
+    epoch = queries.bson_time(EPOCH)
+    assert core.resource is core.doc and core.claimed_at == core.locked_at == now_of(core)
+    assert core._unlock_write({"n": 1})[0].update == stamp(
+        {
+            "$set": {"n": 1, "lockedUntil": epoch, "attempts": 0},
+            "$unset": {"lockToken": ""},
+            "$rename": {"lastError": "previousError"},
+        }
+    )
+    assert core._relock_write(5, {"n": 1})[0].update == stamp(
+        {
+            "$set": {"n": 1, "lockedUntil": now + timedelta(seconds=5), "attempts": 0},
+            "$inc": {"relocks": 1},
+            "$unset": {"lockToken": ""},
+            "$rename": {"lastError": "previousError"},
+        }
+    )
+    assert core._advance_write("Done", {"n": 1})[0].update == stamp(
+        {
+            "$set": {
+                "n": 1,
+                "phase": "Done",
+                "lockedUntil": epoch,
+                "updatedAt": now,
+                "attempts": 0,
+                "relocks": 0,
+            },
+            "$unset": {"lockToken": "", "failedBy": ""},
+            "$rename": {"lastError": "previousError"},
+        }
+    )
+    assert core._release_write()[0].update == stamp(
+        {"$set": {"lockedUntil": epoch}, "$unset": {"lockToken": ""}}
+    )
+    extended_at, until, update = core._extend_write()
+    assert update == {
+        "$set": {
+            "lockedAt": queries.bson_time(extended_at),
+            "lockedUntil": queries.bson_time(until),
+        }
+    }
+
+
+def test_a_failed_attempt_writes_exactly_its_record() -> None:
+    core = lease(retry_policy=Fixed(7))
+    now = queries.bson_time(now_of(core))
+    error = {"type": "E", "message": "m", "at": now, "phase": "Running"}
+    retry = core._error_write("E", "m", permanent=False)
+    assert retry.forms[0].update == stamp(
+        {
+            "$set": {
+                "attempts": 1,
+                "lastError": error,
+                "lockedUntil": now + timedelta(seconds=7),
+            },
+            "$unset": {"lockToken": ""},
+        }
+    )
+    assert retry.outcome.token == TOKEN
+    failed = core._error_write("E", "m", permanent=True)
+    assert failed.outcome.token == TOKEN
+    assert failed.forms[0].update == stamp(
+        {
+            "$set": {
+                "phase": "Failed",
+                "attempts": 1,
+                "lastError": error,
+                "failedBy": core.handler.key,
+                "updatedAt": now,
+                "lockedUntil": queries.bson_time(EPOCH),
+            },
+            "$unset": {"lockToken": ""},
+        }
+    )
+
+
+def test_a_lease_lost_names_the_document_the_lease_and_what_was_dropped() -> None:
+    def raised(core: LeaseCore[Any], action: LeaseWrite, after: bool = False) -> LeaseLost:
+        with pytest.raises(LeaseLost) as caught:
+            core._check_allowed(action, after=after)
+        return caught.value
+
+    released = lease()
+    released._released(released._unlock_write({})[0], Outcome("unlocked", "Running"))
+    lost = lease()
+    for error in (
+        raised(released, LeaseWrite.ADVANCE),
+        lost._lost(LeaseWrite.ADVANCE),
+        lost._lost(LeaseWrite.ADVANCE, "x"),
+    ):
+        assert (error.collection, error.doc_id, error.token, error.action) == (
+            "jobs",
+            7,
+            TOKEN,
+            "advance",
+        )
+        assert str(error).startswith(f"lease {TOKEN[:8]} on jobs/7 is no longer held (")
+        assert str(error).endswith("); advance dropped")
+    assert "(another replica holds it now, or its phase was changed from outside)" in str(
+        lease()._lost(LeaseWrite.ADVANCE)
+    )
+    assert "(this step already gave an outcome; a step returns exactly one)" in str(
+        raised(released, LeaseWrite.ADVANCE)
+    )
+    assert "(another replica holds it now)" in str(raised(lost, LeaseWrite.UNLOCK))
+    recorded = lease()
+    planned = recorded._error_write("E", "m", permanent=False)
+    recorded._released(planned.forms[0], planned.outcome)
+    assert "(this step's failed attempt is already recorded)" in str(
+        raised(recorded, LeaseWrite.RECORD, after=True)
+    )
+
+
+def test_a_note_after_a_release_is_fenced_on_the_release_it_follows() -> None:
+    until = datetime(2026, 1, 1, 0, 0, 1, 234567, tzinfo=UTC)
+    assert queries.released_fence(7, TOKEN, until, "Done") == {
+        "_id": 7,
+        "lockToken": {"$exists": False},
+        "lastToken": TOKEN,
+        "lockedUntil": datetime(2026, 1, 1, 0, 0, 1, 234000),
+        "phase": "Done",
+    }
