@@ -496,7 +496,13 @@ def test_orchestrator_web_serves_the_page_until_interrupted(
         threading.Thread(target=visit, daemon=True).start()
 
     monkeypatch.setattr(running, "_serving", fetch_then_interrupt)
-    code = cli.main(["web", "--uri", uri, "--db", db.name, "--port", "0"])
+    # Ctrl-C as a terminal delivers it: a process started in the background (a CI runner's
+    # `cmd &`) inherits SIGINT ignored, and then no Ctrl-C could reach the command at all.
+    inherited = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        code = cli.main(["web", "--uri", uri, "--db", db.name, "--port", "0"])
+    finally:
+        signal.signal(signal.SIGINT, inherited)
     out, err = capsys.readouterr()
     assert code == 130
     assert "interrupted" in err
