@@ -1,4 +1,5 @@
-"""A handler's hold on one document for one step, on the async store.
+"""A handler's hold on one document for one step (``AsyncLease``, and ``Lease`` generated
+from it).
 
 Every write a lease makes carries its token in the filter (fencing): once another replica
 has claimed the document, this lease's writes match nothing and raise ``LeaseLost``

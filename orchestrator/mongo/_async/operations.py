@@ -37,8 +37,9 @@ __all__ = ["AsyncOperations"]
 
 
 class AsyncOperations:
-    """An operator's view of ``database`` (an ``AsyncMongoClient``'s database) and actions
-    on it; ``replicas_collection``: where the replicas record themselves (their
+    """An operator's view of ``database`` (a PyMongo database: an ``AsyncMongoClient``'s
+    for ``AsyncOperations``, a ``MongoClient``'s for ``Operations``) and actions on it;
+    ``replicas_collection``: where the replicas record themselves (their
     ``replicas_collection`` setting).
 
     Failures are ``OrchestratorError``s: ``StoreError`` when the database fails,
