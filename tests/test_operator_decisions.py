@@ -26,6 +26,7 @@ from orchestrator.core.operator import (
     live_lease,
     parse_id_json,
 )
+from orchestrator.core.replicas import ReplicaRecord
 
 pytestmark = pytest.mark.pure
 
@@ -232,3 +233,26 @@ def test_the_status_pipeline_groups_by_phase_into_the_counts_the_report_reads() 
     assert q.status_pipeline(now, {"_id": {"$eq": 7}})[0] == {
         "$match": {"_id": {"$eq": 7}, "phase": {"$exists": True}}
     }
+
+
+def test_a_replica_record_is_live_until_its_expiry_and_seen_never_in_the_future() -> None:
+    record = ReplicaRecord(
+        replica_id="pod-1",
+        instance="i",
+        host="h",
+        pid=1,
+        version="1",
+        engine="threaded",
+        started=NOW,
+        last_seen=NOW,
+        expires_at=NOW + timedelta(seconds=30),
+        lock_timeout=30.0,
+        tick=1.0,
+        max_concurrency=4,
+    )
+    assert record.live(NOW + timedelta(seconds=29, microseconds=999999))
+    assert not record.live(NOW + timedelta(seconds=30))
+    assert not record.live(NOW + timedelta(seconds=31))
+    assert record.seen_ago(NOW + timedelta(seconds=2, milliseconds=500)) == 2.5
+    assert record.seen_ago(NOW) == 0.0
+    assert record.seen_ago(NOW - timedelta(seconds=5)) == 0.0

@@ -97,8 +97,17 @@ def test_a_document_without_a_last_error_or_an_id_still_reads() -> None:
 
 @pytest.mark.parametrize(
     ("attempts", "shown"),
-    [(3, 3), (0, 0), (-1, -1), (2**70, 2**70), (True, 0), (False, 0), ("3", 0), (2.0, 0),
-     (None, 0)],
+    [
+        (3, 3),
+        (0, 0),
+        (-1, -1),
+        (2**70, 2**70),
+        (True, 0),
+        (False, 0),
+        ("3", 0),
+        (2.0, 0),
+        (None, 0),
+    ],
 )
 def test_attempts_count_only_as_an_integer(attempts: Any, shown: int) -> None:
     error = RecentError.from_document("c", {"_id": 1, "attempts": attempts, "lastError": {}})
