@@ -21,7 +21,8 @@ class Step(Generic[L]):
     ``number`` names it in this replica's events, ``started`` is the local monotonic time
     of its claim, ``latency`` how long its document had been due (when known), ``wait``
     the wait its outcome set (a relock's, a retry's), ``abandoned`` that step_timeout took
-    it back, ``task`` the async engine's task running it (which step_timeout cancels).
+    it back, ``task`` the async engine's task running it (which step_timeout cancels),
+    ``superseded`` that an error's record found the step's own outcome landed first.
     """
 
     lease: L
@@ -31,6 +32,7 @@ class Step(Generic[L]):
     wait: float | None = None
     abandoned: bool = False
     task: asyncio.Task[None] | None = None
+    superseded: bool = False
 
 
 IN_STEP: ContextVar[object | None] = ContextVar("orchestrator_in_step", default=None)

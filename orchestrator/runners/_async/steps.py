@@ -297,6 +297,7 @@ class AsyncSteps:
         except LeaseLost as lost:
             if not lease.lost:
                 # The step's own outcome, or its attempt's record, landed first: it stands.
+                step.superseded = True
                 first = lease.outcome
                 self._report.log(
                     logging.INFO, f"{kind} in step not recorded: {lost}", lease, "superseded"
@@ -432,6 +433,11 @@ class AsyncSteps:
         message = f"step ran longer than step_timeout ({self._settings.step_timeout:g}s)"
         if step.lease.held:
             await self._settle(step, StepTimeout.__name__, message, after=False)
+            if step.superseded:
+                # The step's own outcome landed while the time-out waited to record: the
+                # step ended at its deadline and its worker counts it. Should it hang on
+                # after its write, the next heartbeat frees its slot (its lease is gone).
+                return
         else:
             self._report.log(
                 logging.WARNING,
