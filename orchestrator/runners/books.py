@@ -82,20 +82,6 @@ class Books(Generic[L]):
     # -- what is read -------------------------------------------------------------------
 
     @property
-    def stopping(self) -> bool:
-        return self._sched.stopping
-
-    @property
-    def busy(self) -> bool:
-        """Slots in use: claims in flight or steps running."""
-        with self.lock:
-            return bool(self._sched.busy)
-
-    @property
-    def serving(self) -> bool:
-        return self._serving
-
-    @property
     def timer(self) -> BaseScheduler | None:
         return self._timer
 

@@ -323,8 +323,11 @@ class AsyncOrchestrator:
         if timer is not None:
             timer.shutdown(wait=False)
         deadline = time.monotonic() + timeout
-        while self._books.busy and time.monotonic() < deadline:
-            await self._crew.settled(self._books.idle, deadline - time.monotonic())
+        while (
+            not await self._crew.settled(self._books.idle, max(deadline - time.monotonic(), 0.0))
+            and time.monotonic() < deadline
+        ):
+            pass
         self._calls.close()
         await self._record.forget()
         report = self._books.stop_report()

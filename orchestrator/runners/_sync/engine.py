@@ -322,8 +322,11 @@ class Orchestrator:
         if timer is not None:
             timer.shutdown(wait=False)
         deadline = time.monotonic() + timeout
-        while self._books.busy and time.monotonic() < deadline:
-            self._crew.settled(self._books.idle, deadline - time.monotonic())
+        while (
+            not self._crew.settled(self._books.idle, max(deadline - time.monotonic(), 0.0))
+            and time.monotonic() < deadline
+        ):
+            pass
         self._calls.close()
         self._record.forget()
         report = self._books.stop_report()
