@@ -1,6 +1,8 @@
 """What an operator does with the documents the replicas work on: the status report
-(documents per phase and lease state, the latest errors, the live replicas), finding a
-document, unlock and retry. The command line, the operator's page and the metrics
+(documents per phase and lease state, the latest errors, the live replicas, the pauses),
+finding documents (by id, business key or ``Filter``, a page at a time) and their
+history, retry, unlock and cancel of one document or of all a filter selects, pause and
+resume, and the audit trail. The command line, the operator's page and the metrics
 collector all act through it, so what an action means cannot differ between them::
 
     from orchestrator.operations import AsyncOperations
@@ -13,33 +15,63 @@ collector all act through it, so what an action means cannot differ between them
 one). ``ReportStore``/``AsyncReportStore`` are the contract they rely on from the store.
 """
 
+from orchestrator.core.audit import AuditEntry
+from orchestrator.core.browse import Filter, LeaseState, Row, UnindexedField, parse_fields
 from orchestrator.core.errors import (
     AmbiguousId,
     DocumentChanged,
     DocumentNotFound,
     LeaseHeld,
+    NoErrorPhase,
     OperatorError,
+    UnhandledPhase,
 )
-from orchestrator.core.operator import Retried, error_phase, id_json, live_lease, parse_id_json
+from orchestrator.core.history import Entry
+from orchestrator.core.operator import (
+    Action,
+    Retried,
+    default_actor,
+    error_phase,
+    id_json,
+    live_lease,
+    parse_id_json,
+)
+from orchestrator.core.pauses import Pause, Scope
 from orchestrator.core.status import PhaseCount, RecentError, Status
 from orchestrator.mongo import AsyncOperations, AsyncReportStore, Operations, ReportStore
+from orchestrator.mongo._async.operations import Bulk, Page
 
 __all__ = [
+    "Action",
     "AmbiguousId",
     "AsyncOperations",
     "AsyncReportStore",
+    "AuditEntry",
+    "Bulk",
     "DocumentChanged",
     "DocumentNotFound",
+    "Entry",
+    "Filter",
     "LeaseHeld",
+    "LeaseState",
+    "NoErrorPhase",
     "Operations",
     "OperatorError",
+    "Page",
+    "Pause",
     "PhaseCount",
     "RecentError",
     "ReportStore",
     "Retried",
+    "Row",
+    "Scope",
     "Status",
+    "UnhandledPhase",
+    "UnindexedField",
+    "default_actor",
     "error_phase",
     "id_json",
     "live_lease",
+    "parse_fields",
     "parse_id_json",
 ]

@@ -36,6 +36,7 @@ REPLACEMENTS = {
     "AsyncOrchestrator": "Orchestrator",
     "AsyncSteps": "Steps",
     "AsyncReplicaRecorder": "ReplicaRecorder",
+    "AsyncPauseWatch": "PauseWatch",
     "AsyncWorkers": "Workers",
     "AsyncHandlerCalls": "HandlerCalls",
     "AsyncReportStore": "ReportStore",

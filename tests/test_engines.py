@@ -665,7 +665,12 @@ async def test_a_def_step_past_step_timeout_does_not_hold_up_the_next_def_step(
         await aorch.stop()
 
 
-RUNNER_ONLY = {"record_error", "release", "throttled"}  # what the runner calls, not a handler
+RUNNER_ONLY = {
+    "record_error",
+    "release",
+    "throttled",
+    "taken_from",
+}  # what the runner calls, not a handler
 
 
 async def test_a_thread_lease_is_not_a_lease_but_offers_a_handler_all_of_the_lease_api(

@@ -188,7 +188,7 @@ async def test_an_operator_retry_lets_the_failing_handler_try_again(
 
     await orch.submit("items", {"phase": "Running", "state": "Deleted"})
     await orch.run_once()
-    db.items.update_one({}, queries.operator_retry_update("Running", orch.clock.now()))
+    db.items.update_one({}, queries.operator_move_update("Running", orch.clock.now()))
     await orch.run_once()
     assert calls == ["Running", "Running"]
     doc = db.items.find_one({})

@@ -552,7 +552,7 @@ class WriteFault:
 class OperatorView:
     """What an operator saw before confirming an action, and how they apply it."""
 
-    action: str  # "unlock" or "retry"
+    action: str  # "unlock", "retry" or "cancel"
     doc_id: Any
     phase: Any
     token: Any
@@ -1076,13 +1076,13 @@ class LeaseMachine(RuleBasedStateMachine):
         holder = self.attempts.get(old.get("lockToken", ""))
         if holder is not None and new.get("lockToken") != holder.token:
             FIGURES[f"leases taken back by {actor}"] += 1
-        if actor in ("operator-unlock", "operator-retry"):
+        if actor in ("operator-unlock", "operator-retry", "operator-cancel"):
             self.operator_wrote(actor, old, holder)
             model.free_at = free_at(new)
-        if actor == "operator-retry":
+        if actor in ("operator-retry", "operator-cancel"):
             model.streak = 0
             model.noted = False
-        if new.get("phase") != FAILED or actor == "operator-retry":
+        if new.get("phase") != FAILED or actor in ("operator-retry", "operator-cancel"):
             model.failed_by = None
 
     def operator_wrote(self, actor: str, old: dict[str, Any], holder: Attempt | None) -> None:
@@ -1348,7 +1348,11 @@ class LeaseMachine(RuleBasedStateMachine):
             with acting_as(f"operator-{view.action}"):
                 if view.action == "retry":
                     assert view.target is not None
-                    self.operator.retry(COLLECTION, seen, view.target, force=view.forced)
+                    self.operator.retry(
+                        COLLECTION, seen, view.target, force=view.forced, any_phase=True
+                    )
+                elif view.action == "cancel":
+                    self.operator.cancel(COLLECTION, seen)
                 else:
                     self.operator.unlock(COLLECTION, seen)
             outcome = "applied"
@@ -1612,7 +1616,7 @@ class LeaseMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.mirror)
     @rule(
         which=documents,
-        action=st.sampled_from(["unlock", "retry"]),
+        action=st.sampled_from(["unlock", "retry", "cancel"]),
         phase=st.sampled_from([None, "A", "B"]),
         force=st.booleans(),
         racing=st.one_of(st.none(), st.integers(0, 3)),
@@ -1647,7 +1651,7 @@ class LeaseMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.mirror and len(self.pending) < MAX_PENDING)
     @rule(
         which=documents,
-        action=st.sampled_from(["unlock", "retry"]),
+        action=st.sampled_from(["unlock", "retry", "cancel"]),
         phase=st.sampled_from([None, "A", "B"]),
     )
     def operator_page_confirm(self, which: int | None, action: str, phase: str | None) -> None:

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import math
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
 from orchestrator import EPOCH, ConfigError, LeaseLost, Outcome
-from orchestrator.core import queries
+from orchestrator.core import history, queries
 from orchestrator.core.clock import ServerClock
 from orchestrator.core.lease import LeaseCore, PolicyError
 from orchestrator.core.outcomes import LeaseWrite
@@ -52,6 +52,7 @@ def lease(
     *,
     throttled: bool = False,
     settings: Settings | None = None,
+    taken_from: str | None = None,
     **opts: Any,
 ) -> LeaseCore[dict[str, Any]]:
     """A lease held on ``doc`` (in phase "Running") by a handler with options ``opts``,
@@ -71,6 +72,7 @@ def lease(
         claimed_at=now,
         expires_at=now + timedelta(seconds=settings.lock_timeout),
         **({"throttled": True} if throttled else {}),
+        taken_from=taken_from,
     )
 
 
@@ -361,8 +363,11 @@ def stamp(update: dict[str, Any]) -> dict[str, Any]:
     return update
 
 
+NO_HISTORY = Settings(tick=1, lock_timeout=30, max_wait=600, max_attempts=3, history=0)
+
+
 def test_each_outcome_writes_exactly_its_update() -> None:
-    core = lease({"updatedAt": datetime(2026, 1, 1, tzinfo=UTC)})
+    core = lease({"updatedAt": datetime(2026, 1, 1, tzinfo=UTC)}, settings=NO_HISTORY)
     now = queries.bson_time(now_of(core))
     epoch = queries.bson_time(EPOCH)
     assert core.resource is core.doc and core.claimed_at == core.locked_at == now_of(core)
@@ -408,7 +413,7 @@ def test_each_outcome_writes_exactly_its_update() -> None:
 
 
 def test_a_failed_attempt_writes_exactly_its_record() -> None:
-    core = lease(retry_policy=Fixed(7))
+    core = lease(retry_policy=Fixed(7), settings=NO_HISTORY)
     now = queries.bson_time(now_of(core))
     error = {"type": "E", "message": "m", "at": now, "phase": "Running"}
     retry = core._error_write("E", "m", permanent=False)
@@ -486,3 +491,67 @@ def test_a_note_after_a_release_is_fenced_on_the_release_it_follows() -> None:
         "lockedUntil": datetime(2026, 1, 1, 0, 0, 1, 234000),
         "phase": "Done",
     }
+
+
+# -- the history each release carries ------------------------------------------------------
+
+
+def entry_of(update: dict[str, Any]) -> dict[str, Any]:
+    pushed = update["$push"][history.HISTORY_FIELD]
+    assert pushed["$slice"] == -history.DEFAULT_HISTORY
+    (entry,) = pushed["$each"]
+    return cast(dict[str, Any], entry)
+
+
+@pytest.mark.pure
+def test_each_release_carries_its_steps_history_entry_in_the_same_write() -> None:
+    core = lease(taken_from="pod-dead")
+    now = queries.bson_time(now_of(core))
+    entry = entry_of(core._advance_write("Done", {})[0].update)
+    assert entry == {
+        "kind": "step",
+        "at": now,
+        "took": 0.0,
+        "by": core._settings.replica_id,
+        "outcome": "advanced",
+        "phase": "Running",
+        "to": "Done",
+        "tookOverFrom": "pod-dead",
+    }
+    assert entry_of(core._unlock_write({})[0].update)["outcome"] == "unlocked"
+    assert entry_of(core._relock_write(3, {})[0].update)["to"] == "Running"
+    assert entry_of(core._release_write()[0].update)["outcome"] == "released"
+
+
+@pytest.mark.pure
+def test_a_failed_attempts_entry_keeps_its_error_and_traceback_but_not_at_the_size_limit() -> None:
+    core = lease(retry_policy=Fixed(7))
+    forms = core._error_write("E", "m", permanent=False, trace="Traceback ...").forms
+    whole, cut, bare = (form.update for form in forms)
+    assert entry_of(whole)["error"]["traceback"] == "Traceback ..."
+    assert whole["$set"]["lastError"]["traceback"] == "Traceback ..."
+    assert entry_of(whole)["outcome"] == "retrying"
+    assert "traceback" not in entry_of(cut)["error"]
+    assert "$push" not in bare and history.HISTORY_FIELD not in bare.get("$set", {})
+    failed = core._error_write("E", "m", permanent=True).forms[0].update
+    assert entry_of(failed)["outcome"] == "failed" and entry_of(failed)["to"] == "Failed"
+
+
+@pytest.mark.pure
+@pytest.mark.parametrize("stored", ["text", 3, {"a": 1}, None])
+def test_a_history_that_is_no_list_is_replaced_never_pushed_onto(stored: Any) -> None:
+    """$push onto a non-array is refused by the server, and with it the step's outcome:
+    whatever a writer left in the field, the release writes."""
+    update = lease({history.HISTORY_FIELD: stored})._unlock_write({})[0].update
+    if stored is None:
+        assert history.HISTORY_FIELD in update["$push"]
+    else:
+        assert "$push" not in update
+        (entry,) = update["$set"][history.HISTORY_FIELD]
+        assert entry["outcome"] == "unlocked"
+
+
+@pytest.mark.pure
+def test_history_off_writes_none() -> None:
+    core = lease(settings=NO_HISTORY)
+    assert "$push" not in core._unlock_write({})[0].update

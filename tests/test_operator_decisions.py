@@ -188,7 +188,10 @@ def test_an_operator_action_applies_only_to_the_state_the_operator_saw() -> None
 
 
 def test_errors_are_the_documents_with_a_last_error() -> None:
-    assert q.errors_filter() == {"lastError": {"$exists": True}}
+    assert q.errors_filter(["A", "B"]) == {
+        "phase": {"$in": ["A", "B"]},
+        "lastError": {"$ne": None},
+    }
 
 
 def test_replica_records_are_found_by_id_and_removed_only_by_their_writer() -> None:

@@ -61,7 +61,7 @@ def test_claim_update_sets_time_expiry_token_and_holder() -> None:
         }
     }
     assert q.CLAIM_SORT == [("lockedUntil", 1), ("updatedAt", 1)]
-    assert [k for k, _ in q.CLAIM_INDEX] == ["phase", "lockedUntil", "updatedAt"]
+    assert [k for k, _ in q.CLAIM_INDEX] == ["phase", "lockedUntil", "updatedAt", "_id"]
 
 
 def test_every_release_clears_the_token_so_the_old_holder_is_fenced_out() -> None:
@@ -85,7 +85,7 @@ def test_success_moves_the_last_error_aside_and_failure_marks_the_handler() -> N
     assert "$rename" not in q.retry_update(1, {"type": "E"}, NOW)
     assert q.fail_update("Failed", 3, {"type": "E"}, NOW, "app.h")["$set"]["failedBy"] == "app.h"
     assert q.advance_update("B", NOW, {})["$unset"]["failedBy"] == ""
-    assert q.operator_retry_update("B", NOW)["$unset"] == {
+    assert q.operator_move_update("B", NOW)["$unset"] == {
         "lockToken": "",
         "failedBy": "",
         "lastToken": "",

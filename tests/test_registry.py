@@ -96,7 +96,7 @@ def test_a_handler_s_options_default_to_the_settings_and_override_them() -> None
 
 def test_a_handler_is_named_by_its_function_and_keyed_by_its_collection_and_filter() -> None:
     handler = Registry(Settings()).add(step, "jobs", {"phase": "A", "kind": 1}, "A", options({}))
-    assert handler.name == f"{__name__}.step"
+    assert handler.name == f"{__name__}:step"
     assert handler.key == "jobs " + json.dumps({"kind": 1, "phase": "A"}, sort_keys=True)
     assert (handler.collection, dict(handler.match), handler.phase) == (
         "jobs",
@@ -110,7 +110,7 @@ def test_a_handler_is_named_by_its_function_and_keyed_by_its_collection_and_filt
 def test_a_phaseless_filter_keeps_off_what_the_handler_failed() -> None:
     handler = Registry(Settings()).add(step, "jobs", {"desired": "on"}, None, options({}))
     assert handler.exclusion == queries.failed_exclusion(
-        handler.key, handler.name, "Failed", {"desired": "on"}
+        handler.key, f"{__name__}.step", "Failed", {"desired": "on"}
     )
     assert handler.exclusion is not None
 
@@ -118,7 +118,7 @@ def test_a_phaseless_filter_keeps_off_what_the_handler_failed() -> None:
 def test_one_filter_of_one_collection_has_one_handler() -> None:
     registry = Registry(Settings())
     registry.add(step, "jobs", {"phase": "A", "kind": 1}, "A", options({}))
-    with pytest.raises(ConfigError, match=f"{__name__}.step already handles jobs documents"):
+    with pytest.raises(ConfigError, match=f"{__name__}:step already handles jobs documents"):
         registry.add(other_step, "jobs", {"kind": 1, "phase": "A"}, "A", options({}))
     registry.add(other_step, "mail", {"phase": "A", "kind": 1}, "A", options({}))
     assert [h.collection for h in registry.handlers] == ["jobs", "mail"]

@@ -116,6 +116,11 @@ def test_a_record_as_json_for_the_status_command_and_the_page() -> None:
         "tick": 1.0,
         "max_concurrency": 4,
         "steps": [{"collection": "gateways", "id": "gw-1", "phase": None, "since": T0.isoformat()}],
+        "handlers": [],
+        "unique": [],
+        "cancelled_phase": "",
+        "history": 0,
+        "paused": [],
     }
     assert json.loads(json.dumps(shown)) == shown
 

@@ -112,6 +112,7 @@ COMMANDS = {
     "update_one": "update: update",
     "insert_one": "insert: insert",
     "find_one": "find: find",
+    "find": "find: find (the operators' pauses, read at start and at each heartbeat)",
     "create_index": "createIndexes: createIndex",
     "list_indexes": "listIndexes: listIndexes (to reuse an application's equivalent index)",
     "drop_index": "dropIndexes: dropIndex (an earlier version's index of the same name)",

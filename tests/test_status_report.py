@@ -11,6 +11,8 @@ import pytest
 from bson import ObjectId
 
 from orchestrator.core.replicas import Disagreement, RunningStep, new_record
+from orchestrator.core.audit import AuditEntry, takeover_record
+from orchestrator.core.pauses import Pause, Scope
 from orchestrator.core.status import PhaseCount, RecentError, Status
 
 pytestmark = pytest.mark.pure
@@ -197,6 +199,14 @@ def test_the_report_as_json_says_everything_in_plain_types() -> None:
         errors=errors,
         replicas=[record],
         disagreements=[disagreement],
+        pauses=[Pause(Scope("c", "P"), "ops@host", T0, "CA down")],
+        takeovers=[
+            AuditEntry.read(
+                takeover_record(
+                    at=T0, by="pod-2", taken_from="pod-1", collection="c", document='"1"', phase="P"
+                )
+            )
+        ],
     )
     data = status.to_dict()
     assert data == {
@@ -237,6 +247,30 @@ def test_the_report_as_json_says_everything_in_plain_types() -> None:
         ],
         "replicas": [{**record.to_dict(), "seen_ago": 2.877}],
         "disagreements": [disagreement.to_dict()],
+        "pauses": [
+            {
+                "collection": "c",
+                "phase": "P",
+                "handler": None,
+                "by": "ops@host",
+                "at": "2026-01-01T00:00:00+00:00",
+                "why": "CA down",
+            }
+        ],
+        "takeovers": [
+            {
+                "kind": "takeover",
+                "at": "2026-01-01T00:00:00+00:00",
+                "by": "pod-2",
+                "action": "takeover",
+                "why": "the lease of pod-1 expired unreleased",
+                "collection": "c",
+                "scope": {"phase": "P"},
+                "documents": ['"1"'],
+                "count": 1,
+                "taken_from": "pod-1",
+            }
+        ],
     }
     assert json.loads(json.dumps(data)) == data
     # The report's own records are left as they were.
@@ -253,4 +287,6 @@ def test_a_replica_seen_after_the_report_was_taken_was_seen_zero_seconds_ago() -
         "errors": [],
         "replicas": [],
         "disagreements": [],
+        "pauses": [],
+        "takeovers": [],
     }

@@ -394,7 +394,7 @@ async def test_an_operator_update_is_not_fenced_and_returns_the_document_after(
     reports = backend.reports(store.database)
     now = clock.now()
     await seed(store, "jobs", {"_id": 1, "phase": "Failed", **lease(now, "held")})
-    doc = await reports.operator_update("jobs", {"_id": 1}, queries.operator_retry_update("Q", now))
+    doc = await reports.operator_update("jobs", {"_id": 1}, queries.operator_move_update("Q", now))
     assert doc is not None and doc["phase"] == "Q" and "lockToken" not in doc
     assert await reports.operator_update("jobs", {"_id": 2}, {"$set": {"x": 1}}) is None
     assert await store.write("jobs", queries.fenced(1, "held"), {"$set": {"x": 1}}) is False
@@ -710,7 +710,8 @@ async def test_latest_errors_are_the_newest_first_as_a_report_shows_them(
         ),
         {"_id": 9, "phase": "Q"},
     )
-    errors = await backend.reports(store.database).latest_errors("jobs", 3)
+    await resolve(store.ensure_errors_index("jobs"))
+    errors = await backend.reports(store.database).latest_errors("jobs", 3, ["Q"])
     assert [(e.id, e.ref, e.attempts, e.message) for e in errors] == [
         (str(n), f'{{"$numberInt": "{n}"}}', n, f"e{n}") for n in (3, 2, 1)
     ]

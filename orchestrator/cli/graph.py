@@ -109,7 +109,7 @@ def _condition(match: Mapping[str, Any]) -> str:
 
 
 def _short(name: str) -> str:
-    return name.rsplit(".", 1)[-1]
+    return name.rsplit(":", 1)[-1].rsplit(".", 1)[-1]
 
 
 def _id(text: str) -> str:

@@ -93,3 +93,31 @@ class LeaseHeld(OperatorError):
         self.doc_id = doc_id
         self.holder = holder
         self.until = until
+
+
+class UnhandledPhase(OperatorError):
+    """A retry or cancel to a phase no live replica handles (nor leaves documents in on
+    purpose): the document would sit there, unclaimed, looking ordinary. ``handled``: the
+    phases they do handle. Forcing it is the operator's explicit choice."""
+
+    def __init__(self, collection: str, target: str, handled: list[str], why: str) -> None:
+        shown = ", ".join(handled) or "none"
+        super().__init__(
+            f"no live replica handles phase {target!r} of {collection!r} ({why}); "
+            f"the phases they handle: {shown}"
+        )
+        self.collection = collection
+        self.target = target
+        self.handled = handled
+
+
+class NoErrorPhase(OperatorError):
+    """A retry that names no phase, of a document with no recorded error to take it from."""
+
+    def __init__(self, collection: str, doc_id: Any) -> None:
+        super().__init__(
+            f"{collection}/{doc_id} has no recorded error phase (nor a previous one): name the"
+            " phase to send it to"
+        )
+        self.collection = collection
+        self.doc_id = doc_id

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from pydantic import BaseModel
 
-from orchestrator.core import queries
+from orchestrator.core import history, queries
 from orchestrator.core.errors import ConfigError, LeaseLost, OrchestratorError
 from orchestrator.core.outcomes import LeaseWrite, StepOutcome
 from orchestrator.core.queries import as_utc
@@ -100,6 +100,7 @@ class LeaseCore(Generic[R]):
         claimed_at: datetime,
         expires_at: datetime,
         throttled: bool = False,
+        taken_from: str | None = None,
     ) -> None:
         self._clock = clock
         self._settings = settings
@@ -111,6 +112,9 @@ class LeaseCore(Generic[R]):
         self.locked_at = claimed_at
         self.expires_at = expires_at
         self.throttled = throttled  # this document used its per-tick budget of claims
+        self.taken_from = taken_from
+        """The replica whose expired lease this claim took over (its holder died or
+        stalled), or None: the document was free."""
         self._state = State.HELD
         self._released_until: datetime | None = None
         self._released_phase: Any = None
@@ -155,7 +159,8 @@ class LeaseCore(Generic[R]):
     def _unlock_write(self, fields: dict[str, Any]) -> tuple[Write, float | None]:
         data = self._fields(fields)
         until, wait = self._free_until()
-        return self._releasing(queries.unlock_update(data, until), LeaseWrite.UNLOCK, until), wait
+        update = queries.unlock_update(data, until)
+        return self._releasing(update, LeaseWrite.UNLOCK, until, StepOutcome.UNLOCKED), wait
 
     def _relock_write(self, wait: float | None, fields: dict[str, Any]) -> tuple[Write, float]:
         now = self._clock.now()
@@ -169,7 +174,8 @@ class LeaseCore(Generic[R]):
             )
         wait = self._bounded(float(wait))
         until = now + timedelta(seconds=wait)
-        return self._releasing(queries.relock_update(until, data), LeaseWrite.RELOCK, until), wait
+        update = queries.relock_update(until, data)
+        return self._releasing(update, LeaseWrite.RELOCK, until, StepOutcome.RELOCKED), wait
 
     def _advance_write(self, phase: str, fields: dict[str, Any]) -> tuple[Write, float | None]:
         if not isinstance(phase, str) or not phase or phase.startswith("$"):
@@ -182,20 +188,23 @@ class LeaseCore(Generic[R]):
         until, wait = self._free_until()
         update = queries.advance_update(phase, self._clock.now(), data, until)
         write = self._releasing(
-            update, LeaseWrite.ADVANCE, until, phase_change=True, next_phase=phase
+            update, LeaseWrite.ADVANCE, until, StepOutcome.ADVANCED, True, phase
         )
         return write, wait
 
     def _release_write(self) -> tuple[Write, float | None]:
         until, wait = self._free_until()
-        return self._releasing(queries.release_update(until), LeaseWrite.RELEASE, until), wait
+        update = queries.release_update(until)
+        return self._releasing(update, LeaseWrite.RELEASE, until, StepOutcome.RELEASED), wait
 
     def _extend_write(self) -> tuple[datetime, datetime, dict[str, Any]]:
         now = self._clock.now()
         until = now + timedelta(seconds=self._settings.lock_timeout)
         return now, until, queries.extend_update(now, until)
 
-    def _error_write(self, kind: str, message: str, permanent: bool) -> ErrorWrite:
+    def _error_write(
+        self, kind: str, message: str, permanent: bool, trace: str | None = None
+    ) -> ErrorWrite:
         """Count a failed attempt: retry after the handler's backoff, or, past its
         ``max_attempts`` (or when ``permanent``), move to its failed phase.
 
@@ -220,7 +229,7 @@ class LeaseCore(Generic[R]):
             except PolicyError as exc:  # a broken policy must not leave the attempt uncounted
                 wait = self._bounded(self._settings.lock_timeout)
                 note = f" [{exc}; waiting {wait:g}s instead]"
-        error = queries.error_record(kind, message + note, now, self.phase)
+        error = queries.error_record(kind, message + note, now, self.phase, trace)
         build: Callable[[dict[str, Any]], dict[str, Any]]
         if final:
             failed = self.handler.failed_phase
@@ -241,8 +250,8 @@ class LeaseCore(Generic[R]):
             action, phase_change, next_phase = LeaseWrite.RETRY, False, SAME
             outcome = Outcome(StepOutcome.RETRYING, self.phase, wait, self.token)
         forms = tuple(
-            self._releasing(u, action, until, phase_change, next_phase)
-            for u in _record_forms(error, build)
+            self._releasing(u, action, until, outcome.action, phase_change, next_phase, record)
+            for u, record in _record_forms(error, build)
         )
         return ErrorWrite(forms, outcome)
 
@@ -257,7 +266,7 @@ class LeaseCore(Generic[R]):
             return ErrorWrite((), self.outcome)
         error = queries.error_record(kind, message, self._clock.now(), self.phase)
         updates = _record_forms(error, queries.note_update)
-        forms = tuple(Write(u, LeaseWrite.NOTE, until) for u in updates)
+        forms = tuple(Write(u, LeaseWrite.NOTE, until) for u, _ in updates)
         return ErrorWrite(forms, self.outcome)
 
     # -- the state machine ---------------------------------------------------------------
@@ -282,13 +291,31 @@ class LeaseCore(Generic[R]):
         update: dict[str, Any],
         action: LeaseWrite,
         until: datetime,
+        outcome: StepOutcome,
         phase_change: bool = False,
         next_phase: Any = SAME,
+        error: dict[str, Any] | None = None,
     ) -> Write:
         """A write that releases this lease. It leaves the lease's token as ``lastToken``:
         the fence of an error recorded after it (``released_fence``), which no other
-        step's release can match."""
+        step's release can match; and it carries the step's history entry (``error``:
+        the record it stores, whose absence on a failed attempt means the document is at
+        its size limit, where nothing more is added)."""
         update = queries.stamp_release(update, self.token)
+        keep = self._settings.history
+        failing = action in _RECORDS
+        if keep and (error is not None or not failing):
+            entry = history.step_entry(
+                replica=self._settings.replica_id,
+                claimed_at=self.claimed_at,
+                now=self._clock.now(),
+                outcome=outcome.value,
+                phase=self.doc.get("phase"),
+                to=self.doc.get("phase") if next_phase is SAME else next_phase,
+                error=error,
+                taken_from=self.taken_from,
+            )
+            history.merge(update, history.push(entry, keep, self.doc.get(history.HISTORY_FIELD)))
         return Write(update, action, until, phase_change, next_phase)
 
     def _fence(self, phase_change: bool) -> dict[str, Any]:
@@ -386,15 +413,18 @@ class LeaseCore(Generic[R]):
 
 def _record_forms(
     error: dict[str, Any], build: Callable[[dict[str, Any]], dict[str, Any]]
-) -> tuple[dict[str, Any], ...]:
-    """The updates recording ``error``, to try in turn: whole, its message cut short, then
-    none of it and no ``previousError`` (the server refuses a document past 16 MiB, yet
-    the attempt must count)."""
+) -> tuple[tuple[dict[str, Any], dict[str, Any] | None], ...]:
+    """The updates recording ``error``, to try in turn, each with the record it stores
+    (for the history): whole, its message cut short and no traceback, then none of it,
+    no ``previousError`` and no history entry (the server refuses a document past 16 MiB,
+    yet the attempt must count)."""
     text = str(error.get("message", ""))
-    cut = {**error, "message": text[:200] + " [cut: the document is near 16 MiB]"}
-    bare = build({**error, "message": "[not stored: the document is at the 16 MiB limit]"})
+    cut = {k: v for k, v in error.items() if k != "traceback"}
+    cut["message"] = text[:200] + " [cut: the document is near 16 MiB]"
+    bare_record = {**cut, "message": "[not stored: the document is at the 16 MiB limit]"}
+    bare = build(bare_record)
     bare.setdefault("$unset", {})["previousError"] = ""
-    return build(error), build(cut), bare
+    return (build(error), error), (build(cut), cut), (bare, None)
 
 
 def _is_wait(value: Any) -> bool:

@@ -9,17 +9,22 @@ round-trips through a link, a form or a command line to the very same id.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import getpass
+import socket
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from enum import StrEnum
 from typing import Any
 
 from bson import json_util
 from bson.errors import BSONError
 from bson.json_util import CANONICAL_JSON_OPTIONS
 
-from orchestrator.core.errors import OperatorError
+from orchestrator.core import replicas
+from orchestrator.core.errors import OperatorError, UnhandledPhase
 from orchestrator.core.queries import as_utc
+from orchestrator.core.replicas import ReplicaRecord
 
 
 @dataclass(frozen=True)
@@ -37,10 +42,60 @@ class Retried:
 
 
 def error_phase(doc: Mapping[str, Any]) -> str | None:
-    """The phase the document's last error happened in, where a retry sends it by default."""
-    error = doc.get("lastError")
-    phase = error.get("phase") if isinstance(error, dict) else None
-    return phase if isinstance(phase, str) and phase else None
+    """The phase the document's last error happened in, where a retry sends it by default;
+    once retried (its error kept as ``previousError``), that error's phase, so a retry
+    that failed again before its first claim can be repeated as it was."""
+    for name in ("lastError", "previousError"):
+        error = doc.get(name)
+        phase = error.get("phase") if isinstance(error, dict) else None
+        if isinstance(phase, str) and phase:
+            return phase
+    return None
+
+
+class Action(StrEnum):
+    """What an operator does to documents."""
+
+    RETRY = "retry"
+    UNLOCK = "unlock"
+    CANCEL = "cancel"
+
+
+def check_target(
+    collection: str, target: str, records: Sequence[ReplicaRecord], *, action: Action
+) -> None:
+    """Refuse a ``target`` phase no live replica handles (``UnhandledPhase``, naming those
+    they do): a document sent there would sit unclaimed, looking like any other. A phase
+    where replicas leave documents on purpose (a failed or the cancelled phase) is fine
+    for a cancel, never for a retry (nothing would retry it). With no replica live,
+    nothing can be judged: refused too (forcing is the operator's call)."""
+    check_phase_name(target)
+    handled, open_filter = replicas.handled_phases(records, collection)
+    if target in handled or open_filter:
+        return
+    if action is Action.CANCEL and target in replicas.resting_phases(records, collection):
+        return
+    why = "no replica is live" if not records else "no handler of it, on any live replica"
+    raise UnhandledPhase(collection, target, sorted(handled), why)
+
+
+def cancelled_phase(records: Sequence[ReplicaRecord], default: str = "Cancelled") -> str:
+    """Where a cancel sends documents: the live replicas' ``cancelled_phase`` (the most
+    common, should they differ), else ``default``."""
+    counts: dict[str, int] = {}
+    for record in records:
+        if record.cancelled_phase:
+            counts[record.cancelled_phase] = counts.get(record.cancelled_phase, 0) + 1
+    return max(sorted(counts), key=lambda p: counts[p]) if counts else default
+
+
+def default_actor() -> str:
+    """Who acts from the command line: the operating system's user at this host."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = "unknown"
+    return f"{user}@{socket.gethostname()}"
 
 
 def live_lease(doc: Mapping[str, Any], now: datetime) -> bool:
@@ -63,6 +118,14 @@ def id_json(doc_id: Any) -> str:
     return json_util.dumps(doc_id, json_options=CANONICAL_JSON_OPTIONS)
 
 
+def id_json_or_text(doc_id: Any) -> str:
+    """``id_json``, or the id as text when it has no Extended JSON form."""
+    try:
+        return id_json(doc_id)
+    except (TypeError, ValueError, BSONError):
+        return str(doc_id)
+
+
 def parse_id_json(text: str) -> Any:
     """An id given as Extended JSON (``id_json``'s form; plain JSON too): ``OperatorError``
     when it is not."""
@@ -73,10 +136,15 @@ def parse_id_json(text: str) -> Any:
 
 
 __all__ = [
+    "Action",
     "Retried",
+    "cancelled_phase",
     "check_phase_name",
+    "check_target",
+    "default_actor",
     "error_phase",
     "id_json",
+    "id_json_or_text",
     "live_lease",
     "parse_id_json",
 ]

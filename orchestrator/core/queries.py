@@ -25,10 +25,27 @@ if TYPE_CHECKING:
 CLAIM_SORT: list[tuple[str, int]] = [("lockedUntil", 1), ("updatedAt", 1)]
 """Longest free first (its wait is longest overdue), then the longest untouched."""
 
-CLAIM_INDEX: list[tuple[str, int]] = [("phase", 1), ("lockedUntil", 1), ("updatedAt", 1)]
-"""Serves the claim filter (phase equality, lockedUntil range) and its sort without a scan."""
+CLAIM_INDEX: list[tuple[str, int]] = [
+    ("phase", 1),
+    ("lockedUntil", 1),
+    ("updatedAt", 1),
+    ("_id", 1),
+]
+"""Serves the claim filter (phase equality, lockedUntil range) and its sort without a scan;
+``_id`` last makes its order total, so operators page through a phase by it
+(``browse``). An earlier version's index of this name, without ``_id``, is replaced."""
 
 CLAIM_INDEX_NAME = "orchestrator_claim_until"
+
+UNIQUE_PREFIX = "orchestrator_unique_"
+"""Names the unique index of each set of ``submit``'s keys (its fields follow)."""
+
+ERRORS_INDEX: list[tuple[str, int]] = [("phase", 1), ("lastError.at", -1), ("_id", -1)]
+"""Serves the latest errors of a phase (or, merged, of every phase): the status report's
+and the failed documents' list. Its keys change only when a step fails or a document
+changes phase, not at every claim."""
+
+ERRORS_INDEX_NAME = "orchestrator_errors"
 
 
 def bson_time(value: datetime) -> datetime:
@@ -258,15 +275,21 @@ def advance_update(
     }
 
 
-def error_record(kind: str, message: str, now: datetime, phase: str | None) -> dict[str, Any]:
+def error_record(
+    kind: str, message: str, now: datetime, phase: str | None, trace: str | None = None
+) -> dict[str, Any]:
     """Any exception's text must be storable (BSON refuses lone surrogates) and must not
-    carry credentials to operators' screens."""
-    return {
+    carry credentials to operators' screens. ``trace``: its traceback, already bounded
+    and redacted (``history.trace_text``)."""
+    record = {
         "type": _storable_text(kind)[:200],
         "message": redact(_storable_text(message))[:2000],
         "at": bson_time(now),
         "phase": phase,
     }
+    if trace is not None:
+        record["traceback"] = trace
+    return record
 
 
 def _storable_text(text: str) -> str:
@@ -373,8 +396,8 @@ def check_match(match: Mapping[str, Any]) -> None:
 
 # -- operators: status, unlock, retry ------------------------------------------------------
 
-ERRORS_SORT: list[tuple[str, int]] = [("lastError.at", -1)]
-"""Latest failure first."""
+ERRORS_SORT: list[tuple[str, int]] = [("lastError.at", -1), ("_id", -1)]
+"""Latest failure first: ``ERRORS_INDEX``'s order within a phase."""
 
 
 def status_pipeline(now: datetime, match: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
@@ -411,8 +434,10 @@ def status_pipeline(now: datetime, match: Mapping[str, Any] | None = None) -> li
     ]
 
 
-def errors_filter() -> dict[str, Any]:
-    return {"lastError": {"$exists": True}}
+def errors_filter(phases: Iterable[str]) -> dict[str, Any]:
+    """Documents of ``phases`` carrying an error (``ERRORS_INDEX`` serves it, merging the
+    phases in its order)."""
+    return {"phase": {"$in": list(phases)}, "lastError": {"$ne": None}}
 
 
 ERRORS_PROJECTION = {"phase": 1, "lastError": 1, "attempts": 1}
@@ -445,9 +470,11 @@ def exact_id_filter(doc_id: Any) -> dict[str, Any]:
     return {"_id": {"$eq": doc_id}}
 
 
-def operator_retry_update(phase: str, now: datetime) -> dict[str, Any]:
-    """Back to ``phase`` with fresh counters, claimable at once; the error is kept as
-    ``previousError`` so the operator's reason to retry stays visible."""
+def operator_move_update(phase: str, now: datetime) -> dict[str, Any]:
+    """An operator's retry or cancel: to ``phase`` with fresh counters, claimable at once,
+    the lease taken from any step running (as an outside writer's phase change: its later
+    writes raise ``LeaseLost``); the error is kept as ``previousError`` so the operator's
+    reason to act stays visible."""
     update = advance_update(phase, now, {})
     update["$unset"] = {"lockToken": "", "failedBy": "", "lastToken": ""}
     return update
@@ -487,6 +514,11 @@ def replica_document(record: ReplicaRecord) -> dict[str, Any]:
             {"collection": s.collection, "id": s.id, "phase": s.phase, "since": bson_time(s.since)}
             for s in record.steps
         ],
+        "handlers": [h.to_dict() for h in record.handlers],
+        "unique": [{"collection": c, "keys": list(k)} for c, k in record.unique],
+        "cancelledPhase": record.cancelled_phase,
+        "history": record.history,
+        "paused": list(record.paused),
     }
 
 

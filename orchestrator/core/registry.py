@@ -118,7 +118,9 @@ class Registry:
             name=name,
             to=opts.to or (),
             key=handler_key,
-            exclusion=queries.failed_exclusion(handler_key, name, failed_phase, match),
+            exclusion=queries.failed_exclusion(
+                handler_key, _describe(func, "."), failed_phase, match
+            ),
         )
         self._keys[key] = handler
         self.handlers.append(handler)
@@ -144,5 +146,9 @@ def _canonical(match: Mapping[str, Any]) -> str:
     return json.dumps(match, sort_keys=True, default=str)
 
 
-def _describe(func: Any) -> str:
-    return f"{getattr(func, '__module__', '?')}.{getattr(func, '__qualname__', repr(func))}"
+def _describe(func: Any, separator: str = ":") -> str:
+    """``module:function``, as entry points name a function (``module.function`` in the
+    ``failedBy`` marks of versions before handler keys, which ``failed_exclusion`` still
+    honours)."""
+    module = getattr(func, "__module__", "?")
+    return f"{module}{separator}{getattr(func, '__qualname__', repr(func))}"

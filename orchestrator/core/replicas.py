@@ -36,7 +36,7 @@ TTL_MONITOR_PERIOD = 60.0
 """MongoDB's TTL monitor runs every 60 s (``ttlMonitorSleepSecs``): an expired record can
 outlive its ``expiresAt`` by that much, which is why readers filter on it themselves."""
 
-_TRACKED = ("lock_timeout", "tick", "max_concurrency", "version")
+_TRACKED = ("lock_timeout", "tick", "max_concurrency", "version", "history", "paused")
 """The settings ``disagreements`` compares, most consequential first."""
 
 
@@ -72,6 +72,39 @@ class RunningStep:
 
 
 @dataclass(frozen=True)
+class HandlerInfo:
+    """A handler as its replica publishes it: operators' tools learn from these which
+    phases the live replicas handle (a retry to another is refused), which handler a
+    ``failedBy`` mark names, and what a pause of a handler can name."""
+
+    collection: str
+    phase: str | None
+    name: str
+    key: str
+    failed_phase: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "collection": self.collection,
+            "phase": self.phase,
+            "name": self.name,
+            "key": self.key,
+            "failedPhase": self.failed_phase,
+        }
+
+    @classmethod
+    def read(cls, doc: Mapping[str, Any]) -> HandlerInfo:
+        phase = doc.get("phase")
+        return cls(
+            collection=str(doc["collection"]),
+            phase=None if phase is None else str(phase),
+            name=str(doc.get("name", "")),
+            key=str(doc.get("key", "")),
+            failed_phase=str(doc.get("failedPhase", "")),
+        )
+
+
+@dataclass(frozen=True)
 class ReplicaRecord:
     """One replica as it recorded itself. Times are the server's (each replica's estimate
     of the server's clock, as for leases); ``instance`` tells apart two processes that
@@ -90,6 +123,13 @@ class ReplicaRecord:
     tick: float
     max_concurrency: int
     steps: tuple[RunningStep, ...] = field(default_factory=tuple)
+    handlers: tuple[HandlerInfo, ...] = ()
+    unique: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    """Per collection, the keys ``submit`` keeps unique: its documents' business keys."""
+    cancelled_phase: str = ""
+    history: int = 0
+    paused: tuple[str, ...] = ()
+    """The pauses this replica honours (their scopes, as ``Scope.describe`` says them)."""
 
     def live(self, now: datetime) -> bool:
         """Whether the record is still live at ``now`` (the server's time)."""
@@ -127,6 +167,14 @@ class ReplicaRecord:
                 tick=_number(doc["tick"]),
                 max_concurrency=_int(doc["maxConcurrency"]),
                 steps=steps,
+                handlers=tuple(HandlerInfo.read(h) for h in doc.get("handlers") or ()),
+                unique=tuple(
+                    (str(u["collection"]), tuple(str(k) for k in u["keys"]))
+                    for u in doc.get("unique") or ()
+                ),
+                cancelled_phase=str(doc.get("cancelledPhase", "")),
+                history=_int(doc.get("history", 0)),
+                paused=tuple(str(p) for p in doc.get("paused") or ()),
             )
         except (KeyError, TypeError, ValueError, AttributeError):
             return None
@@ -147,6 +195,11 @@ class ReplicaRecord:
             "tick": self.tick,
             "max_concurrency": self.max_concurrency,
             "steps": [s.to_dict() for s in self.steps],
+            "handlers": [h.to_dict() for h in self.handlers],
+            "unique": [{"collection": c, "keys": list(k)} for c, k in self.unique],
+            "cancelled_phase": self.cancelled_phase,
+            "history": self.history,
+            "paused": list(self.paused),
         }
 
 
@@ -164,6 +217,11 @@ def new_record(
     tick: float,
     max_concurrency: int,
     steps: Iterable[RunningStep] = (),
+    handlers: Iterable[HandlerInfo] = (),
+    unique: Iterable[tuple[str, tuple[str, ...]]] = (),
+    cancelled_phase: str = "",
+    history: int = 0,
+    paused: Iterable[str] = (),
 ) -> ReplicaRecord:
     """A replica's record as of ``now`` (its estimate of the server's time), live for
     ``record_ttl(lock_timeout)``."""
@@ -181,6 +239,11 @@ def new_record(
         tick=tick,
         max_concurrency=max_concurrency,
         steps=tuple(sorted(steps, key=lambda s: (s.since, s.collection, s.id))),
+        handlers=tuple(handlers),
+        unique=tuple(sorted(unique)),
+        cancelled_phase=cancelled_phase,
+        history=history,
+        paused=tuple(paused),
     )
 
 
@@ -236,7 +299,10 @@ def disagreements(records: Iterable[ReplicaRecord]) -> list[Disagreement]:
 
 
 def _shown(value: Any) -> str:
-    """A duration in seconds as ``30s``, anything else as it is."""
+    """A duration in seconds as ``30s``, a list of pauses as they read, anything else as
+    it is."""
+    if isinstance(value, tuple):
+        return "; ".join(value) or "none"
     return f"{value:g}s" if isinstance(value, float) else str(value)
 
 
@@ -256,3 +322,45 @@ def _int(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"not an integer: {value!r}")
     return value
+
+
+def handled_phases(records: Iterable[ReplicaRecord], collection: str) -> tuple[set[str], bool]:
+    """The phases of ``collection`` some live replica handles, and whether one has a
+    handler whose filter names no single phase (``when()``: it may take any)."""
+    phases: set[str] = set()
+    open_filter = False
+    for record in records:
+        for handler in record.handlers:
+            if handler.collection != collection:
+                continue
+            if handler.phase is None:
+                open_filter = True
+            else:
+                phases.add(handler.phase)
+    return phases, open_filter
+
+
+def resting_phases(records: Iterable[ReplicaRecord], collection: str) -> set[str]:
+    """The phases of ``collection`` where the live replicas leave documents on purpose:
+    their handlers' failed phases and their cancelled phase."""
+    rest: set[str] = set()
+    for record in records:
+        if record.cancelled_phase:
+            rest.add(record.cancelled_phase)
+        rest.update(h.failed_phase for h in record.handlers if h.collection == collection)
+    return rest
+
+
+def business_keys(records: Iterable[ReplicaRecord], collection: str) -> list[tuple[str, ...]]:
+    """The unique keys the live replicas keep for ``collection``, most replicas first."""
+    seen: dict[tuple[str, ...], int] = {}
+    for record in records:
+        for name, keys in record.unique:
+            if name == collection:
+                seen[keys] = seen.get(keys, 0) + 1
+    return sorted(seen, key=lambda keys: (-seen[keys], keys))
+
+
+def handler_names(records: Iterable[ReplicaRecord]) -> dict[str, str]:
+    """Handler key (what ``failedBy`` holds) to its ``module:function`` name."""
+    return {h.key: h.name for record in records for h in record.handlers}

@@ -27,6 +27,7 @@ LEASE_FIELDS = frozenset(
         "previousError",
         "failedBy",
         "createdAt",
+        "orchestratorHistory",
     }
 )
 """Fields the orchestrator owns: handlers cannot set them through a lease."""

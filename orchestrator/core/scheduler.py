@@ -70,6 +70,7 @@ class Scheduler:
         self._start = 0  # first handler of this tick: a new one each tick, for fairness
         self._cursor = 0
         self._stopping = False
+        self._paused: frozenset[str] = frozenset()  # keys of handlers an operator paused
 
     # -- what happened ------------------------------------------------------------------
 
@@ -85,7 +86,9 @@ class Scheduler:
         count = len(self._handlers)
         self._start = (self._start + 1) % count if count else 0
         self._cursor = self._start
-        by_collection: Counter[str] = Counter(h.collection for h in self._handlers)
+        by_collection: Counter[str] = Counter(
+            h.collection for h in self._handlers if h.key not in self._paused
+        )
         self._unprobed = [c for c, n in by_collection.items() if n > 1 and c not in self._probing]
         self._generation += 1
 
@@ -101,6 +104,23 @@ class Scheduler:
     def resume(self) -> None:
         """Claim again after a stop (the replica was started again)."""
         self._stopping = False
+
+    def pause(self, keys: frozenset[str]) -> bool:
+        """Claim nothing for the handlers whose keys are ``keys`` (``pauses.paused``) from
+        now on, and for the others again; steps running go on. Returns whether it changed:
+        a resumed handler may have work waiting, so its idleness is forgotten."""
+        if keys == self._paused:
+            return False
+        resumed = self._paused - keys
+        self._paused = keys
+        if resumed:
+            self._idle.clear()
+            self._generation += 1
+        return True
+
+    @property
+    def paused(self) -> frozenset[str]:
+        return self._paused
 
     def probed(self, probe: Probe, found: bool | None) -> None:
         """``found`` None: the probe failed; the claims will meet the same trouble and say so."""
@@ -142,13 +162,19 @@ class Scheduler:
         if self._unprobed:
             collection = self._unprobed.pop(0)
             self._probing.add(collection)
-            members = tuple(h for h in self._handlers if h.collection == collection)
+            members = tuple(
+                h
+                for h in self._handlers
+                if h.collection == collection and h.key not in self._paused
+            )
             return Probe(collection, members, self._generation)
         count = len(self._handlers)
         for step in range(count):
             index = (self._cursor + step) % count
             handler = self._handlers[index]
             if index in self._idle or handler.collection in self._probing:
+                continue
+            if handler.key in self._paused:
                 continue
             if self._inflight[index] and index not in self._hot:
                 continue  # not known to have work: one claim at a time finds out
@@ -172,7 +198,9 @@ class Scheduler:
         """The tick is over: nothing runs, and no handler has anything left to claim."""
         if self._busy or self._probing or any(self._inflight.values()):
             return False
-        return self._stopping or len(self._idle) >= len(self._handlers)
+        if self._stopping:
+            return True
+        return all(i in self._idle or h.key in self._paused for i, h in enumerate(self._handlers))
 
 
 HeartbeatDecision = Literal["extend", "time_out"] | None

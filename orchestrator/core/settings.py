@@ -19,8 +19,11 @@ from pydantic import (
     model_validator,
 )
 
+from orchestrator.core.audit import AUDIT_COLLECTION
 from orchestrator.core.backoff import BackoffPolicy, ExponentialBackoff, ProgressiveBackoff
 from orchestrator.core.errors import ConfigError
+from orchestrator.core.history import DEFAULT_HISTORY, DEFAULT_TRACEBACK, MAX_HISTORY
+from orchestrator.core.pauses import PAUSES_COLLECTION
 from orchestrator.core.replicas import REPLICAS_COLLECTION
 from orchestrator.core.validation import explain
 
@@ -65,6 +68,29 @@ class Settings(BaseModel):
         5, ge=1, strict=True, description="Failed attempts before the failed phase."
     )
     failed_phase: str = Field("Failed", min_length=1)
+    cancelled_phase: str = Field(
+        "Cancelled",
+        min_length=1,
+        description="Where an operator's cancel sends a document (orchestrator cancel); no"
+        " handler should take it, like the failed phase.",
+    )
+    history: int = Field(
+        DEFAULT_HISTORY,
+        ge=0,
+        le=MAX_HISTORY,
+        strict=True,
+        description="Entries of each document's history kept on it (orchestratorHistory):"
+        " one per step and per operator's action, carried by the write the step or action"
+        " makes anyway; 0 keeps none.",
+    )
+    traceback_chars: int = Field(
+        DEFAULT_TRACEBACK,
+        ge=0,
+        le=100_000,
+        strict=True,
+        description="Characters of a failed step's traceback kept with its error (its"
+        " end, redacted); 0 keeps none.",
+    )
     replica_id: str = Field(default_factory=default_replica_id, min_length=1, max_length=200)
     write_concern: Literal["majority"] | int = Field(
         "majority", description='Write concern of lease writes: "majority" or a node count.'
@@ -117,10 +143,24 @@ class Settings(BaseModel):
         description="Where each replica records itself while it runs (orchestrator status"
         " lists them); every replica of a deployment, and its tools, must name the same one.",
     )
+    pauses_collection: str = Field(
+        PAUSES_COLLECTION,
+        min_length=1,
+        max_length=120,
+        description="Where operators' pauses are kept (orchestrator pause); read at every"
+        " heartbeat, never at a tick.",
+    )
+    audit_collection: str = Field(
+        AUDIT_COLLECTION,
+        min_length=1,
+        max_length=120,
+        description="The audit trail (operators' actions, leases taken over from dead"
+        " replicas), each entry deleted 90 days on by a TTL index.",
+    )
     relock_policy: BackoffPolicy = Field(default_factory=ProgressiveBackoff)
     retry_policy: BackoffPolicy = Field(default_factory=ExponentialBackoff)
 
-    @field_validator("replicas_collection")
+    @field_validator("replicas_collection", "pauses_collection", "audit_collection")
     @classmethod
     def _collection_name(cls, value: str) -> str:
         if value.startswith("system.") or "$" in value or "\x00" in value:
@@ -136,6 +176,8 @@ class Settings(BaseModel):
             )
         if self.step_timeout is not None and self.step_timeout < self.lock_timeout:
             raise ValueError("step_timeout must be at least lock_timeout")
+        if self.cancelled_phase == self.failed_phase:
+            raise ValueError("cancelled_phase must differ from failed_phase")
         if self.min_relock is not None and self.min_relock > self.max_wait:
             raise ValueError("min_relock must not exceed max_wait")
         if isinstance(self.write_concern, int) and self.write_concern < 1:

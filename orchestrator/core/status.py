@@ -11,7 +11,9 @@ from typing import Any
 
 from bson.errors import BSONError
 
+from orchestrator.core.audit import AuditEntry
 from orchestrator.core.operator import id_json
+from orchestrator.core.pauses import Pause
 from orchestrator.core.queries import as_utc
 from orchestrator.core.replicas import Disagreement, ReplicaRecord
 
@@ -100,6 +102,12 @@ class Status:
     errors: list[RecentError] = field(default_factory=list)
     replicas: list[ReplicaRecord] = field(default_factory=list)
     disagreements: list[Disagreement] = field(default_factory=list)
+    pauses: list[Pause] = field(default_factory=list)
+    takeovers: list[AuditEntry] = field(default_factory=list)
+    """The latest leases taken over from replicas that died (or stalled), latest first."""
+    handler_names: dict[str, str] = field(default_factory=dict)
+    """Handler keys (what ``failedBy`` holds) to ``module:function`` names, as the live
+    replicas publish them."""
 
     def counts(self) -> dict[str, dict[str, int]]:
         """``{collection: {phase: count}}``."""
@@ -118,6 +126,8 @@ class Status:
                 {**r.to_dict(), "seen_ago": round(r.seen_ago(self.at), 3)} for r in self.replicas
             ],
             "disagreements": [d.to_dict() for d in self.disagreements],
+            "pauses": [p.to_dict() for p in self.pauses],
+            "takeovers": [t.to_dict() for t in self.takeovers],
         }
         for error in data["errors"]:
             error["at"] = error["at"].isoformat() if error["at"] is not None else None

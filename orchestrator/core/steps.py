@@ -9,9 +9,10 @@ how its record reads, and what ``stop`` reports.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 from orchestrator.core.errors import OrchestratorError
 from orchestrator.core.lease import Outcome
@@ -26,6 +27,7 @@ __all__ = [
     "noted_message",
     "settled_level",
     "stop_summary",
+    "taken_from",
     "wrong_result",
 ]
 
@@ -104,3 +106,13 @@ def stop_summary(released: Sequence[str], still_running: Sequence[str]) -> tuple
         f"{len(still_running)} step(s) still running{left}"
     )
     return (logging.WARNING if still_running else logging.INFO), message
+
+
+def taken_from(before: Mapping[str, Any]) -> str | None:
+    """The replica whose lease a claim took over, from the document as it was before the
+    claim: a lease token never released means its holder's lease ran out under it (the
+    replica died, stalled or lost the database); None when the document was free."""
+    if before.get("lockToken") is None:
+        return None
+    holder = before.get("lockedBy")
+    return holder if isinstance(holder, str) and holder else "an unnamed replica"

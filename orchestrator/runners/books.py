@@ -120,6 +120,17 @@ class Books(Generic[L]):
             self._sched.register(handlers)
             self._has_handlers = bool(handlers)
 
+    def pause(self, keys: frozenset[str]) -> None:
+        """The handlers operators paused (their keys) are these now: claim nothing for
+        them; a handler resumed may have work waiting, so the workers look again."""
+        with self.lock:
+            if self._sched.pause(keys) and self._serving:
+                self._top_up()
+
+    def paused(self) -> frozenset[str]:
+        with self.lock:
+            return self._sched.paused
+
     def count(self, name: str, by: int = 1) -> None:
         with self.lock:
             self._stats[name] += by

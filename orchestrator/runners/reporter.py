@@ -82,6 +82,16 @@ class Reporter:
         if self.events.active:
             self.events.emit(LeaseLostEvent(*self._about(lease), message, self._held_for(lease)))
 
+    def taken_over(self, lease: Lease) -> None:
+        """A claim took over a lease its holder never released (``lease.taken_from``)."""
+        self.log(
+            logging.WARNING,
+            f"took over the expired lease of replica {lease.taken_from!r} (it died, stalled "
+            "or lost the database); its step runs again here",
+            lease,
+            "taken-over",
+        )
+
     # -- events -------------------------------------------------------------------------
 
     def claimed(self, step: Step[Any]) -> None:

@@ -121,7 +121,13 @@ class AsyncLease(LeaseCore[R]):
     # -- what the loop calls --------------------------------------------------------------
 
     async def record_error(
-        self, kind: str, message: str, *, permanent: bool = False, after: bool = True
+        self,
+        kind: str,
+        message: str,
+        *,
+        permanent: bool = False,
+        after: bool = True,
+        trace: str | None = None,
     ) -> Outcome:
         """Count a failed attempt: retry after the handler's backoff, or, past its
         ``max_attempts`` (or when ``permanent``), move to its failed phase. Once per step:
@@ -131,13 +137,14 @@ class AsyncLease(LeaseCore[R]):
         (a handler that advanced, then raised): that outcome stands and is returned, and
         the error is only noted on the document, fenced on its being as that release left
         it. A write the server refuses as too large is tried again with less stored: the
-        attempt must count.
+        attempt must count. ``trace``: the error's traceback, as stored
+        (``history.trace_text``).
         """
         async with self._lock:
             # Planned and written under one hold of the lock: the state it was planned for
             # (held, or released by the step's own outcome) is the state it is fenced on.
             self._check_allowed(LeaseWrite.RECORD, after)
-            planned = self._error_write(kind, message, permanent)
+            planned = self._error_write(kind, message, permanent, trace)
             if not planned.forms:  # noted after a remove: no document to note it on
                 self._released(None, planned.outcome)
                 return planned.outcome

@@ -1,5 +1,7 @@
 """What an operator does with the documents the replicas work on, on PyMongo's async API:
-the status report, finding a document, unlock and retry. ``Operations``
+the status report; finding documents (by id, business key or filter, page by page) and
+reading their history; retry, unlock and cancel, of one document or of every document a
+filter selects; pausing and resuming work; the audit trail. ``Operations``
 (``orchestrator/mongo/_sync/operations.py``) is generated from it by ``scripts/synchro.py``;
 both are public as ``orchestrator.operations``.
 
@@ -14,73 +16,155 @@ releases the next one's.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 from pymongo.asynchronous.database import AsyncDatabase
 
-from orchestrator.core import queries
+from orchestrator.core import browse as browsing
+from orchestrator.core import history, queries, replicas
+from orchestrator.core.audit import AUDIT_COLLECTION, AuditEntry, AuditKind, operator_record
+from orchestrator.core.browse import Filter, Plan, Row
 from orchestrator.core.errors import (
     AmbiguousId,
     ConfigError,
     DocumentChanged,
     DocumentNotFound,
     LeaseHeld,
+    NoErrorPhase,
+    OperatorError,
+    UnhandledPhase,
 )
-from orchestrator.core.operator import Retried, check_phase_name, id_json, live_lease
-from orchestrator.core.replicas import REPLICAS_COLLECTION, disagreements
+from orchestrator.core.operator import (
+    Action,
+    Retried,
+    cancelled_phase,
+    check_phase_name,
+    check_target,
+    default_actor,
+    error_phase,
+    id_json,
+    id_json_or_text,
+    live_lease,
+)
+from orchestrator.core.pauses import PAUSES_COLLECTION, Pause, Scope
+from orchestrator.core.replicas import REPLICAS_COLLECTION, ReplicaRecord, disagreements
 from orchestrator.core.status import PhaseCount, RecentError, Status
 from orchestrator.mongo._async.reports import AsyncReports, AsyncReportStore
 from orchestrator.mongo.common import Document
 
-__all__ = ["AsyncOperations"]
+__all__ = ["AsyncOperations", "Bulk", "Page"]
+
+
+MAX_BULK = 10_000
+"""Most documents one bulk action changes: a filter selecting more is refused, to be
+narrowed (or acted on in turns)."""
+
+TAKEOVERS_SHOWN = 20
+"""Latest take-overs of dead replicas' leases a status report lists."""
+
+
+@dataclass(frozen=True)
+class Page:
+    """One page of a filter's documents: ``rows`` in the list's order, ``next`` the cursor
+    of the page after it (None: this is the last), ``index`` the index that served it."""
+
+    rows: list[Row]
+    next: str | None
+    index: str
+    at: datetime
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "at": self.at.isoformat(),
+            "documents": [row.to_dict() for row in self.rows],
+            "next": self.next,
+            "index": self.index,
+        }
+
+
+@dataclass
+class Bulk:
+    """What an action on every document of a filter did (or, ``dry_run``, would do):
+    ``changed`` the documents' rows as they were; ``skipped`` those left alone, each with
+    why (held by a live lease, no error phase to retry to, changed meanwhile)."""
+
+    action: Action
+    filter: Filter
+    dry_run: bool
+    target: str | None
+    changed: list[Row] = field(default_factory=list)
+    skipped: list[tuple[Row, str]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "action": self.action.value,
+            "filter": self.filter.describe(),
+            "dry_run": self.dry_run,
+            "target": self.target,
+            "changed": [row.to_dict() for row in self.changed],
+            "skipped": [{**row.to_dict(), "why": why} for row, why in self.skipped],
+        }
 
 
 class AsyncOperations:
     """An operator's view of ``database`` (a PyMongo database: an ``AsyncMongoClient``'s
-    for ``AsyncOperations``, a ``MongoClient``'s for ``Operations``) and actions on it;
-    ``replicas_collection``: where the replicas record themselves (their
-    ``replicas_collection`` setting).
+    for ``AsyncOperations``, a ``MongoClient``'s for ``Operations``) and actions on it.
+    ``replicas_collection``, ``pauses_collection``, ``audit_collection``: the replicas'
+    settings of those names; ``actor``: who acts, unless an action names someone else
+    (by default the operating system's user at this host; an application mounting the
+    page names its signed-in user per request).
 
     Failures are ``OrchestratorError``s: ``StoreError`` when the database fails,
     ``OperatorError`` (``DocumentNotFound``, ``AmbiguousId``, ``DocumentChanged``,
-    ``LeaseHeld``) when a request cannot be carried out as asked.
+    ``LeaseHeld``, ``UnhandledPhase``, ``NoErrorPhase``, ``UnindexedField``) when a
+    request cannot be carried out as asked.
     """
 
     def __init__(
-        self, database: AsyncDatabase[Document], *, replicas_collection: str = REPLICAS_COLLECTION
+        self,
+        database: AsyncDatabase[Document],
+        *,
+        replicas_collection: str = REPLICAS_COLLECTION,
+        pauses_collection: str = PAUSES_COLLECTION,
+        audit_collection: str = AUDIT_COLLECTION,
+        actor: str | None = None,
     ) -> None:
         self._name = database.name
         self._reports: AsyncReportStore = AsyncReports(database)
         self._replicas = replicas_collection
+        self._pauses = pauses_collection
+        self._audit = audit_collection
+        self._own = {replicas_collection, pauses_collection, audit_collection}
+        self.actor = actor or default_actor()
+        self._indexed: set[str] = set()
+
+    # -- reports ----------------------------------------------------------------------
 
     async def status(self, collections: Sequence[str] | None = None, *, errors: int = 5) -> Status:
-        """Phase counts of ``collections`` (by default every collection but the replicas')
-        and their latest ``errors`` errors each, judged by the server's clock against each
-        lease's own expiry (so the replicas' lock timeouts need not be known), and the
-        live replicas with the settings they disagree on. ``ConfigError`` names a
-        collection the database does not have."""
-        present = await self._reports.collection_names()
-        if collections:
-            unknown = [c for c in collections if c not in present]
-            if unknown:
-                known = ", ".join(present) or "none"
-                raise ConfigError(
-                    f"unknown collection {', '.join(map(repr, unknown))} in database "
-                    f"{self._name!r} (it has: {known})"
-                )
-            names = list(collections)
-        else:
-            names = [collection for collection in present if collection != self._replicas]
+        """Phase counts of ``collections`` (by default every collection but the
+        library's own) and their latest ``errors`` errors each, judged by the server's
+        clock against each lease's own expiry (so the replicas' lock timeouts need not be
+        known); the live replicas with the settings they disagree on, the pauses in
+        force and the latest leases taken over from dead replicas. ``ConfigError`` names
+        a collection the database does not have."""
+        names = await self._work_collections(collections)
         server = await self._reports.server_time()
         now = server or datetime.now(UTC)
         live = await self._reports.live_replicas(now, self._replicas)
         phases: list[PhaseCount] = []
         latest: list[RecentError] = []
         for collection in names:
-            phases.extend(await self._reports.phase_summary(collection, now))
-            if errors > 0:
-                latest.extend(await self._reports.latest_errors(collection, errors))
+            rows = await self._reports.phase_summary(collection, now)
+            phases.extend(rows)
+            if errors > 0 and rows:
+                await self._ensure_indexes(collection)
+                found = await self._reports.latest_errors(
+                    collection, errors, [row.phase for row in rows]
+                )
+                latest.extend(found)
+        trail = await self._reports.read_audit(self._audit, 200) if errors > 0 else []
         return Status(
             at=now,
             server_time=server is not None,
@@ -88,6 +172,9 @@ class AsyncOperations:
             errors=latest,
             replicas=live,
             disagreements=disagreements(live),
+            pauses=await self._reports.read_pauses(self._pauses),
+            takeovers=[e for e in trail if e.kind == AuditKind.TAKEOVER][:TAKEOVERS_SHOWN],
+            handler_names=replicas.handler_names(live),
         )
 
     async def collections(self) -> list[str]:
@@ -99,6 +186,12 @@ class AsyncOperations:
         none."""
         return await self._reports.server_time() or datetime.now(UTC)
 
+    async def replicas(self) -> list[ReplicaRecord]:
+        """The live replicas, as they recorded themselves."""
+        return await self._reports.live_replicas(await self.now(), self._replicas)
+
+    # -- finding documents ------------------------------------------------------------
+
     async def document(self, collection: str, doc_id: Any) -> Document:
         """The document whose ``_id`` is ``doc_id``, exactly (the string ``"42"`` is not
         the integer ``42``); ``DocumentNotFound`` when there is none."""
@@ -108,21 +201,69 @@ class AsyncOperations:
         return doc
 
     async def find(self, collection: str, typed: str) -> Document:
-        """The one document an id typed as text names (``queries.id_filter``: an
-        ObjectId's hex or an integer's digits name that value and the string alike).
-        ``DocumentNotFound`` when it names none, ``AmbiguousId`` (with both) when it names
-        two: which one is the operator's to say, never guessed."""
+        """The one document text typed by an operator names: its id
+        (``queries.id_filter``: an ObjectId's hex or an integer's digits name that value
+        and the string alike), else its business key (a unique key the live replicas
+        declare, of one field). ``DocumentNotFound`` when it names none, ``AmbiguousId``
+        (with both) when it names two: which one is the operator's to say, never
+        guessed."""
         query = queries.id_filter(typed)
+        found = await self._two(collection, query)
+        if not found:
+            for keys in await self._keys(collection):
+                if len(keys) == 1:
+                    found = await self._two(collection, {keys[0]: {"$eq": typed}})
+                    if found:
+                        break
+        if not found:
+            raise DocumentNotFound(collection, repr(typed))
+        if len(found) > 1:
+            raise AmbiguousId(collection, typed, found)
+        return found[0]
+
+    async def _two(self, collection: str, query: Mapping[str, Any]) -> list[Document]:
         first = await self._reports.find_one(collection, query)
         if first is None:
-            raise DocumentNotFound(collection, repr(typed))
-        if not isinstance(query["_id"], dict):
-            return first
+            return []
         other_query = {"$and": [query, {"_id": {"$ne": first["_id"]}}]}
         other = await self._reports.find_one(collection, other_query)
-        if other is not None:
-            raise AmbiguousId(collection, typed, [first, other])
-        return first
+        return [first] if other is None else [first, other]
+
+    async def key_filter(self, collection: str, value: Any) -> tuple[tuple[str, Any], ...]:
+        """``value`` as the business key of ``collection``: the one-field unique key its
+        live replicas declare. ``OperatorError`` when they declare none (then name the
+        field: ``FIELD=VALUE``)."""
+        for keys in await self._keys(collection):
+            if len(keys) == 1:
+                return ((keys[0], value),)
+        raise OperatorError(
+            f"no live replica declares a one-field unique key for {collection!r}: name the "
+            "field (FIELD=VALUE)"
+        )
+
+    async def browse(
+        self, query: Filter, *, after: str | None = None, limit: int = browsing.DEFAULT_LIMIT
+    ) -> Page:
+        """A page of the documents ``query`` selects, served by an index (``browse``);
+        ``after``: the previous page's ``next``."""
+        if not 1 <= limit <= browsing.MAX_LIMIT:
+            raise OperatorError(f"a page holds 1 to {browsing.MAX_LIMIT} documents, not {limit}")
+        now = await self.now()
+        plan, rows, docs = await self._page(query, now, after, limit + 1)
+        more = len(docs) > limit
+        return Page(
+            rows=rows[:limit],
+            next=browsing.cursor(docs[limit - 1], plan.sort) if more else None,
+            index=plan.index,
+            at=now,
+        )
+
+    async def count(self, query: Filter, *, limit: int = MAX_BULK) -> int:
+        """How many documents ``query`` selects now, counted up to ``limit``."""
+        await self._check_collection(query.collection)
+        now = await self.now()
+        plan = await self._plan(query, now, None)
+        return await self._reports.count(query.collection, plan, limit) if plan else 0
 
     async def lease_state(self, collection: str, doc_id: Any, now: datetime) -> PhaseCount | None:
         """One document's lease state at ``now`` as the status counts judge it (the same
@@ -130,7 +271,36 @@ class AsyncOperations:
         rows = await self._reports.phase_summary(collection, now, queries.exact_id_filter(doc_id))
         return rows[0] if rows else None
 
-    async def unlock(self, collection: str, seen: Mapping[str, Any]) -> Document:
+    async def history(self, collection: str, doc_id: Any) -> list[history.Entry]:
+        """The document's history, oldest first (``history``)."""
+        return history.entries(await self.document(collection, doc_id))
+
+    async def _page(
+        self, query: Filter, now: datetime, after: str | None, limit: int
+    ) -> tuple[Plan, list[Row], list[Document]]:
+        await self._check_collection(query.collection)
+        plan = await self._plan(query, now, after)
+        if plan is None:
+            return Plan({}, [], [], "none: the collection has no phases"), [], []
+        docs = await self._reports.browse(query.collection, plan, limit)
+        live = await self._reports.live_replicas(now, self._replicas)
+        keys = await self._keys(query.collection)
+        names = replicas.handler_names(live)
+        return plan, [Row.read(doc, now, keys, names) for doc in docs], docs
+
+    async def _plan(self, query: Filter, now: datetime, after: str | None) -> Plan | None:
+        await self._ensure_indexes(query.collection)
+        phases = [] if query.phases else await self._reports.phases(query.collection)
+        if not query.phases and not phases:
+            return None
+        indexes = await self._reports.index_keys(query.collection) if query.fields else []
+        return browsing.plan(query, now, phases, indexes, after)
+
+    # -- acting on one document -------------------------------------------------------
+
+    async def unlock(
+        self, collection: str, seen: Mapping[str, Any], *, by: str | None = None, why: str = ""
+    ) -> Document:
         """Make the document claimable at once; a live holder's later writes raise
         ``LeaseLost``. ``seen``: the document as the operator saw it (its ``_id``, and the
         ``phase`` and ``lockToken`` the unlock is for; absent: none).
@@ -139,25 +309,96 @@ class AsyncOperations:
         :raises DocumentChanged: it is no longer in that phase under that lease
         :raises DocumentNotFound: it is gone
         """
-        guard = queries.operator_guard(seen["_id"], seen.get("phase"), seen.get("lockToken"))
-        return await self._apply(collection, seen["_id"], guard, queries.release_update())
+        now = await self.now()
+        phase = seen.get("phase")
+        after = await self._act(
+            collection, seen, queries.release_update(), Action.UNLOCK, now, by, why, phase
+        )
+        await self._record(
+            Action.UNLOCK,
+            collection,
+            {"_id": id_json_or_text(seen["_id"])},
+            [seen["_id"]],
+            now,
+            by,
+            why,
+        )
+        return after
 
     async def retry(
-        self, collection: str, seen: Mapping[str, Any], to: str, *, force: bool = False
+        self,
+        collection: str,
+        seen: Mapping[str, Any],
+        to: str | None = None,
+        *,
+        force: bool = False,
+        any_phase: bool = False,
+        by: str | None = None,
+        why: str = "",
     ) -> Retried:
         """Send the document back to phase ``to`` with its attempts reset, claimable at once
         (its error is kept as the previous error). ``seen`` as for ``unlock``, with its
         ``lockedUntil``: a retry of a document a replica holds now would let another
         replica run its step while that one is still in it, so it is refused unless
-        ``force`` (an operator who saw the lease and confirmed).
+        ``force`` (an operator who saw the lease and confirmed). ``to`` defaults to the
+        phase of its last (or, once retried, previous) error; a phase no live replica
+        handles is refused unless ``any_phase``.
 
         :return: what was done, and by which clock ``updatedAt`` was stamped
         :raises OperatorError: ``to`` is no phase name
+        :raises NoErrorPhase: no ``to``, and no error phase to take it from
+        :raises UnhandledPhase: no live replica handles ``to``, and not ``any_phase``
         :raises LeaseHeld: a replica holds it now, and not ``force``
         :raises DocumentChanged: it is no longer in that phase under that lease
         :raises DocumentNotFound: it is gone
         """
+        if to is None:
+            to = error_phase(seen)
+            if to is None:
+                raise NoErrorPhase(collection, seen["_id"])
         check_phase_name(to)
+        if not any_phase:
+            check_target(collection, to, await self.replicas(), action=Action.RETRY)
+        return await self._move(Action.RETRY, collection, seen, to, force, by, why)
+
+    async def cancel(
+        self,
+        collection: str,
+        seen: Mapping[str, Any],
+        *,
+        to: str | None = None,
+        any_phase: bool = False,
+        by: str | None = None,
+        why: str = "",
+    ) -> Retried:
+        """Send the document to the cancelled phase (the live replicas'
+        ``cancelled_phase``, ``Cancelled`` by default), or to ``to`` (an application's own
+        cancelling phase, which a handler takes), released, its attempts reset. A step
+        running on it loses its lease as to any outside writer's change: its later
+        writes raise ``LeaseLost`` (it is not interrupted: it stops at its next write).
+
+        :raises UnhandledPhase: ``to`` is no phase a live replica handles, and not
+            ``any_phase``
+        :raises DocumentChanged: it is no longer in the phase, under the lease, seen
+        :raises DocumentNotFound: it is gone
+        """
+        live = await self.replicas()
+        target = to if to is not None else cancelled_phase(live)
+        check_phase_name(target)
+        if to is not None and not any_phase:
+            check_target(collection, target, live, action=Action.CANCEL)
+        return await self._move(Action.CANCEL, collection, seen, target, True, by, why)
+
+    async def _move(
+        self,
+        action: Action,
+        collection: str,
+        seen: Mapping[str, Any],
+        to: str,
+        force: bool,
+        by: str | None,
+        why: str,
+    ) -> Retried:
         doc_id, source = seen["_id"], seen.get("phase")
         server = await self._reports.server_time()
         # ``updatedAt`` starts the phase's clock for the replicas' backoff: the server's.
@@ -165,17 +406,312 @@ class AsyncOperations:
         held = live_lease(seen, now)
         if held and not force:
             raise LeaseHeld(collection, doc_id, seen.get("lockedBy"), seen.get("lockedUntil"))
-        guard = queries.operator_guard(doc_id, source, seen.get("lockToken"))
-        update = queries.operator_retry_update(to, now)
-        after = await self._apply(collection, doc_id, guard, update)
+        update = queries.operator_move_update(to, now)
+        after = await self._act(collection, seen, update, action, now, by, why, to)
+        scope = {"_id": id_json_or_text(doc_id), "to": to}
+        await self._record(action, collection, scope, [doc_id], now, by, why)
         return Retried(after, source, to, now, server is not None, held)
 
-    async def _apply(
-        self, collection: str, doc_id: Any, guard: Mapping[str, Any], update: Mapping[str, Any]
+    async def _act(
+        self,
+        collection: str,
+        seen: Mapping[str, Any],
+        update: dict[str, Any],
+        action: Action,
+        now: datetime,
+        by: str | None,
+        why: str,
+        to: Any,
+        extra: Mapping[str, Any] | None = None,
     ) -> Document:
-        after = await self._reports.operator_update(collection, guard, update)
-        if after is not None:
-            return after
+        """Apply an operator's ``update`` to the document as ``seen`` (its phase and lease;
+        ``extra``: conditions it must still meet, a bulk action's filter), with its
+        history entry. The entry is pushed onto a history that is a list (or absent), and
+        set whole over any other value, each fenced on that shape: a document whose
+        history a writer changed meanwhile is tried once more, as it is now."""
+        doc_id = seen["_id"]
+        guard = queries.operator_guard(doc_id, seen.get("phase"), seen.get("lockToken"))
+        if extra:
+            guard = {"$and": [guard, dict(extra)]}
+        keep = await self._history_length()
+        entry = history.operator_entry(
+            action=action.value,
+            by=by or self.actor,
+            why=why,
+            at=now,
+            phase=seen.get("phase"),
+            to=to,
+        )
+        for shape in (history.LIST_SHAPE, history.OTHER_SHAPE) if keep else (None,):
+            change = dict(update)
+            query = guard
+            if shape is not None:
+                current = None if shape is history.LIST_SHAPE else "other"
+                change = history.merge(
+                    {k: dict(v) for k, v in update.items()}, history.push(entry, keep, current)
+                )
+                query = {"$and": [guard, shape]}
+            after = await self._reports.operator_update(collection, query, change)
+            if after is not None:
+                return after
         if await self._reports.find_one(collection, queries.exact_id_filter(doc_id)) is None:
             raise DocumentNotFound(collection, id_json(doc_id))
         raise DocumentChanged(collection, doc_id)
+
+    # -- acting on every document of a filter -------------------------------------------
+
+    async def bulk(
+        self,
+        action: Action,
+        query: Filter,
+        *,
+        dry_run: bool = False,
+        to: str | None = None,
+        force: bool = False,
+        any_phase: bool = False,
+        by: str | None = None,
+        why: str = "",
+        limit: int = MAX_BULK,
+    ) -> Bulk:
+        """``action`` (retry, unlock or cancel) on every document ``query`` selects, each
+        applied only while it still matches the filter and is as it was read (its phase
+        and lease): what moved meanwhile is skipped, not acted on. A retry sends each
+        document to ``to``, or to the phase of its own last error. ``dry_run``: nothing
+        is changed; the result says what would be. One audit entry records the whole.
+
+        :raises OperatorError: the filter selects more than ``limit`` documents
+        :raises UnhandledPhase: as for one document, for ``to`` or any error phase
+        """
+        live = await self.replicas()
+        target = to
+        if action is Action.CANCEL and target is None:
+            target = cancelled_phase(live)
+        if target is not None:
+            check_phase_name(target)
+            if not any_phase and not (action is Action.CANCEL and to is None):
+                check_target(query.collection, target, live, action=action)
+        total = await self.count(query, limit=limit + 1)
+        if total > limit:
+            raise OperatorError(
+                f"the filter selects more than {limit} documents: narrow it, or act in turns"
+            )
+        result = Bulk(action, query, dry_run, target)
+        now = await self.now()
+        plan = await self._plan(query, now, None)
+        if plan is None:
+            return result
+        seen_ids: set[str] = set()
+        after: str | None = None
+        while True:
+            _, rows, docs = await self._page(query, now, after, browsing.MAX_LIMIT)
+            for row, doc in zip(rows, docs, strict=True):
+                marker = row.ref or row.id
+                if marker in seen_ids:
+                    continue  # acted on already, and back in the list after its change
+                seen_ids.add(marker)
+                why_not = await self._one_of_many(
+                    action,
+                    query,
+                    plan,
+                    doc,
+                    row,
+                    target,
+                    force,
+                    any_phase,
+                    live,
+                    now,
+                    by,
+                    why,
+                    dry_run,
+                )
+                if why_not is None:
+                    result.changed.append(row)
+                else:
+                    result.skipped.append((row, why_not))
+            if len(docs) < browsing.MAX_LIMIT:
+                break
+            after = browsing.cursor(docs[-1], plan.sort)
+        if not dry_run:
+            scope = {**query.describe(), **({"to": target} if target else {})}
+            ids = [r.ref or r.id for r in result.changed]
+            await self._reports.append_audit(
+                self._audit,
+                operator_record(
+                    action=action.value,
+                    by=by or self.actor,
+                    why=why,
+                    at=now,
+                    collection=query.collection,
+                    scope=scope,
+                    documents=ids,
+                    count=len(result.changed),
+                ),
+            )
+        return result
+
+    async def _one_of_many(
+        self,
+        action: Action,
+        query: Filter,
+        plan: Plan,
+        doc: Document,
+        row: Row,
+        target: str | None,
+        force: bool,
+        any_phase: bool,
+        live: list[ReplicaRecord],
+        now: datetime,
+        by: str | None,
+        why: str,
+        dry_run: bool,
+    ) -> str | None:
+        """One document of a bulk action; why it was left alone, or None when it was
+        changed (or, ``dry_run``, would be)."""
+        to = target
+        if action is Action.RETRY and to is None:
+            to = error_phase(doc)
+            if to is None:
+                return "no recorded error phase to retry to"
+            if not any_phase:
+                try:
+                    check_target(query.collection, to, live, action=action)
+                except UnhandledPhase as exc:
+                    return str(exc)
+        if action is Action.RETRY and live_lease(doc, now) and not force:
+            return f"held by a live lease of {row.holder!r} (force to take it)"
+        if dry_run:
+            return None
+        if action is Action.UNLOCK:
+            update = queries.release_update()
+        else:
+            assert to is not None
+            update = queries.operator_move_update(to, now)
+        try:
+            await self._act(
+                query.collection,
+                doc,
+                update,
+                action,
+                now,
+                by,
+                why,
+                to if to is not None else doc.get("phase"),
+                extra=plan.query,
+            )
+        except (DocumentChanged, DocumentNotFound):
+            return "changed meanwhile (no longer as read, or no longer matching the filter)"
+        return None
+
+    # -- pauses ---------------------------------------------------------------------
+
+    async def pause(self, scope: Scope, *, by: str | None = None, why: str = "") -> bool:
+        """Pause ``scope`` on every replica: within a heartbeat interval none claims
+        anything of it (steps running finish). False when it was paused already."""
+        now = await self.now()
+        done = await self._reports.write_pause(
+            self._pauses, Pause(scope, by or self.actor, now, why), now
+        )
+        if done:
+            await self._record_pause("pause", scope, now, by, why)
+        return done
+
+    async def resume(self, scope: Scope, *, by: str | None = None, why: str = "") -> bool:
+        """End the pause of ``scope``: the replicas claim its work again at their next
+        heartbeat. False when it was not paused."""
+        done = await self._reports.remove_pause(self._pauses, scope)
+        if done:
+            await self._record_pause("resume", scope, await self.now(), by, why)
+        return done
+
+    async def pauses(self) -> list[Pause]:
+        """The pauses in force."""
+        return await self._reports.read_pauses(self._pauses)
+
+    async def audit(self, limit: int = 50) -> list[AuditEntry]:
+        """The audit trail, latest first: operators' actions, and leases taken over."""
+        return await self._reports.read_audit(self._audit, limit)
+
+    async def _record_pause(
+        self, action: str, scope: Scope, now: datetime, by: str | None, why: str
+    ) -> None:
+        described = {"phase": scope.phase or "", "handler": scope.handler or ""}
+        await self._reports.append_audit(
+            self._audit,
+            operator_record(
+                action=action,
+                by=by or self.actor,
+                why=why,
+                at=now,
+                collection=scope.collection,
+                scope=described,
+                documents=[],
+                count=0,
+            ),
+        )
+
+    # -- shared -----------------------------------------------------------------------
+
+    async def _record(
+        self,
+        action: Action,
+        collection: str,
+        scope: Mapping[str, Any],
+        ids: Sequence[Any],
+        now: datetime,
+        by: str | None,
+        why: str,
+    ) -> None:
+        await self._reports.append_audit(
+            self._audit,
+            operator_record(
+                action=action.value,
+                by=by or self.actor,
+                why=why,
+                at=now,
+                collection=collection,
+                scope=scope,
+                documents=[id_json_or_text(i) for i in ids],
+                count=len(ids),
+            ),
+        )
+
+    async def _history_length(self) -> int:
+        """Entries the live replicas keep (their ``history`` setting, the most common);
+        the default when none is live."""
+        live = await self.replicas()
+        if not live:
+            return history.DEFAULT_HISTORY
+        counts: dict[int, int] = {}
+        for record in live:
+            counts[record.history] = counts.get(record.history, 0) + 1
+        return max(sorted(counts), key=lambda n: counts[n])
+
+    async def _keys(self, collection: str) -> list[tuple[str, ...]]:
+        """The business keys of ``collection``: the unique keys ``submit`` indexed, and
+        those the live replicas declare (whose submits may not have run yet)."""
+        found = await self._reports.unique_keys(collection)
+        for keys in replicas.business_keys(await self.replicas(), collection):
+            if keys not in found:
+                found.append(keys)
+        return found
+
+    async def _work_collections(self, collections: Sequence[str] | None) -> list[str]:
+        present = await self._reports.collection_names()
+        if collections:
+            unknown = [c for c in collections if c not in present]
+            if unknown:
+                known = ", ".join(present) or "none"
+                raise ConfigError(
+                    f"unknown collection {', '.join(map(repr, unknown))} in database "
+                    f"{self._name!r} (it has: {known})"
+                )
+            return list(collections)
+        return [c for c in present if c not in self._own]
+
+    async def _check_collection(self, collection: str) -> None:
+        await self._work_collections([collection])
+
+    async def _ensure_indexes(self, collection: str) -> None:
+        if collection not in self._indexed:
+            await self._reports.ensure_indexes(collection)
+            self._indexed.add(collection)

@@ -37,7 +37,7 @@ from pymongo.errors import (
     ServerSelectionTimeoutError,
 )
 
-from orchestrator.core import queries
+from orchestrator.core import audit, pauses, queries
 from orchestrator.core.errors import ConfigError, StoreError
 from orchestrator.core.queries import as_utc
 from orchestrator.core.redact import redact
@@ -78,6 +78,7 @@ class AsyncStore:
         self._codec: CodecOptions[Document] = common.codec_options(db.codec_options)
         self._collections: dict[str, AsyncCollection[Document]] = {}
         self._unique_done: set[tuple[str, tuple[str, ...]]] = set()
+        self._audit_indexed: set[str] = set()
         self._lock = asyncio.Lock()
         self._legacy_hello = False
 
@@ -252,7 +253,7 @@ class AsyncStore:
             await self.ensure_index(
                 name,
                 [(k, 1) for k in keys],
-                index_name="orchestrator_unique_" + "_".join(keys),
+                index_name=queries.UNIQUE_PREFIX + "_".join(keys),
                 unique=True,
             )
             self._unique_done.add(marker)
@@ -359,6 +360,45 @@ class AsyncStore:
                 queries.replica_removal(replica_id, instance)
             )
         return result.deleted_count > 0
+
+    async def ensure_errors_index(self, name: str) -> str:
+        """The index serving the latest errors of each phase (``queries.ERRORS_INDEX``): the
+        status report's and the failed documents' list."""
+        return await self.ensure_index(
+            name, queries.ERRORS_INDEX, index_name=queries.ERRORS_INDEX_NAME, unique=False
+        )
+
+    # -- operators' controls ------------------------------------------------------------
+
+    MAX_PAUSES = 10_000
+    """Pauses read at most: a runaway writer of that collection costs a bounded read."""
+
+    async def read_pauses(self, name: str) -> list[pauses.Pause]:
+        """The operators' pauses in force (``pauses``); what is no pause is skipped."""
+        with driver_errors(f"read pauses from {name}"):
+            docs = await self.collection(name).find({}).limit(self.MAX_PAUSES).to_list()
+        return pauses.read_all(docs)
+
+    async def append_audit(self, name: str, entry: Mapping[str, Any]) -> None:
+        """Add ``entry`` to the audit trail, whose TTL index (and the index listing it
+        latest first) this store makes first, once."""
+        if name not in self._audit_indexed:
+            await self.ensure_index(
+                name,
+                audit.AUDIT_INDEX,
+                index_name=audit.AUDIT_INDEX_NAME,
+                unique=False,
+                expire_after=0,
+            )
+            await self.ensure_index(
+                name,
+                audit.AUDIT_ORDER_INDEX,
+                index_name=audit.AUDIT_ORDER_INDEX_NAME,
+                unique=False,
+            )
+            self._audit_indexed.add(name)
+        with driver_errors(f"append to {name}"):
+            await self.collection(name).insert_one(dict(entry))
 
     # -- collections --------------------------------------------------------------------
 

@@ -14,6 +14,7 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Protocol
 
+from orchestrator.core.pauses import Pause
 from orchestrator.core.replicas import ReplicaRecord
 from orchestrator.mongo.common import Document
 
@@ -84,3 +85,14 @@ class LeaseStore(Protocol):
 
     def remove_replica(self, replica_id: str, instance: str, name: str) -> bool:
         """Delete this process's record of ``replica_id``; False if it was not there."""
+
+    def ensure_errors_index(self, name: str) -> str:
+        """The index serving the latest errors of each phase (``queries.ERRORS_INDEX``);
+        its name."""
+
+    def read_pauses(self, name: str) -> list[Pause]:
+        """The operators' pauses in force; a document that is no pause is skipped."""
+
+    def append_audit(self, name: str, entry: Mapping[str, Any]) -> None:
+        """Add ``entry`` to the audit trail (``audit``), making its TTL index first if
+        this store has not yet."""

@@ -14,14 +14,18 @@ for the same write concern, and its clock is the one the replicas judge leases b
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any, Protocol
 
 from pymongo import ReturnDocument
 from pymongo.synchronous.database import Database
 
-from orchestrator.core import queries, replicas
+from orchestrator.core import audit, browse, queries, replicas
+from orchestrator.core.audit import AuditEntry
+from orchestrator.core.browse import Plan
+from orchestrator.core.pauses import Pause, Scope
+from orchestrator.core.queries import UNIQUE_PREFIX
 from orchestrator.core.replicas import REPLICAS_COLLECTION, ReplicaRecord
 from orchestrator.core.status import PhaseCount, RecentError
 from orchestrator.mongo._sync.store import Store
@@ -73,11 +77,13 @@ class ReportStore(Protocol):
         """
         ...
 
-    def latest_errors(self, name: str, limit: int) -> list[RecentError]:
-        """The documents carrying an error, most recent error first.
+    def latest_errors(self, name: str, limit: int, phases: Sequence[str]) -> list[RecentError]:
+        """The documents of ``phases`` carrying an error, most recent error first, read
+        through ``queries.ERRORS_INDEX`` (hinted: never a collection scan).
 
         :param name: the collection
         :param limit: at most this many
+        :param phases: the collection's phases (``phase_summary``'s)
         :return: each document's last error as a report shows it (the documents are read
             with only the fields a report needs: a document may be large, its error small)
         :raises StoreError: the read failed
@@ -91,6 +97,89 @@ class ReportStore(Protocol):
             listed, even if the TTL monitor has not deleted it yet
         :param name: the replicas' collection (their ``replicas_collection`` setting)
         :return: the records, by replica id; a document that is not a record is skipped
+        :raises StoreError: the read failed
+        """
+        ...
+
+    def phases(self, name: str) -> list[str]:
+        """The phases ``name``'s documents are in (``distinct``, served by the claim index).
+
+        :raises StoreError: the read failed
+        """
+        ...
+
+    def index_keys(self, name: str) -> list[list[tuple[str, Any]]]:
+        """The key patterns of ``name``'s indexes (none for an absent collection).
+
+        :raises StoreError: the listing failed
+        """
+        ...
+
+    def unique_keys(self, name: str) -> list[tuple[str, ...]]:
+        """The fields of ``name``'s unique indexes but ``_id``'s, ``submit``'s first
+        (``orchestrator_unique_*``): its documents' business keys.
+
+        :raises StoreError: the listing failed
+        """
+        ...
+
+    def browse(self, name: str, plan: Plan, limit: int) -> list[Document]:
+        """A page of documents: ``plan``'s query in its order through its hinted index,
+        without their history (``browse.LIST_PROJECTION``).
+
+        :raises StoreError: the read failed (a missing index among them: the hint names
+            an index the collection does not have)
+        """
+        ...
+
+    def count(self, name: str, plan: Plan, limit: int) -> int:
+        """How many documents ``plan`` selects, counted up to ``limit`` through its index.
+
+        :raises StoreError: the count failed
+        """
+        ...
+
+    def ensure_indexes(self, name: str) -> None:
+        """The indexes every list of ``name`` is served by (the claim index and the
+        errors index), made if missing: the replicas make them at start, and a tool
+        meeting a collection before its replicas were upgraded makes them itself.
+
+        :raises StoreError: listing or making them failed
+        """
+        ...
+
+    def read_pauses(self, name: str) -> list[Pause]:
+        """The pauses in force (``pauses``).
+
+        :raises StoreError: the read failed
+        """
+        ...
+
+    def write_pause(self, name: str, pause: Pause, at: datetime) -> bool:
+        """Record ``pause`` (one per scope); False when it was in force already (its
+        first author and time are kept).
+
+        :raises StoreError: the write failed
+        """
+        ...
+
+    def remove_pause(self, name: str, scope: Scope) -> bool:
+        """End the pause of ``scope``; False when there was none.
+
+        :raises StoreError: the write failed
+        """
+        ...
+
+    def append_audit(self, name: str, entry: Mapping[str, Any]) -> None:
+        """Add ``entry`` to the audit trail (``audit``).
+
+        :raises StoreError: the write failed
+        """
+        ...
+
+    def read_audit(self, name: str, limit: int) -> list[AuditEntry]:
+        """The latest ``limit`` entries of the audit trail, latest first.
+
         :raises StoreError: the read failed
         """
         ...
@@ -115,7 +204,7 @@ class ReportStore(Protocol):
         :param name: the collection
         :param query: which document, as the operator saw it (``queries.operator_guard``)
         :param update: the change (``queries.release_update``,
-            ``queries.operator_retry_update``)
+            ``queries.operator_move_update``)
         :return: the document after the change, or None when ``query`` matched nothing
             (the document is gone, or no longer as the operator saw it)
         :raises StoreError: the write failed, or no majority acknowledged it within the
@@ -155,13 +244,79 @@ class Reports:
             rows = cursor.to_list()
         return [PhaseCount.from_row(name, row) for row in rows]
 
-    def latest_errors(self, name: str, limit: int) -> list[RecentError]:
+    def latest_errors(self, name: str, limit: int, phases: Sequence[str]) -> list[RecentError]:
+        if not phases or limit <= 0:
+            return []
         with driver_errors(f"read errors of {name}"):
             cursor = self._store.collection(name).find(
-                queries.errors_filter(), queries.ERRORS_PROJECTION
+                queries.errors_filter(phases), queries.ERRORS_PROJECTION
             )
-            docs = cursor.sort(queries.ERRORS_SORT).limit(limit).to_list()
+            cursor = cursor.sort(queries.ERRORS_SORT).hint(queries.ERRORS_INDEX)
+            docs = cursor.limit(limit).to_list()
         return [RecentError.from_document(name, doc) for doc in docs]
+
+    def phases(self, name: str) -> list[str]:
+        with driver_errors(f"read the phases of {name}"):
+            found = self._store.collection(name).distinct("phase")
+        return sorted(p for p in found if isinstance(p, str))
+
+    def index_keys(self, name: str) -> list[list[tuple[str, Any]]]:
+        with driver_errors(f"list indexes of {name}"):
+            cursor = self._store.collection(name).list_indexes()
+            infos = cursor.to_list()
+        return [list(dict(info["key"]).items()) for info in infos if "key" in info]
+
+    def unique_keys(self, name: str) -> list[tuple[str, ...]]:
+        with driver_errors(f"list indexes of {name}"):
+            cursor = self._store.collection(name).list_indexes()
+            infos = cursor.to_list()
+        unique = [
+            (not str(info.get("name", "")).startswith(UNIQUE_PREFIX), tuple(dict(info["key"])))
+            for info in infos
+            if info.get("unique") and "key" in info and info.get("name") != "_id_"
+        ]
+        return [keys for _, keys in sorted(unique)]
+
+    def browse(self, name: str, plan: Plan, limit: int) -> list[Document]:
+        with driver_errors(f"browse {name}"):
+            cursor = self._store.collection(name).find(plan.query, browse.LIST_PROJECTION)
+            cursor = cursor.sort(plan.sort).hint(plan.hint).limit(limit)
+            return cursor.to_list()
+
+    def count(self, name: str, plan: Plan, limit: int) -> int:
+        with driver_errors(f"count in {name}"):
+            return self._store.collection(name).count_documents(
+                plan.query, hint=plan.hint, limit=limit
+            )
+
+    def ensure_indexes(self, name: str) -> None:
+        self._store.ensure_claim_index(name)
+        self._store.ensure_errors_index(name)
+
+    def read_pauses(self, name: str) -> list[Pause]:
+        return self._store.read_pauses(name)
+
+    def write_pause(self, name: str, pause: Pause, at: datetime) -> bool:
+        doc = pause.document(at)
+        with driver_errors(f"pause in {name}"):
+            result = self._store.collection(name).update_one(
+                {"_id": doc["_id"]}, {"$setOnInsert": doc}, upsert=True
+            )
+        return result.upserted_id is not None
+
+    def remove_pause(self, name: str, scope: Scope) -> bool:
+        with driver_errors(f"resume in {name}"):
+            result = self._store.collection(name).delete_one({"_id": scope.key})
+        return result.deleted_count > 0
+
+    def append_audit(self, name: str, entry: Mapping[str, Any]) -> None:
+        self._store.append_audit(name, entry)
+
+    def read_audit(self, name: str, limit: int) -> list[AuditEntry]:
+        with driver_errors(f"read the audit trail {name}"):
+            cursor = self._store.collection(name).find({}).sort(audit.AUDIT_SORT)
+            docs = cursor.limit(limit).to_list()
+        return [AuditEntry.read(doc) for doc in docs]
 
     def live_replicas(self, now: datetime, name: str = REPLICAS_COLLECTION) -> list[ReplicaRecord]:
         with driver_errors(f"read replicas from {name}"):

@@ -38,7 +38,7 @@ from pymongo.errors import (
 from pymongo.synchronous.collection import Collection
 from pymongo.synchronous.database import Database
 
-from orchestrator.core import queries
+from orchestrator.core import audit, pauses, queries
 from orchestrator.core.errors import ConfigError, StoreError
 from orchestrator.core.queries import as_utc
 from orchestrator.core.redact import redact
@@ -79,6 +79,7 @@ class Store:
         self._codec: CodecOptions[Document] = common.codec_options(db.codec_options)
         self._collections: dict[str, Collection[Document]] = {}
         self._unique_done: set[tuple[str, tuple[str, ...]]] = set()
+        self._audit_indexed: set[str] = set()
         self._lock = threading.Lock()
         self._legacy_hello = False
 
@@ -253,7 +254,7 @@ class Store:
             self.ensure_index(
                 name,
                 [(k, 1) for k in keys],
-                index_name="orchestrator_unique_" + "_".join(keys),
+                index_name=queries.UNIQUE_PREFIX + "_".join(keys),
                 unique=True,
             )
             self._unique_done.add(marker)
@@ -356,6 +357,45 @@ class Store:
         with driver_errors(f"remove replica {replica_id} from {name}"):
             result = self.collection(name).delete_one(queries.replica_removal(replica_id, instance))
         return result.deleted_count > 0
+
+    def ensure_errors_index(self, name: str) -> str:
+        """The index serving the latest errors of each phase (``queries.ERRORS_INDEX``): the
+        status report's and the failed documents' list."""
+        return self.ensure_index(
+            name, queries.ERRORS_INDEX, index_name=queries.ERRORS_INDEX_NAME, unique=False
+        )
+
+    # -- operators' controls ------------------------------------------------------------
+
+    MAX_PAUSES = 10_000
+    """Pauses read at most: a runaway writer of that collection costs a bounded read."""
+
+    def read_pauses(self, name: str) -> list[pauses.Pause]:
+        """The operators' pauses in force (``pauses``); what is no pause is skipped."""
+        with driver_errors(f"read pauses from {name}"):
+            docs = self.collection(name).find({}).limit(self.MAX_PAUSES).to_list()
+        return pauses.read_all(docs)
+
+    def append_audit(self, name: str, entry: Mapping[str, Any]) -> None:
+        """Add ``entry`` to the audit trail, whose TTL index (and the index listing it
+        latest first) this store makes first, once."""
+        if name not in self._audit_indexed:
+            self.ensure_index(
+                name,
+                audit.AUDIT_INDEX,
+                index_name=audit.AUDIT_INDEX_NAME,
+                unique=False,
+                expire_after=0,
+            )
+            self.ensure_index(
+                name,
+                audit.AUDIT_ORDER_INDEX,
+                index_name=audit.AUDIT_ORDER_INDEX_NAME,
+                unique=False,
+            )
+            self._audit_indexed.add(name)
+        with driver_errors(f"append to {name}"):
+            self.collection(name).insert_one(dict(entry))
 
     # -- collections --------------------------------------------------------------------
 

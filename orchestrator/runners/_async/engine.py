@@ -30,6 +30,7 @@ from orchestrator.mongo import AsyncLease, AsyncStore
 from orchestrator.mongo._async.clock import measure
 from orchestrator.mongo._async.contract import AsyncLeaseStore
 from orchestrator.mongo.common import Document, database_kind
+from orchestrator.runners._async.controls import AsyncPauseWatch
 from orchestrator.runners._async.replica import AsyncReplicaRecorder
 from orchestrator.runners._async.steps import AsyncSteps
 from orchestrator.runners.books import Books
@@ -103,8 +104,14 @@ class AsyncOrchestrator:
         self._crew = AsyncWorkers(self._books, self._work, name)
         self._books.hire(self._crew)
         self._calls = AsyncHandlerCalls(name, self.settings.max_concurrency)
+        self._pauses = AsyncPauseWatch(
+            store=self._store,
+            settings=self.settings,
+            report=self._report,
+            apply=self._books.pause,
+        )
         self._registration = Registration(
-            Registry(self.settings), self._calls.check, self._books.register
+            Registry(self.settings), self._calls.check, self._registered
         )
         self._steps = AsyncSteps(
             engine=self,
@@ -124,7 +131,13 @@ class AsyncOrchestrator:
             books=self._books,
             report=self._report,
             engine="threaded" if _IS_SYNC else "async",
+            registry=self._registration.registry,
+            paused=lambda: self._pauses.scopes,
         )
+
+    def _registered(self, handlers: list[Handler]) -> None:
+        self._books.register(handlers)
+        self._pauses.registered(handlers)
 
     @property
     def replica_id(self) -> str:
@@ -184,6 +197,7 @@ class AsyncOrchestrator:
         collections, unique = self._registration.indexes()
         for collection in collections:
             await self._store.ensure_claim_index(collection)
+            await self._store.ensure_errors_index(collection)
         for collection, keys in unique:
             await self._store.ensure_unique(collection, keys)
 
@@ -266,10 +280,12 @@ class AsyncOrchestrator:
 
     async def heartbeat(self) -> int:
         """Extend the leases of steps running past half the lock timeout, take back those
-        past ``step_timeout``, and refresh this replica's record while it is started. The
-        loop calls this on its own; returns leases extended."""
+        past ``step_timeout``, read the operators' pauses, and refresh this replica's
+        record while it is started. The loop calls this on its own; returns leases
+        extended."""
         self._crew.enter()
         extended = await self._steps.heartbeat()
+        await self._pauses.read()
         await self._record.refresh()
         return extended
 
@@ -290,6 +306,7 @@ class AsyncOrchestrator:
             raise OrchestratorError("this orchestrator is already started")
         await self.ensure_indexes()
         await measure(self.clock, self._store)  # raises if the server's clock cannot be read
+        await self._pauses.read()  # a replica starting never claims paused work
         await self._record.begin()
         timer = self._crew.timer()
         timer.add_job(self._background_tick, "interval", seconds=self.settings.tick, id="tick")

@@ -10,6 +10,7 @@ import os
 import secrets
 import socket
 import threading
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
@@ -17,6 +18,7 @@ from orchestrator.core import replicas
 from orchestrator.core.clock import ServerClock
 from orchestrator.core.errors import OrchestratorError
 from orchestrator.core.extras import library_version
+from orchestrator.core.registry import Registry
 from orchestrator.core.settings import Settings
 from orchestrator.mongo._async.contract import AsyncLeaseStore
 from orchestrator.mongo._async.lease import AsyncLease
@@ -40,6 +42,8 @@ class AsyncReplicaRecorder:
         books: Books[AsyncLease[Any]],
         report: Reporter,
         engine: str,
+        registry: Registry,
+        paused: Callable[[], list[str]],
     ) -> None:
         self._store = store
         self._clock = clock
@@ -47,6 +51,8 @@ class AsyncReplicaRecorder:
         self._books = books
         self._report = report
         self._engine = engine
+        self._registry = registry
+        self._paused = paused
         self._lock = threading.Lock()  # the flags below, read and set from any worker
         self.instance = secrets.token_hex(8)
         """This process's record, not a namesake's."""
@@ -82,6 +88,18 @@ class AsyncReplicaRecorder:
             tick=settings.tick,
             max_concurrency=settings.max_concurrency,
             steps=steps,
+            handlers=[
+                replicas.HandlerInfo(h.collection, h.phase, h.name, h.key, h.failed_phase)
+                for h in self._registry.handlers
+            ],
+            unique=[
+                (collection, keys)
+                for collection, key_sets in list(self._registry.unique.items())
+                for keys in tuple(key_sets)
+            ],
+            cancelled_phase=settings.cancelled_phase,
+            history=settings.history,
+            paused=self._paused(),
         )
 
     async def begin(self) -> None:

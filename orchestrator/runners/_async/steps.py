@@ -16,10 +16,11 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from orchestrator.core import queries, scheduler, steps
+from orchestrator.core import audit, history, queries, scheduler, steps
 from orchestrator.core.clock import Clock, ServerClock
 from orchestrator.core.errors import LeaseLost, StoreError
 from orchestrator.core.lease import Outcome
+from orchestrator.core.operator import id_json_or_text
 from orchestrator.core.outcomes import StepOutcome
 from orchestrator.core.registry import Handler
 from orchestrator.core.scheduler import Action, Claim, Probe
@@ -144,6 +145,16 @@ class AsyncSteps:
         now = self._clock.now()
         until = now + timedelta(seconds=self._settings.lock_timeout)
         due: list[datetime | None] = []
+        taken: list[str | None] = []
+        timing = self._report.events.active
+
+        def seen(before: dict[str, Any]) -> None:
+            # Whose expired lease it takes over, and (if listened to) how long it was due,
+            # are read from its fields before the claim.
+            taken.append(steps.taken_from(before))
+            if timing:
+                due.append(queries.due_since(before))
+
         try:
             doc = await self._store.claim(
                 handler.collection,
@@ -152,10 +163,7 @@ class AsyncSteps:
                 self._settings.horizon,
                 handler.exclusion,
                 queries.claim_update(now, until, token, self._settings.replica_id),
-                # How long it was due is read from its fields before the claim, if listened to.
-                (lambda before: due.append(queries.due_since(before)))
-                if self._report.events.active
-                else None,
+                seen,
             )
         except StoreError as exc:
             # The database is unreachable (or the reply was lost after the claim applied:
@@ -180,9 +188,34 @@ class AsyncSteps:
             token=token,
             claimed_at=now,
             expires_at=until,
+            taken_from=taken[0] if taken else None,
         )
+        if lease.taken_from is not None:
+            await self._taken_over(lease, now)
         latency = steps.claim_latency(now, due[0] if due else None)
         return Step(lease, self._books.next_number(), self._local.monotonic(), latency)
+
+    async def _taken_over(self, lease: Held, now: datetime) -> None:
+        """Say that this claim took over a dead (or stalled) replica's lease: in the log, the
+        counts, and the audit trail (one write, on a take-over only), which the operators'
+        tools show beside the replicas."""
+        self._report.taken_over(lease)
+        self._books.count("taken_over")
+        assert lease.taken_from is not None
+        entry = audit.takeover_record(
+            at=now,
+            by=self._settings.replica_id,
+            taken_from=lease.taken_from,
+            collection=lease.collection,
+            document=id_json_or_text(lease.id),
+            phase=lease.phase,
+        )
+        try:
+            await self._store.append_audit(self._settings.audit_collection, entry)
+        except StoreError as exc:
+            self._report.log(
+                logging.WARNING, f"could not record the take-over: {exc}", lease, "taken-over"
+            )
 
     # -- a step -------------------------------------------------------------------------
 
@@ -292,8 +325,11 @@ class AsyncSteps:
         own error, which after the step's own outcome is only noted (that outcome stands
         and is returned); a time-out records only on a lease still held."""
         lease = step.lease
+        trace = history.trace_text(exc, self._settings.traceback_chars) if exc else None
         try:
-            recorded = await lease.record_error(kind, message, permanent=permanent, after=after)
+            recorded = await lease.record_error(
+                kind, message, permanent=permanent, after=after, trace=trace
+            )
         except LeaseLost as lost:
             if not lease.lost:
                 # The step's own outcome, or its attempt's record, landed first: it stands.

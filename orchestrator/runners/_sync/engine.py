@@ -31,6 +31,7 @@ from orchestrator.mongo import Lease, Store
 from orchestrator.mongo._sync.clock import measure
 from orchestrator.mongo._sync.contract import LeaseStore
 from orchestrator.mongo.common import Document, database_kind
+from orchestrator.runners._sync.controls import PauseWatch
 from orchestrator.runners._sync.replica import ReplicaRecorder
 from orchestrator.runners._sync.steps import Steps
 from orchestrator.runners.books import Books
@@ -104,8 +105,14 @@ class Orchestrator:
         self._crew = Workers(self._books, self._work, name)
         self._books.hire(self._crew)
         self._calls = HandlerCalls(name, self.settings.max_concurrency)
+        self._pauses = PauseWatch(
+            store=self._store,
+            settings=self.settings,
+            report=self._report,
+            apply=self._books.pause,
+        )
         self._registration = Registration(
-            Registry(self.settings), self._calls.check, self._books.register
+            Registry(self.settings), self._calls.check, self._registered
         )
         self._steps = Steps(
             engine=self,
@@ -125,7 +132,13 @@ class Orchestrator:
             books=self._books,
             report=self._report,
             engine="threaded" if _IS_SYNC else "async",
+            registry=self._registration.registry,
+            paused=lambda: self._pauses.scopes,
         )
+
+    def _registered(self, handlers: list[Handler]) -> None:
+        self._books.register(handlers)
+        self._pauses.registered(handlers)
 
     @property
     def replica_id(self) -> str:
@@ -185,6 +198,7 @@ class Orchestrator:
         collections, unique = self._registration.indexes()
         for collection in collections:
             self._store.ensure_claim_index(collection)
+            self._store.ensure_errors_index(collection)
         for collection, keys in unique:
             self._store.ensure_unique(collection, keys)
 
@@ -265,10 +279,12 @@ class Orchestrator:
 
     def heartbeat(self) -> int:
         """Extend the leases of steps running past half the lock timeout, take back those
-        past ``step_timeout``, and refresh this replica's record while it is started. The
-        loop calls this on its own; returns leases extended."""
+        past ``step_timeout``, read the operators' pauses, and refresh this replica's
+        record while it is started. The loop calls this on its own; returns leases
+        extended."""
         self._crew.enter()
         extended = self._steps.heartbeat()
+        self._pauses.read()
         self._record.refresh()
         return extended
 
@@ -289,6 +305,7 @@ class Orchestrator:
             raise OrchestratorError("this orchestrator is already started")
         self.ensure_indexes()
         measure(self.clock, self._store)  # raises if the server's clock cannot be read
+        self._pauses.read()  # a replica starting never claims paused work
         self._record.begin()
         timer = self._crew.timer()
         timer.add_job(self._background_tick, "interval", seconds=self.settings.tick, id="tick")

@@ -11,6 +11,7 @@ import os
 import secrets
 import socket
 import threading
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
@@ -18,6 +19,7 @@ from orchestrator.core import replicas
 from orchestrator.core.clock import ServerClock
 from orchestrator.core.errors import OrchestratorError
 from orchestrator.core.extras import library_version
+from orchestrator.core.registry import Registry
 from orchestrator.core.settings import Settings
 from orchestrator.mongo._sync.contract import LeaseStore
 from orchestrator.mongo._sync.lease import Lease
@@ -41,6 +43,8 @@ class ReplicaRecorder:
         books: Books[Lease[Any]],
         report: Reporter,
         engine: str,
+        registry: Registry,
+        paused: Callable[[], list[str]],
     ) -> None:
         self._store = store
         self._clock = clock
@@ -48,6 +52,8 @@ class ReplicaRecorder:
         self._books = books
         self._report = report
         self._engine = engine
+        self._registry = registry
+        self._paused = paused
         self._lock = threading.Lock()  # the flags below, read and set from any worker
         self.instance = secrets.token_hex(8)
         """This process's record, not a namesake's."""
@@ -83,6 +89,18 @@ class ReplicaRecorder:
             tick=settings.tick,
             max_concurrency=settings.max_concurrency,
             steps=steps,
+            handlers=[
+                replicas.HandlerInfo(h.collection, h.phase, h.name, h.key, h.failed_phase)
+                for h in self._registry.handlers
+            ],
+            unique=[
+                (collection, keys)
+                for collection, key_sets in list(self._registry.unique.items())
+                for keys in tuple(key_sets)
+            ],
+            cancelled_phase=settings.cancelled_phase,
+            history=settings.history,
+            paused=self._paused(),
         )
 
     def begin(self) -> None:

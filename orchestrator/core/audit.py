@@ -1,0 +1,136 @@
+"""The audit trail: every operator's action, and every expired lease a replica took over.
+
+One document per event in ``Settings.audit_collection``, each carrying its own expiry
+(``expiresAt``, ``AUDIT_RETENTION`` after it by default), deleted by one TTL index as the
+replicas' records are: the trail is bounded in time whatever the rate of actions. A
+document's own history (``history``) says the same of that document; the trail says it
+of the deployment (a bulk retry is one entry naming its filter and count, a replica's
+death the leases taken from it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from enum import StrEnum
+from typing import Any
+
+from orchestrator.core.queries import as_utc, bson_time
+
+AUDIT_COLLECTION = "orchestrator.audit"
+AUDIT_RETENTION = 90 * 86_400.0
+"""Seconds an entry is kept."""
+AUDIT_INDEX: list[tuple[str, int]] = [("expiresAt", 1)]
+AUDIT_INDEX_NAME = "orchestrator_audit_expiry"
+AUDIT_SORT: list[tuple[str, int]] = [("at", -1), ("_id", -1)]
+AUDIT_ORDER_INDEX: list[tuple[str, int]] = AUDIT_SORT
+AUDIT_ORDER_INDEX_NAME = "orchestrator_audit_order"
+
+
+class AuditKind(StrEnum):
+    OPERATOR = "operator"
+    TAKEOVER = "takeover"
+
+
+def operator_record(
+    *,
+    action: str,
+    by: str,
+    why: str,
+    at: datetime,
+    collection: str,
+    scope: Mapping[str, Any],
+    documents: Sequence[str],
+    count: int,
+    retention: float = AUDIT_RETENTION,
+) -> dict[str, Any]:
+    """An operator's action: ``scope`` the filter or pause it named (as text),
+    ``documents`` the ids it changed (their first hundred, as Extended JSON), ``count``
+    how many it changed."""
+    return {
+        "kind": AuditKind.OPERATOR.value,
+        "at": bson_time(at),
+        "expiresAt": bson_time(at + timedelta(seconds=retention)),
+        "by": by,
+        "action": action,
+        "why": why,
+        "collection": collection,
+        "scope": dict(scope),
+        "documents": list(documents[:100]),
+        "count": count,
+    }
+
+
+def takeover_record(
+    *, at: datetime, by: str, taken_from: str, collection: str, document: str, phase: Any
+) -> dict[str, Any]:
+    """Replica ``by`` claimed ``document``, whose lease ``taken_from`` held and never
+    released: that replica died, stalled or lost the database."""
+    return {
+        "kind": AuditKind.TAKEOVER.value,
+        "at": bson_time(at),
+        "expiresAt": bson_time(at + timedelta(seconds=AUDIT_RETENTION)),
+        "by": by,
+        "action": "takeover",
+        "why": f"the lease of {taken_from} expired unreleased",
+        "takenFrom": taken_from,
+        "collection": collection,
+        "scope": {"phase": phase},
+        "documents": [document],
+        "count": 1,
+    }
+
+
+@dataclass(frozen=True)
+class AuditEntry:
+    """An entry as tools show it, whatever the stored document held."""
+
+    kind: str
+    at: datetime | None
+    by: str
+    action: str
+    why: str
+    collection: str
+    scope: dict[str, str]
+    documents: tuple[str, ...]
+    count: int
+    taken_from: str | None
+
+    @classmethod
+    def read(cls, doc: Mapping[str, Any]) -> AuditEntry:
+        at, scope, docs, count = (
+            doc.get("at"),
+            doc.get("scope"),
+            doc.get("documents"),
+            doc.get("count"),
+        )
+        taken = doc.get("takenFrom")
+        return cls(
+            kind=str(doc.get("kind", "?")),
+            at=as_utc(at) if isinstance(at, datetime) else None,
+            by=str(doc.get("by", "")),
+            action=str(doc.get("action", "?")),
+            why=str(doc.get("why", "")),
+            collection=str(doc.get("collection", "")),
+            scope={str(k): str(v) for k, v in scope.items()} if isinstance(scope, dict) else {},
+            documents=tuple(str(d) for d in docs) if isinstance(docs, list) else (),
+            count=count if isinstance(count, int) and not isinstance(count, bool) else 0,
+            taken_from=None if taken is None else str(taken),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        data = {name: getattr(self, name) for name in self.__dataclass_fields__}
+        data["at"] = self.at.isoformat() if self.at is not None else None
+        data["documents"] = list(self.documents)
+        return data
+
+
+__all__ = [
+    "AUDIT_COLLECTION",
+    "AUDIT_RETENTION",
+    "AuditEntry",
+    "AuditKind",
+    "operator_record",
+    "takeover_record",
+]

@@ -1,0 +1,427 @@
+"""Finding documents: an operator's filter, as the one query, order and index that serve it.
+
+Every tool pages through documents the same way (the page, ``orchestrator find``, the JSON
+API, and the bulk actions, which act on what a filter selects): a ``Filter`` becomes a
+``Plan``, a query with a sort that an index provides and a hint naming that index, so
+no filter ever costs a collection scan, and pages follow each other by keyset (the next
+page starts after the last document shown, by the sort's own fields), never by skipping.
+
+Which index serves which filter (``plan``):
+
+- phase, lease state (leased, overdue, waiting, free), or none: the claim index
+  ``CLAIM_INDEX`` (phase, lockedUntil, updatedAt, _id), in its order. Without a phase the
+  query names every phase the collection has (``$in``, from ``distinct``, itself served
+  by the index), which the server merges in index order.
+- failed (a recorded error), and an error type: ``ERRORS_INDEX`` (phase,
+  lastError.at desc, _id desc): the latest errors first.
+- a business key (``FIELD=VALUE``): an index whose first field is FIELD (the unique
+  index of ``submit``'s keys, or one of the application's); a field no index starts
+  with is refused (``UnindexedField``), naming the indexes there are.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+from bson import json_util
+from bson.errors import BSONError
+from bson.json_util import CANONICAL_JSON_OPTIONS
+
+from orchestrator.core import queries
+from orchestrator.core.errors import OperatorError
+from orchestrator.core.history import HISTORY_FIELD
+from orchestrator.core.queries import CLAIM_INDEX, ERRORS_INDEX, bson_time
+
+MAX_LIMIT = 500
+"""Most documents one page holds."""
+DEFAULT_LIMIT = 50
+
+
+class LeaseState(StrEnum):
+    """A document's lease state, as the status counts judge it (``queries.status_pipeline``):
+    ``leased`` a live lease holds it; ``overdue`` a lease past its expiry still names it
+    (its holder died or is stuck: claimable); ``waiting`` it sits out a relock or retry;
+    ``free`` none of those (claimable now, unless its handler failed it); ``failed`` its
+    latest attempt failed (it carries an error)."""
+
+    LEASED = "leased"
+    OVERDUE = "overdue"
+    WAITING = "waiting"
+    FREE = "free"
+    FAILED = "failed"
+
+
+class UnindexedField(OperatorError):
+    """A filter on a field no index starts with: it would scan the collection."""
+
+
+@dataclass(frozen=True)
+class Filter:
+    """What an operator asks for in one collection: any of the phases ``phases`` (none:
+    every phase), in lease state ``state``, whose last error is of type ``error_type``,
+    whose fields equal ``fields`` (a business key: ``FIELD=VALUE`` pairs)."""
+
+    collection: str
+    phases: tuple[str, ...] = ()
+    state: LeaseState | None = None
+    error_type: str | None = None
+    fields: tuple[tuple[str, Any], ...] = ()
+
+    def __post_init__(self) -> None:
+        for phase in self.phases:
+            if not isinstance(phase, str) or not phase or phase.startswith("$"):
+                raise OperatorError(f"{phase!r} is not a phase name")
+        for name, _ in self.fields:
+            if not name or name.startswith("$") or "\x00" in name or name.endswith("."):
+                raise OperatorError(f"{name!r} is not a field name")
+        if self.error_type is not None and not self.error_type:
+            raise OperatorError("an error type is a name, not empty")
+
+    def describe(self) -> dict[str, Any]:
+        """The filter as operators read it, and as the audit trail keeps it."""
+        shown: dict[str, Any] = {"collection": self.collection}
+        if self.phases:
+            shown["phase"] = list(self.phases)
+        if self.state is not None:
+            shown["state"] = self.state.value
+        if self.error_type is not None:
+            shown["error"] = self.error_type
+        for name, value in self.fields:
+            shown[name] = _plain(value)
+        return shown
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A filter's query at one moment, the order that pages it, and the index that serves
+    both (``hint``: its key pattern, so an equivalent index of the application's serves
+    too, and a missing one fails loudly instead of scanning)."""
+
+    query: dict[str, Any]
+    sort: list[tuple[str, int]]
+    hint: list[tuple[str, int]]
+    index: str = field(default="")
+    """Which index serves it, in words (for operators, and the closing note)."""
+
+
+LEASE_ORDER: list[tuple[str, int]] = [(name, 1) for name, _ in CLAIM_INDEX[1:]]
+"""lockedUntil, updatedAt, _id: the claim index's order within a phase (the next to be
+claimed first)."""
+ERROR_ORDER: list[tuple[str, int]] = list(ERRORS_INDEX[1:])
+"""The latest error first."""
+
+LIST_PROJECTION: dict[str, Any] = {HISTORY_FIELD: 0}
+"""A list shows a document's lease and key, never its history (up to ``MAX_HISTORY``
+entries with tracebacks)."""
+
+
+def state_condition(state: LeaseState, now: datetime) -> dict[str, Any]:
+    """The documents in ``state`` at ``now`` (the server's time), as a query: the status
+    pipeline's judgement in query form (a date ``lockedUntil`` after ``now`` is live;
+    anything else, missing and malformed values included, is not)."""
+    at = bson_time(now)
+    live = {"lockedUntil": {"$gt": at}}
+    not_live = {"lockedUntil": {"$not": {"$gt": at}}}
+    held = {"lockToken": {"$ne": None}}
+    free = {"lockToken": None}
+    if state is LeaseState.LEASED:
+        return {"$and": [held, live]}
+    if state is LeaseState.OVERDUE:
+        return {"$and": [held, not_live]}
+    if state is LeaseState.WAITING:
+        return {"$and": [free, live]}
+    if state is LeaseState.FREE:
+        return {"$and": [free, not_live]}
+    return {"lastError": {"$ne": None}}
+
+
+def plan(
+    browse: Filter,
+    now: datetime,
+    every_phase: Sequence[str],
+    indexes: Sequence[Sequence[tuple[str, Any]]],
+    after: str | None = None,
+) -> Plan:
+    """The query serving ``browse`` at ``now``; ``every_phase``: the collection's phases
+    (``distinct``), for a filter naming none; ``indexes``: the collection's indexes' key
+    patterns (a business key needs one); ``after``: the cursor of the page before
+    (``cursor``), or None for the first page."""
+    phases = list(browse.phases) or sorted(set(every_phase))
+    parts: list[dict[str, Any]] = [{"phase": phases[0] if len(phases) == 1 else {"$in": phases}}]
+    if browse.state is not None:
+        parts.append(state_condition(browse.state, now))
+    if browse.error_type is not None:
+        parts.append({"lastError.type": {"$eq": browse.error_type}})
+    for name, value in browse.fields:
+        parts.append({name: {"$eq": value}})
+    if browse.fields:
+        first = browse.fields[0][0]
+        hint = _index_starting(first, indexes)
+        if hint is None:
+            shown = ", ".join("(" + ", ".join(k for k, _ in keys) + ")" for keys in indexes)
+            raise UnindexedField(
+                f"no index of {browse.collection!r} starts with {first!r}, so finding by it "
+                f"would scan the collection; its indexes: {shown or 'none'}. Filter by a "
+                "field an index starts with (submit's unique keys are indexed), or create one"
+            )
+        sort: list[tuple[str, int]] = [("_id", 1)]
+        served = f"the index on ({', '.join(k for k, _ in hint)})"
+    elif browse.state is LeaseState.FAILED or browse.error_type is not None:
+        hint, sort = list(ERRORS_INDEX), ERROR_ORDER
+        served = f"{queries.ERRORS_INDEX_NAME} (phase, lastError.at desc, _id desc)"
+    else:
+        hint, sort = list(CLAIM_INDEX), LEASE_ORDER
+        served = f"{queries.CLAIM_INDEX_NAME} (phase, lockedUntil, updatedAt, _id)"
+    if after is not None:
+        parts.append(_after(sort, _decode(after, len(sort))))
+    query = parts[0] if len(parts) == 1 else {"$and": parts}
+    return Plan(query=query, sort=sort, hint=hint, index=served)
+
+
+def judge(doc: Mapping[str, Any], now: datetime) -> LeaseState:
+    """``doc``'s lease state at ``now`` (leased, overdue, waiting or free), as
+    ``state_condition`` and the status counts judge it: a lease token with a date
+    ``lockedUntil`` after ``now`` is leased, with anything else overdue; no token and a
+    later date is waiting; anything else is free."""
+    until = doc.get("lockedUntil")
+    live = isinstance(until, datetime) and queries.as_utc(until) > queries.as_utc(now)
+    if doc.get("lockToken") is not None:
+        return LeaseState.LEASED if live else LeaseState.OVERDUE
+    return LeaseState.WAITING if live else LeaseState.FREE
+
+
+@dataclass(frozen=True)
+class Row:
+    """A document as a list shows it, every part as text whatever the stored fields hold:
+    ``id`` its id as text, ``ref`` as canonical Extended JSON (exact, for links and
+    actions; None when it has none); ``key`` its business key (``FIELD=VALUE``), ``state``
+    its lease state, ``failed_by`` the handler (by name where a live replica publishes
+    it) that gave up on it and leaves it alone in its failed phase."""
+
+    id: str
+    ref: str | None
+    key: str | None
+    phase: str | None
+    state: LeaseState
+    holder: str | None
+    until: datetime | None
+    attempts: int
+    error_type: str | None
+    error_message: str | None
+    error_at: datetime | None
+    failed_by: str | None
+    updated_at: datetime | None
+
+    @classmethod
+    def read(
+        cls,
+        doc: Mapping[str, Any],
+        now: datetime,
+        keys: Sequence[tuple[str, ...]] = (),
+        names: Mapping[str, str] | None = None,
+    ) -> Row:
+        state = judge(doc, now)
+        error = doc.get("lastError")
+        kind = message = at = None
+        if isinstance(error, Mapping):
+            kind, message, at = error.get("type"), error.get("message"), error.get("at")
+        elif error is not None:
+            kind, message = "?", error
+        until, updated = doc.get("lockedUntil"), doc.get("updatedAt")
+        attempts, holder, mark = doc.get("attempts"), doc.get("lockedBy"), doc.get("failedBy")
+        return cls(
+            id=_text(doc.get("_id")),
+            ref=_ref(doc.get("_id")),
+            key=business_key(doc, keys),
+            phase=None if doc.get("phase") is None else _text(doc.get("phase")),
+            state=state,
+            holder=_text(holder)
+            if holder is not None and state in (LeaseState.LEASED, LeaseState.OVERDUE)
+            else None,
+            until=queries.as_utc(until) if isinstance(until, datetime) else None,
+            attempts=attempts
+            if isinstance(attempts, int) and not isinstance(attempts, bool)
+            else 0,
+            error_type=None if kind is None else _text(kind),
+            error_message=None if message is None else _text(message),
+            error_at=queries.as_utc(at) if isinstance(at, datetime) else None,
+            failed_by=None if mark is None else (names or {}).get(_text(mark), _text(mark)),
+            updated_at=queries.as_utc(updated) if isinstance(updated, datetime) else None,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        data = {name: getattr(self, name) for name in self.__dataclass_fields__}
+        for name in ("until", "error_at", "updated_at"):
+            data[name] = data[name].isoformat() if data[name] is not None else None
+        data["state"] = self.state.value
+        return data
+
+
+def business_key(doc: Mapping[str, Any], keys: Sequence[tuple[str, ...]]) -> str | None:
+    """``doc``'s business key as ``FIELD=VALUE`` (joined by ``, `` for a compound key),
+    from the first of ``keys`` it has every field of; None when none."""
+    for fields in keys:
+        values = [_get(doc, name) for name in fields]
+        if all(v is not None for v in values):
+            return ", ".join(f"{n}={_text(v)}" for n, v in zip(fields, values, strict=True))
+    return None
+
+
+def _ref(doc_id: Any) -> str | None:
+    try:
+        return json_util.dumps(doc_id, json_options=CANONICAL_JSON_OPTIONS)
+    except (TypeError, ValueError, BSONError):
+        return None
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else str(value)
+
+
+def cursor(doc: Mapping[str, Any], sort: Sequence[tuple[str, int]]) -> str:
+    """The cursor of the page after ``doc`` (the last of a page), in ``sort``'s order:
+    its sort values, as canonical Extended JSON, base64url-encoded for a link."""
+    values = [_get(doc, name) for name, _ in sort]
+    text = json_util.dumps(values, json_options=CANONICAL_JSON_OPTIONS)
+    return base64.urlsafe_b64encode(text.encode()).decode().rstrip("=")
+
+
+def _decode(token: str, count: int) -> list[Any]:
+    try:
+        text = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)).decode()
+        values = json_util.loads(text, json_options=CANONICAL_JSON_OPTIONS)
+    except (ValueError, TypeError, BSONError, binascii.Error, UnicodeDecodeError):
+        raise OperatorError(f"malformed page cursor {token[:40]!r}") from None
+    if not isinstance(values, list) or len(values) != count:
+        raise OperatorError("the page cursor is not one of this list's (start again)")
+    return values
+
+
+_TYPE_ORDER = (
+    "null",
+    "number",
+    "string",
+    "object",
+    "array",
+    "binData",
+    "objectId",
+    "bool",
+    "date",
+)
+"""BSON's comparison order of the types a document's fields hold (symbol sorts as a
+string; minKey, timestamp, regex and maxKey, which no writer stores in a lease field or
+an id, are left out). ``$gt`` compares within a type only, so a keyset condition adds
+the types ranked after the last value's."""
+
+
+def _rank(value: Any) -> int:
+    if value is None:
+        return 0
+    if isinstance(value, bool):
+        return 7
+    if isinstance(value, int | float):
+        return 1
+    if isinstance(value, str):
+        return 2
+    if isinstance(value, datetime):
+        return 8
+    if isinstance(value, list):
+        return 4
+    if isinstance(value, bytes):
+        return 5
+    return 6 if type(value).__name__ == "ObjectId" else 3
+
+
+def _beyond(name: str, value: Any, direction: int) -> dict[str, Any]:
+    """``name`` after ``value`` in ``direction`` (1 ascending, -1 descending), across
+    types as BSON orders them (null and missing alike, first)."""
+    rank = _rank(value)
+    types = _TYPE_ORDER[rank + 1 :] if direction == 1 else _TYPE_ORDER[:rank]
+    branches: list[dict[str, Any]] = [
+        {name: None} if kind == "null" else {name: {"$type": kind}} for kind in types
+    ]
+    if value is not None:
+        branches.insert(0, {name: {"$gt" if direction == 1 else "$lt": value}})
+    if not branches:
+        return {name: {"$in": []}}  # nothing comes after: the last possible value
+    return branches[0] if len(branches) == 1 else {"$or": branches}
+
+
+def _after(sort: Sequence[tuple[str, int]], values: Sequence[Any]) -> dict[str, Any]:
+    """The documents after the one whose sort values are ``values``: later in the first
+    field, or equal in it and later in the next, and so on (the last field is ``_id``,
+    unique, so no two documents tie)."""
+    branches = []
+    for i, (name, direction) in enumerate(sort):
+        beyond = _beyond(name, values[i], direction)
+        equal = {
+            n: ({"$eq": v} if v is not None else None)
+            for (n, _), v in zip(sort[:i], values[:i], strict=True)
+        }
+        branches.append({**equal, **beyond} if equal else beyond)
+    return {"$or": branches}
+
+
+def _get(doc: Mapping[str, Any], path: str) -> Any:
+    value: Any = doc
+    for part in path.split("."):
+        if not isinstance(value, Mapping):
+            return None
+        value = value.get(part)
+    return bson_time(value) if isinstance(value, datetime) else value
+
+
+def _index_starting(
+    name: str, indexes: Sequence[Sequence[tuple[str, Any]]]
+) -> list[tuple[str, Any]] | None:
+    """The shortest index whose first field is ``name``."""
+    found = [list(keys) for keys in indexes if keys and keys[0][0] == name]
+    return min(found, key=len) if found else None
+
+
+def _plain(value: Any) -> Any:
+    return value if isinstance(value, str | int | float | bool) or value is None else str(value)
+
+
+def parse_fields(pairs: Sequence[str]) -> tuple[tuple[str, Any], ...]:
+    """``FIELD=VALUE`` pairs as typed: the value is Extended JSON when it parses as such
+    (``n=42`` is the integer, ``n="42"`` the string), else the text as it is."""
+    out = []
+    for pair in pairs:
+        name, sep, raw = pair.partition("=")
+        if not sep or not name:
+            raise OperatorError(f"{pair!r} is not FIELD=VALUE")
+        try:
+            value = json_util.loads(raw, json_options=CANONICAL_JSON_OPTIONS)
+        except (ValueError, TypeError, BSONError):
+            value = raw
+        if isinstance(value, dict | list):
+            raise OperatorError(f"{pair!r}: a key's value is a string, number or id, not {raw}")
+        out.append((name, value))
+    return tuple(out)
+
+
+__all__ = [
+    "DEFAULT_LIMIT",
+    "ERROR_ORDER",
+    "LEASE_ORDER",
+    "LIST_PROJECTION",
+    "MAX_LIMIT",
+    "Filter",
+    "LeaseState",
+    "Plan",
+    "Row",
+    "UnindexedField",
+    "business_key",
+    "cursor",
+    "judge",
+    "parse_fields",
+    "plan",
+    "state_condition",
+]
