@@ -34,7 +34,12 @@ FOREIGN: list[dict[str, Any]] = [
         "lockedBy": "billing-7",
         "lockedUntil": datetime(2999, 1, 1, tzinfo=UTC),
     },
-    {"_id": "invoice-3", "phase": "Charging", "lockToken": "x", "lockedUntil": datetime(2001, 1, 1)},
+    {
+        "_id": "invoice-3",
+        "phase": "Charging",
+        "lockToken": "x",
+        "lockedUntil": datetime(2001, 1, 1, tzinfo=UTC),
+    },
     # And what no workflow writes: a phase of another type, an error that is no
     # document, an expiry that is no date, no phase at all, nesting.
     {"_id": ObjectId(), "phase": 42, "lastError": "not a document"},
@@ -44,7 +49,6 @@ FOREIGN: list[dict[str, Any]] = [
 ]
 
 
-@pytest.mark.pure
 def test_what_the_demo_watches_is_what_its_workflow_handles() -> None:
     """``WATCHED``, the collections the display and the final audit read, are the
     workflow's own: every collection one of its handlers claims from, and no other."""
