@@ -1,4 +1,5 @@
-# The example API server (examples/api_server.py) with the orchestrator embedded.
+# The example API server (orchestrator/demo/api_server.py, the api extra) with the
+# orchestrator embedded.
 FROM python:3.11-slim
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
@@ -11,11 +12,10 @@ RUN pip install --no-cache-dir uv
 
 WORKDIR /app
 # Dependencies first, so a code change does not reinstall them.
-COPY pyproject.toml uv.lock README.md ./
+COPY pyproject.toml uv.lock README.md LICENSE ./
 RUN uv sync --frozen --no-dev --extra api --no-install-project
 
 COPY orchestrator ./orchestrator
-COPY examples ./examples
 RUN uv sync --frozen --no-dev --extra api
 
 ENV PATH="/app/.venv/bin:$PATH"
@@ -27,4 +27,4 @@ HEALTHCHECK --interval=5s --timeout=3s --start-period=10s --retries=5 \
     CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/healthz', timeout=2)"]
 
 # MONGODB_URI comes from the environment (docker-compose.yml sets it).
-CMD ["uvicorn", "examples.api_server:app", "--host", "0.0.0.0", "--port", "8000"]
+CMD ["uvicorn", "orchestrator.demo.api_server:app", "--host", "0.0.0.0", "--port", "8000"]

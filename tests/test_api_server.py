@@ -258,11 +258,14 @@ STOPPED = "orchestrator stopped: 0 unstarted lease(s) handed back, 0 step(s) sti
 
 
 def test_uvicorn_runs_the_module_level_app_with_the_orchestrators_log_lines() -> None:
-    """``uvicorn examples.api_server:app``, the form FastAPI users type: the app made at
-    import opens its database when it starts (here, no MONGODB_URI: in memory), the
-    orchestrator's INFO lines appear beside uvicorn's, each once."""
+    """``uvicorn orchestrator.demo.api_server:app``, the form FastAPI users type, on the
+    packaged path an installed ``api`` extra runs: the app made at import opens its
+    database when it starts (here, no MONGODB_URI: in memory), the orchestrator's INFO
+    lines appear beside uvicorn's, each once."""
     port = _free_port()
-    with server_process("-m", "uvicorn", "examples.api_server:app", "--port", str(port)) as server:
+    with server_process(
+        "-m", "uvicorn", "orchestrator.demo.api_server:app", "--port", str(port)
+    ) as server:
         startup = "".join(read_until(server, "Uvicorn running on"))
         progress = create_then_delete(port, {"name": "shop"}, server)
         rest = stop(server)

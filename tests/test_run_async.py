@@ -108,11 +108,12 @@ def test_an_async_target_fails_within_its_connect_timeout_with_the_reason(tmp_pa
 def test_the_shipped_gateway_worker_runs_under_orchestrator_run(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """``orchestrator run examples.gateway:worker``: the async workflow, on its own store
-    without MONGODB_URI, started and stopped by a signal like any async target."""
+    """``orchestrator run orchestrator.demo.workflows:worker``, the packaged path the README
+    gives: the async workflow, on its own store without MONGODB_URI, started and stopped by
+    a signal like any async target."""
     monkeypatch.delenv("MONGODB_URI", raising=False)
     with python_process(
-        tmp_path, "unused", "", "-m", "orchestrator", "run", "examples.gateway:worker"
+        tmp_path, "unused", "", "-m", "orchestrator", "run", "orchestrator.demo.workflows:worker"
     ) as proc:
         read_until(proc, "running 6 handlers")
         proc.send_signal(signal.SIGTERM)

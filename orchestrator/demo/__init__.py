@@ -4,5 +4,7 @@ and audited (``run``; ``processes`` for replicas as OS processes), and the chaos
 ``orchestrator.testing``, which only this package of the library imports.
 
 ``orchestrator.demo.workflows`` is public: the gateway workflow the demo runs, which
-``examples/`` runs too (``examples/gateway.py``, the API server example).
+``orchestrator run orchestrator.demo.workflows:worker`` runs as one replica, as does the
+example API server that embeds it (``api_server``, the ``api`` extra). ``examples/`` names
+both in a clone (``examples/gateway.py``, ``examples/api_server.py``).
 """

@@ -375,8 +375,9 @@ def build(
 
 
 def worker() -> AsyncOrchestrator:
-    """For ``orchestrator run examples.gateway:worker``: the replica on ``MONGODB_URI``
-    (its database, else ``DEFAULT_DATABASE``), run by ``asyncio.run``."""
+    """For ``orchestrator run orchestrator.demo.workflows:worker`` (``examples.gateway:worker``
+    in a clone): the replica on ``MONGODB_URI`` (its database, else ``DEFAULT_DATABASE``),
+    run by ``asyncio.run``."""
     uri = os.environ.get("MONGODB_URI")
     if uri:
         client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(uri)
