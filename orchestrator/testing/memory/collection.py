@@ -16,7 +16,12 @@ from pymongo.write_concern import WriteConcern
 
 from orchestrator.testing.memory.accelerator import accelerate
 from orchestrator.testing.memory.cursors import MemoryCursor
-from orchestrator.testing.memory.indexes import index_conflict, index_spec, model_options
+from orchestrator.testing.memory.indexes import (
+    check_hint,
+    index_conflict,
+    index_spec,
+    model_options,
+)
 from orchestrator.testing.memory.locked import locked_attribute
 from orchestrator.testing.memory.server_rules import expire_by_server_clock, limit_document_size
 
@@ -92,6 +97,13 @@ class MemoryCollection:
             # Building a mongomock cursor validates the arguments; it reads no document.
             cursor = self._mongomock.find(*args, **kwargs)
         return MemoryCursor(self._server, cursor, self._codec_options)
+
+    def count_documents(self, filter: Any, **options: Any) -> int:
+        """As pymongo's, with a hint checked as the server checks it (``check_hint``)."""
+        hint = options.pop("hint", None)
+        with self._server.lock:
+            check_hint(hint, list(self._mongomock.list_indexes()))
+            return int(self._server.call(self._mongomock.count_documents, (filter,), options))
 
     def create_index(self, keys: Any, **options: Any) -> str:
         """As the server does, refuse an index whose name or key pattern clashes with an

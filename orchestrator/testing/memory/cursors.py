@@ -17,6 +17,8 @@ import bson
 from bson.codec_options import DEFAULT_CODEC_OPTIONS, CodecOptions
 from pymongo.errors import InvalidOperation
 
+from orchestrator.testing.memory.indexes import check_hint
+
 if TYPE_CHECKING:
     from orchestrator.testing.memory.server import Server
 
@@ -127,6 +129,8 @@ class MemoryCursor:
         return self._option("batch_size", batch_size)
 
     def hint(self, index: Any) -> Self:
+        with self._server.lock:
+            check_hint(index, list(self._mongomock.collection.list_indexes()))
         return self._option("hint", index)
 
     def max_time_ms(self, max_time_ms: int | None) -> Self:

@@ -13,7 +13,7 @@ from typing import Any, NoReturn
 
 from pymongo.errors import OperationFailure
 
-__all__ = ["index_conflict", "index_spec", "model_options"]
+__all__ = ["check_hint", "index_conflict", "index_spec", "model_options"]
 
 _IDENTIFYING = ("key", "unique", "sparse", "partialFilterExpression", "collation")
 """What tells two indexes apart on MongoDB 5.0+ (the index "signature")."""
@@ -98,3 +98,21 @@ def index_conflict(
             )
         fail(85, f"Index already exists with a different name: {index['name']}")
     return False
+
+
+BAD_VALUE = 2
+
+
+def check_hint(hint: Any, existing: list[Mapping[str, Any]]) -> None:
+    """As a server does, refuse a hint (an index's name, or its key pattern) that names no
+    index of the collection: the hint is what keeps a query off a collection scan, so a
+    query hinted at an index that is missing must fail in tests as in production."""
+    if hint is None:
+        return
+    if isinstance(hint, str):
+        found = any(index.get("name") == hint for index in existing)
+    else:
+        wanted = dict(index_spec(hint, {})["key"])
+        found = any(list(dict(index["key"]).items()) == list(wanted.items()) for index in existing)
+    if not found:
+        raise OperationFailure("hint provided does not correspond to an existing index", BAD_VALUE)

@@ -15,7 +15,10 @@ from typing import TYPE_CHECKING, Any
 from mongomock.collection import Collection as _MongomockCollection
 
 from orchestrator.testing.memory.cursors import decode
-from orchestrator.testing.memory.server_rules import OversizedDocument
+from orchestrator.testing.memory.server_rules import (
+    OversizedDocument,
+    refuse_push_onto_non_arrays,
+)
 
 if TYPE_CHECKING:
     from orchestrator.testing.memory.collection import MemoryCollection
@@ -80,6 +83,9 @@ class Locked:
         name = getattr(self._method, "__name__", "")
         try:
             with self._server.lock:
+                if self._collection is not None:
+                    owner = getattr(self._method, "__self__", None)
+                    refuse_push_onto_non_arrays(owner, name, args, kwargs)
                 result = self._server.call(self._method, args, kwargs)
                 result = self._server.adopt(result, self._database)
         except OversizedDocument as exc:

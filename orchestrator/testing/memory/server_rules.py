@@ -24,6 +24,7 @@ __all__ = [
     "OversizedDocument",
     "expire_by_server_clock",
     "limit_document_size",
+    "refuse_push_onto_non_arrays",
 ]
 
 MAX_BSON_SIZE = 16 * 1024 * 1024
@@ -109,3 +110,33 @@ def limit_document_size(collection: Any) -> None:
         ensure_uniques(document)
 
     collection._ensure_uniques = checked
+
+
+_PUSHING = frozenset({"update_one", "update_many", "find_one_and_update"})
+
+
+def refuse_push_onto_non_arrays(collection: Any, name: str, args: Any, kwargs: Any) -> None:
+    """Refuse, before anything changes, a ``$push`` onto a field that holds something other
+    than an array in a document the write would change, as a server does (WriteError 2);
+    mongomock raises a TypeError halfway through the update instead."""
+    if name not in _PUSHING:
+        return
+    query = args[0] if args else kwargs.get("filter")
+    update = args[1] if len(args) > 1 else kwargs.get("update")
+    if not isinstance(update, Mapping) or not isinstance(update.get("$push"), Mapping):
+        return
+    fields = list(update["$push"])
+    docs = collection.find(query, limit=0 if name == "update_many" else 1)
+    if name != "update_many":
+        docs = docs.sort(kwargs["sort"]) if kwargs.get("sort") else docs
+    for doc in docs:
+        for path in fields:
+            value: Any = doc
+            for part in path.split("."):
+                value = value.get(part) if isinstance(value, Mapping) else None
+            if value is not None and not isinstance(value, list):
+                raise WriteError(
+                    f"The field '{path}' must be an array but is of type "
+                    f"{type(value).__name__} in document {{_id: {doc.get('_id')!r}}}",
+                    2,
+                )
