@@ -284,7 +284,7 @@ class AsyncOperations:
             return Plan({}, [], [], "none: the collection has no phases"), [], []
         docs = await self._reports.browse(query.collection, plan, limit)
         live = await self._reports.live_replicas(now, self._replicas)
-        keys = await self._keys(query.collection)
+        keys = await self._keys(query.collection, live)
         names = replicas.handler_names(live)
         return plan, [Row.read(doc, now, keys, names) for doc in docs], docs
 
@@ -686,11 +686,15 @@ class AsyncOperations:
             counts[record.history] = counts.get(record.history, 0) + 1
         return max(sorted(counts), key=lambda n: counts[n])
 
-    async def _keys(self, collection: str) -> list[tuple[str, ...]]:
+    async def _keys(
+        self, collection: str, live: list[ReplicaRecord] | None = None
+    ) -> list[tuple[str, ...]]:
         """The business keys of ``collection``: the unique keys ``submit`` indexed, and
-        those the live replicas declare (whose submits may not have run yet)."""
+        those the ``live`` replicas declare (whose submits may not have run yet)."""
         found = await self._reports.unique_keys(collection)
-        for keys in replicas.business_keys(await self.replicas(), collection):
+        if live is None:
+            live = await self.replicas()
+        for keys in replicas.business_keys(live, collection):
             if keys not in found:
                 found.append(keys)
         return found

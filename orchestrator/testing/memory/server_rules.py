@@ -1,5 +1,8 @@
 """What a server does to stored documents that mongomock does differently or not at all.
 
+(A dotted path through a value that is no document reads as missing on a server, as
+``missing_through_scalars`` makes it in mongomock's filtering.)
+
 Two rules are grafted onto each mongomock collection the proxies reach: a TTL index
 expires documents by the server's clock, once a minute, as a server's TTL monitor does
 (mongomock uses the machine's wall clock, at every read); and a write that would store a
@@ -13,6 +16,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import bson
+from mongomock import filtering
 from pymongo.errors import DocumentTooLarge, DuplicateKeyError, OperationFailure, WriteError
 
 from orchestrator.core.clock import Clock
@@ -24,6 +28,7 @@ __all__ = [
     "OversizedDocument",
     "expire_by_server_clock",
     "limit_document_size",
+    "missing_through_scalars",
     "refuse_push_onto_non_arrays",
 ]
 
@@ -140,3 +145,22 @@ def refuse_push_onto_non_arrays(collection: Any, name: str, args: Any, kwargs: A
                     f"{type(value).__name__} in document {{_id: {doc.get('_id')!r}}}",
                     2,
                 )
+
+
+def missing_through_scalars() -> None:
+    """Make a dotted path through a value that is no document (``lastError.at`` of a
+    ``lastError`` that is a string, or null) read as missing, so ``{"lastError.at": null}``
+    matches it, as on a server; mongomock finds no value at all there, so such a document
+    matched nothing (once, for the process: mongomock's filtering is module-wide)."""
+    if getattr(filtering.iter_key_candidates, "_server_rules", False):
+        return
+    original: Any = filtering.iter_key_candidates
+    nothing: Any = vars(filtering)["NOTHING"]
+
+    def candidates(key: str, doc: Any) -> Any:
+        if key and not isinstance(doc, dict | list):
+            return [nothing]
+        return original(key, doc)
+
+    candidates._server_rules = True  # type: ignore[attr-defined]
+    filtering.iter_key_candidates = candidates
