@@ -131,9 +131,9 @@ def stored(doc: dict[str, Any]) -> dict[str, Any]:
     for key, value in doc.items():
         if value == "MISSING":
             continue
-        if isinstance(value, dict):
-            value = {k: v for k, v in value.items() if v != "MISSING"}
-        out[key] = value
+        out[key] = (
+            {k: v for k, v in value.items() if v != "MISSING"} if isinstance(value, dict) else value
+        )
     return out
 
 
