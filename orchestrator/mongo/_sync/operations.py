@@ -445,7 +445,7 @@ class Operations:
             change = dict(update)
             query = guard
             if shape is not None:
-                current = None if shape is history.LIST_SHAPE else "other"
+                current = history.ABSENT if shape is history.LIST_SHAPE else None
                 change = history.merge(
                     {k: dict(v) for k, v in update.items()}, history.push(entry, keep, current)
                 )

@@ -118,6 +118,7 @@ def limit_document_size(collection: Any) -> None:
 
 
 _PUSHING = frozenset({"update_one", "update_many", "find_one_and_update"})
+_ABSENT = object()
 
 
 def refuse_push_onto_non_arrays(collection: Any, name: str, args: Any, kwargs: Any) -> None:
@@ -138,8 +139,8 @@ def refuse_push_onto_non_arrays(collection: Any, name: str, args: Any, kwargs: A
         for path in fields:
             value: Any = doc
             for part in path.split("."):
-                value = value.get(part) if isinstance(value, Mapping) else None
-            if value is not None and not isinstance(value, list):
+                value = value.get(part, _ABSENT) if isinstance(value, Mapping) else _ABSENT
+            if value is not _ABSENT and not isinstance(value, list):
                 raise WriteError(
                     f"The field '{path}' must be an array but is of type "
                     f"{type(value).__name__} in document {{_id: {doc.get('_id')!r}}}",
