@@ -1710,14 +1710,19 @@ class LeaseMachine(RuleBasedStateMachine):
 
     @rule()
     def settle(self) -> None:
-        """Liveness: once every lease, wait and clock estimate has run out, one tick of each
-        replica claims every document some handler may claim (one in the failed phase too,
-        for a handler other than the one that failed it, whatever their names)."""
+        """Liveness: once every lease, wait and clock estimate has run out and the pauses
+        are lifted, one tick of each replica claims every document some handler may claim
+        (one in the failed phase too, for a handler other than the one that failed it,
+        whatever their names)."""
         self.action("settle")
         if self.stall is not None:
             self.release_stall()
         self.script.clear()
         self.policy_values = {"relock": deque(), "retry": deque()}
+        for pause in self.operator.pauses():  # paused work waits, by design: lift them
+            self.operator.resume(pause.scope)
+        for replica in self.alive():
+            replica.run(replica.orch._pauses.read)
         self.clock.advance(SETTLE)
         before = Counter(self.claims_by_doc)
         for replica in self.alive():

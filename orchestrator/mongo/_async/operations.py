@@ -312,7 +312,7 @@ class AsyncOperations:
         now = await self.now()
         phase = seen.get("phase")
         after = await self._act(
-            collection, seen, queries.release_update(), Action.UNLOCK, now, by, why, phase
+            collection, seen, queries.operator_unlock_update(), Action.UNLOCK, now, by, why, phase
         )
         await self._record(
             Action.UNLOCK,
@@ -582,7 +582,7 @@ class AsyncOperations:
         if dry_run:
             return None
         if action is Action.UNLOCK:
-            update = queries.release_update()
+            update = queries.operator_unlock_update()
         else:
             assert to is not None
             update = queries.operator_move_update(to, now)

@@ -311,7 +311,7 @@ class Operations:
         now = self.now()
         phase = seen.get("phase")
         after = self._act(
-            collection, seen, queries.release_update(), Action.UNLOCK, now, by, why, phase
+            collection, seen, queries.operator_unlock_update(), Action.UNLOCK, now, by, why, phase
         )
         self._record(
             Action.UNLOCK,
@@ -581,7 +581,7 @@ class Operations:
         if dry_run:
             return None
         if action is Action.UNLOCK:
-            update = queries.release_update()
+            update = queries.operator_unlock_update()
         else:
             assert to is not None
             update = queries.operator_move_update(to, now)
