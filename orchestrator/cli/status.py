@@ -150,11 +150,13 @@ def _print_pauses(out: Console, status: Status) -> None:
         since = f" since {when(pause.at)} UTC" if pause.at else ""
         honouring = [r.replica_id for r in status.replicas if described in r.paused]
         waiting = [r.replica_id for r in status.replicas if described not in r.paused]
-        out.print(shown(f"  {described}: by {pause.by}{since}, why: {pause.why or '-'}"))
+        out.print(
+            shown(f"  {described}: by {pause.by}{since}, why: {pause.why or '-'}"), soft_wrap=True
+        )
         line = f"    honoured by: {', '.join(honouring) or 'no live replica yet'}"
         if waiting:
             line += f"; not yet by: {', '.join(waiting)}"
-        out.print(shown(line))
+        out.print(shown(line), soft_wrap=True)
 
 
 def _print_takeovers(out: Console, status: Status) -> None:
@@ -171,7 +173,8 @@ def _print_takeovers(out: Console, status: Status) -> None:
                 f"  {when(entry.at)}  {documents}"
                 + (f" ({phase})" if phase else "")
                 + f": {entry.by} took it over from {entry.taken_from or '?'}"
-            )
+            ),
+            soft_wrap=True,
         )
 
 
