@@ -371,6 +371,11 @@ def test_cancel_to_a_phase_of_ones_own_is_checked_like_a_retry(
 ) -> None:
     code, _, err = run(command("cancel INV-1003 -c invoices --to Refunding"), capsys)
     assert_one_line_error(code, err, "no live replica handles phase 'Refunding'", "--force")
+    doc = invoices.by_number("INV-1003")
+    code, out, _ = run(command("cancel INV-1003 -c invoices --dry-run"), capsys)
+    assert code == 0
+    assert f"would cancel 1 document of invoices (_id={doc['_id']}): Failed -> Cancelled" in out
+    assert invoices.by_number("INV-1003") == doc
     code, out, _ = run(command("cancel -c invoices --phase Failed --dry-run"), capsys)
     assert code == 0
     assert "would cancel 4 documents of invoices (phase=Failed): Failed -> Cancelled: 4" in out

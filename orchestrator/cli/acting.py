@@ -254,12 +254,11 @@ def _carry_out(
     operations = connection.operations(collection)
     if selection.one:
         doc = the_document(operations, collection, selection.doc_id, selection.exact)
-        if dry_run:
-            query = Filter(collection, fields=(("_id", doc["_id"]),))
-            _report(action, _bulk(operations, action, query, True, to, force, why))
-            return 0
-        return _one(operations, action, collection, doc, to, force, why)
-    query = selection.filter(operations, collection)
+        if not dry_run:
+            return _one(operations, action, collection, doc, to, force, why)
+        query = Filter(collection, fields=(("_id", doc["_id"]),))  # previewed as a filter's
+    else:
+        query = selection.filter(operations, collection)
     if dry_run:
         _report(action, _bulk(operations, action, query, True, to, force, why))
         return 0
