@@ -88,7 +88,9 @@ class Page:
 class Bulk:
     """What an action on every document of a filter did (or, ``dry_run``, would do):
     ``changed`` the documents' rows as they were; ``skipped`` those left alone, each with
-    why (held by a live lease, no error phase to retry to, changed meanwhile)."""
+    why (held by a live lease, no error phase to retry to, changed meanwhile);
+    ``targets``: the phase each changed document was (or would be) sent to, by its row's
+    ``ref`` (else ``id``): a retry without ``target`` sends each to its own error phase."""
 
     action: Action
     filter: Filter
@@ -96,6 +98,11 @@ class Bulk:
     target: str | None
     changed: list[Row] = field(default_factory=list)
     skipped: list[tuple[Row, str]] = field(default_factory=list)
+    targets: dict[str, str] = field(default_factory=dict)
+
+    def target_of(self, row: Row) -> str | None:
+        """The phase ``row``'s document was (or would be) sent to."""
+        return self.targets.get(row.ref or row.id)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -103,7 +110,7 @@ class Bulk:
             "filter": self.filter.describe(),
             "dry_run": self.dry_run,
             "target": self.target,
-            "changed": [row.to_dict() for row in self.changed],
+            "changed": [{**row.to_dict(), "to": self.target_of(row)} for row in self.changed],
             "skipped": [{**row.to_dict(), "why": why} for row, why in self.skipped],
         }
 
@@ -526,6 +533,8 @@ class AsyncOperations:
                 )
                 if why_not is None:
                     result.changed.append(row)
+                    moved_to = target or (error_phase(doc) if action is Action.RETRY else None)
+                    result.targets[marker] = moved_to or row.phase or ""
                 else:
                     result.skipped.append((row, why_not))
             if len(docs) < browsing.MAX_LIMIT:
