@@ -16,7 +16,7 @@ one). ``ReportStore``/``AsyncReportStore`` are the contract they rely on from th
 """
 
 from orchestrator.core.audit import AuditEntry
-from orchestrator.core.browse import Filter, LeaseState, Row, UnindexedField, parse_fields
+from orchestrator.core.browse import Filter, LeaseState, Page, Row, UnindexedField, parse_fields
 from orchestrator.core.errors import (
     AmbiguousId,
     DocumentChanged,
@@ -29,6 +29,7 @@ from orchestrator.core.errors import (
 from orchestrator.core.history import Entry
 from orchestrator.core.operator import (
     Action,
+    Bulk,
     Retried,
     default_actor,
     error_phase,
@@ -39,7 +40,6 @@ from orchestrator.core.operator import (
 from orchestrator.core.pauses import Pause, Scope
 from orchestrator.core.status import PhaseCount, RecentError, Status
 from orchestrator.mongo import AsyncOperations, AsyncReportStore, Operations, ReportStore
-from orchestrator.mongo._async.operations import Bulk, Page
 
 __all__ = [
     "Action",

@@ -36,10 +36,10 @@ from orchestrator.cli.selecting import (
     the_document,
 )
 from orchestrator.core.redact import visible
-from orchestrator.mongo._sync.operations import Bulk  # what Operations.bulk returns
 from orchestrator.mongo.common import Document
 from orchestrator.operations import (
     Action,
+    Bulk,
     DocumentChanged,
     DocumentNotFound,
     Filter,

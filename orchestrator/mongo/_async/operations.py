@@ -16,7 +16,6 @@ releases the next one's.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -25,7 +24,7 @@ from pymongo.asynchronous.database import AsyncDatabase
 from orchestrator.core import browse as browsing
 from orchestrator.core import history, queries, replicas
 from orchestrator.core.audit import AUDIT_COLLECTION, AuditEntry, AuditKind, operator_record
-from orchestrator.core.browse import Filter, Plan, Row
+from orchestrator.core.browse import Filter, Page, Plan, Row
 from orchestrator.core.errors import (
     AmbiguousId,
     ConfigError,
@@ -38,6 +37,7 @@ from orchestrator.core.errors import (
 )
 from orchestrator.core.operator import (
     Action,
+    Bulk,
     Retried,
     cancelled_phase,
     check_phase_name,
@@ -54,7 +54,7 @@ from orchestrator.core.status import PhaseCount, RecentError, Status
 from orchestrator.mongo._async.reports import AsyncReports, AsyncReportStore
 from orchestrator.mongo.common import Document
 
-__all__ = ["AsyncOperations", "Bulk", "Page"]
+__all__ = ["AsyncOperations"]
 
 
 MAX_BULK = 10_000
@@ -63,56 +63,6 @@ narrowed (or acted on in turns)."""
 
 TAKEOVERS_SHOWN = 20
 """Latest take-overs of dead replicas' leases a status report lists."""
-
-
-@dataclass(frozen=True)
-class Page:
-    """One page of a filter's documents: ``rows`` in the list's order, ``next`` the cursor
-    of the page after it (None: this is the last), ``index`` the index that served it."""
-
-    rows: list[Row]
-    next: str | None
-    index: str
-    at: datetime
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "at": self.at.isoformat(),
-            "documents": [row.to_dict() for row in self.rows],
-            "next": self.next,
-            "index": self.index,
-        }
-
-
-@dataclass
-class Bulk:
-    """What an action on every document of a filter did (or, ``dry_run``, would do):
-    ``changed`` the documents' rows as they were; ``skipped`` those left alone, each with
-    why (held by a live lease, no error phase to retry to, changed meanwhile);
-    ``targets``: the phase each changed document was (or would be) sent to, by its row's
-    ``ref`` (else ``id``): a retry without ``target`` sends each to its own error phase."""
-
-    action: Action
-    filter: Filter
-    dry_run: bool
-    target: str | None
-    changed: list[Row] = field(default_factory=list)
-    skipped: list[tuple[Row, str]] = field(default_factory=list)
-    targets: dict[str, str] = field(default_factory=dict)
-
-    def target_of(self, row: Row) -> str | None:
-        """The phase ``row``'s document was (or would be) sent to."""
-        return self.targets.get(row.ref or row.id)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "action": self.action.value,
-            "filter": self.filter.describe(),
-            "dry_run": self.dry_run,
-            "target": self.target,
-            "changed": [{**row.to_dict(), "to": self.target_of(row)} for row in self.changed],
-            "skipped": [{**row.to_dict(), "why": why} for row, why in self.skipped],
-        }
 
 
 class AsyncOperations:
