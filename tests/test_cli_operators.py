@@ -113,7 +113,7 @@ def test_find_pages_through_a_filter_with_the_command_it_prints(
         command("find -c invoices --state failed --error RuntimeError --limit 3"), capsys
     )
     assert code == 0
-    assert "4 match; 3 shown" in out
+    assert "4 matching, 3 shown" in out
     assert "orchestrator_errors" in out
     [next_line] = [line for line in out.splitlines() if line.startswith("next page: ")]
     words = shlex.split(next_line.removeprefix("next page: "))

@@ -75,7 +75,7 @@ def find(
     matching = f"more than {COUNTED}" if total > COUNTED else str(total)
     out = console()
     listing = Listing(
-        title=f"{described(query)}: {matching} match; {len(page.rows)} shown"
+        title=f"{described(query)}: {matching} matching, {len(page.rows)} shown"
         + (" (after the cursor)" if after else ""),
         headers=("phase", "last error"),
     )
