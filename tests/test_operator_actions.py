@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from pymongo.database import Database
 
-from orchestrator import LeaseLost, Orchestrator
+from orchestrator import ConfigError, LeaseLost, Orchestrator
 from orchestrator.core import history, queries
 from orchestrator.core.audit import AuditKind
 from orchestrator.operations import (
@@ -22,6 +22,7 @@ from orchestrator.operations import (
     LeaseState,
     NoErrorPhase,
     Operations,
+    OperatorError,
     Scope,
     UnhandledPhase,
 )
@@ -366,3 +367,45 @@ async def test_a_document_is_found_by_its_business_key(
     assert ops.find("invoices", "INV-1003")["invoiceNo"] == "INV-1003"
     page = ops.browse(Filter("invoices", fields=ops.key_filter("invoices", "INV-1003")))
     assert [r.key for r in page.rows] == ["invoiceNo=INV-1003"]
+
+
+# -- whatever the stored documents hold ---------------------------------------------------------
+
+
+async def test_what_is_no_pause_is_skipped_and_a_history_of_anything_reads(
+    replicas: MakeEither, db: Database[Any]
+) -> None:
+    replica = await replicas()
+
+    @replica.phase("jobs", "A")
+    async def a(lease: Any) -> Any:
+        return await lease.advance("B")
+
+    db["orchestrator.pauses"].insert_many(
+        [{}, {"collection": 5}, {"collection": "$x"}, {"collection": "jobs", "phase": ["A"]}]
+    )
+    await replica.heartbeat()
+    await replica.submit("jobs", {"_id": "j", "phase": "A"})
+    assert (await replica.run_once()).get("advanced") == 1  # no pause read from garbage
+    assert Operations(db).pauses() == []
+    db.jobs.update_one(
+        {"_id": "j"},
+        {"$set": {history.HISTORY_FIELD: [1, "x", None, {"at": "then", "took": "long"}, []]}},
+    )
+    read = Operations(db).history("jobs", "j")
+    assert [(e.kind, e.at, e.took) for e in read] == [("?", None, None)] * 5
+
+
+def test_a_filter_or_a_cursor_that_is_no_value_is_refused(db: Database[Any]) -> None:
+    db.jobs.insert_one({"_id": 1, "phase": "A", "n": 1})
+    ops = Operations(db)
+    with pytest.raises(OperatorError, match="cursor"):
+        ops.browse(Filter("jobs"), after="not-a-cursor")
+    with pytest.raises(OperatorError, match="1 to 500"):
+        ops.browse(Filter("jobs"), limit=0)
+    with pytest.raises(ConfigError, match="unknown collection 'nope'"):
+        ops.browse(Filter("nope"))
+    with pytest.raises(OperatorError, match="must be a name"):
+        Scope("jobs", phase="$where")
+    with pytest.raises(OperatorError, match="narrow it"):
+        ops.bulk(Action.UNLOCK, Filter("jobs"), limit=0)
