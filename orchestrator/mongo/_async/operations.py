@@ -24,7 +24,7 @@ from pymongo.asynchronous.database import AsyncDatabase
 from orchestrator.core import browse as browsing
 from orchestrator.core import history, queries, replicas
 from orchestrator.core.audit import AUDIT_COLLECTION, AuditEntry, AuditKind, operator_record
-from orchestrator.core.browse import Filter, Page, Plan, Row
+from orchestrator.core.browse import Filter, LeaseState, Page, Plan, Row
 from orchestrator.core.errors import (
     AmbiguousId,
     ConfigError,
@@ -121,7 +121,11 @@ class AsyncOperations:
                     collection, errors, [row.phase for row in rows]
                 )
                 latest.extend(found)
-        trail = await self._reports.read_audit(self._audit, 200) if errors > 0 else []
+        taken = (
+            await self._reports.read_audit(self._audit, TAKEOVERS_SHOWN, AuditKind.TAKEOVER)
+            if errors > 0
+            else []
+        )
         return Status(
             at=now,
             server_time=server is not None,
@@ -130,7 +134,7 @@ class AsyncOperations:
             replicas=live,
             disagreements=disagreements(live),
             pauses=await self._reports.read_pauses(self._pauses),
-            takeovers=[e for e in trail if e.kind == AuditKind.TAKEOVER][:TAKEOVERS_SHOWN],
+            takeovers=taken,
             handler_names=replicas.handler_names(live),
         )
 
@@ -538,6 +542,8 @@ class AsyncOperations:
                     return str(exc)
         if action is Action.RETRY and live_lease(doc, now) and not force:
             return f"held by a live lease of {row.holder!r} (force to take it)"
+        if action is Action.UNLOCK and row.state is LeaseState.FREE:
+            return "free already: no lease and no wait to end"
         if dry_run:
             return None
         if action is Action.UNLOCK:

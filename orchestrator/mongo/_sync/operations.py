@@ -25,7 +25,7 @@ from pymongo.synchronous.database import Database
 from orchestrator.core import browse as browsing
 from orchestrator.core import history, queries, replicas
 from orchestrator.core.audit import AUDIT_COLLECTION, AuditEntry, AuditKind, operator_record
-from orchestrator.core.browse import Filter, Page, Plan, Row
+from orchestrator.core.browse import Filter, LeaseState, Page, Plan, Row
 from orchestrator.core.errors import (
     AmbiguousId,
     ConfigError,
@@ -120,7 +120,11 @@ class Operations:
                 self._ensure_indexes(collection)
                 found = self._reports.latest_errors(collection, errors, [row.phase for row in rows])
                 latest.extend(found)
-        trail = self._reports.read_audit(self._audit, 200) if errors > 0 else []
+        taken = (
+            self._reports.read_audit(self._audit, TAKEOVERS_SHOWN, AuditKind.TAKEOVER)
+            if errors > 0
+            else []
+        )
         return Status(
             at=now,
             server_time=server is not None,
@@ -129,7 +133,7 @@ class Operations:
             replicas=live,
             disagreements=disagreements(live),
             pauses=self._reports.read_pauses(self._pauses),
-            takeovers=[e for e in trail if e.kind == AuditKind.TAKEOVER][:TAKEOVERS_SHOWN],
+            takeovers=taken,
             handler_names=replicas.handler_names(live),
         )
 
@@ -537,6 +541,8 @@ class Operations:
                     return str(exc)
         if action is Action.RETRY and live_lease(doc, now) and not force:
             return f"held by a live lease of {row.holder!r} (force to take it)"
+        if action is Action.UNLOCK and row.state is LeaseState.FREE:
+            return "free already: no lease and no wait to end"
         if dry_run:
             return None
         if action is Action.UNLOCK:
