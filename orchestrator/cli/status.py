@@ -128,7 +128,8 @@ def _print_replicas(out: Console, status: Status) -> None:
             str(replica.pid),
             escape(visible(replica.engine)),
             escape(visible(replica.version)),
-            f"{replica.seen_ago(status.at):.0f}s ago",
+            f"{replica.seen_ago(status.at):.0f}s ago"
+            + (" [red](stale)[/]" if replica.stale(status.at) else ""),
             f"{replica.lock_timeout:g}s",
             f"{replica.tick:g}s",
             str(replica.max_concurrency),
