@@ -409,3 +409,21 @@ def test_a_filter_or_a_cursor_that_is_no_value_is_refused(db: Database[Any]) -> 
         Scope("jobs", phase="$where")
     with pytest.raises(OperatorError, match="narrow it"):
         ops.bulk(Action.UNLOCK, Filter("jobs"), limit=0)
+
+
+async def test_a_claim_reads_the_last_history_entry_only(
+    replicas: MakeEither, db: Database[Any]
+) -> None:
+    """A claim's reply, and its decoding on every step, do not grow with the history."""
+    replica = await replicas(history=50, max_unlocks_per_tick=100)
+    seen: list[Any] = []
+
+    @replica.phase("jobs", "A")
+    async def a(lease: Any) -> Any:
+        seen.append(lease.doc.get(history.HISTORY_FIELD))
+        return await (lease.unlock() if len(seen) < 6 else lease.advance("B"))
+
+    await replica.submit("jobs", {"_id": "j", "phase": "A"})
+    await replica.run_once()
+    assert seen[0] is None and all(len(h) == 1 for h in seen[1:])
+    assert len(entries(db, "j")) == 6

@@ -40,6 +40,11 @@ class EntryKind(StrEnum):
     OPERATOR = "operator"
 
 
+CLAIM_PROJECTION: dict[str, Any] = {HISTORY_FIELD: {"$slice": -1}}
+"""What a claim reads of the history: its last entry at most (a list's shape is all the
+release needs to know; anything else comes back as it is), so a claim's reply does not
+grow with the history, nor its decoding on every step."""
+
 LIST_SHAPE: dict[str, Any] = {
     "$or": [{HISTORY_FIELD: {"$exists": False}}, {HISTORY_FIELD: {"$type": "array"}}]
 }
@@ -189,6 +194,7 @@ def _maybe(value: Any) -> str | None:
 
 __all__ = [
     "ABSENT",
+    "CLAIM_PROJECTION",
     "DEFAULT_HISTORY",
     "DEFAULT_TRACEBACK",
     "HISTORY_FIELD",

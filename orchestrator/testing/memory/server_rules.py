@@ -30,6 +30,7 @@ __all__ = [
     "limit_document_size",
     "missing_through_scalars",
     "refuse_push_onto_non_arrays",
+    "slice_projection",
 ]
 
 MAX_BSON_SIZE = 16 * 1024 * 1024
@@ -165,3 +166,31 @@ def missing_through_scalars() -> None:
 
     candidates._server_rules = True  # type: ignore[attr-defined]
     filtering.iter_key_candidates = candidates
+
+
+def slice_projection(kwargs: dict[str, Any]) -> Any:
+    """A projection of ``$slice`` alone, as a server reads it: every field returned, the
+    sliced arrays cut, any other value of a sliced field returned as it is (mongomock
+    returns only the sliced fields, and refuses a value that is no array). Takes such a
+    projection out of ``kwargs``; returns what to apply to the document returned, or
+    None when the projection is none of those."""
+    projection = kwargs.get("projection")
+    if not isinstance(projection, Mapping) or not projection:
+        return None
+    cuts = {}
+    for field, spec in projection.items():
+        if not (isinstance(spec, Mapping) and set(spec) == {"$slice"}):
+            return None
+        cuts[field] = spec["$slice"]
+    del kwargs["projection"]
+
+    def apply(doc: Any) -> Any:
+        if not isinstance(doc, dict):
+            return doc
+        for field, count in cuts.items():
+            value = doc.get(field)
+            if isinstance(value, list) and isinstance(count, int):
+                doc[field] = value[count:] if count < 0 else value[:count]
+        return doc
+
+    return apply
