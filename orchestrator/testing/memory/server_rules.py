@@ -11,11 +11,12 @@ document over 16 MiB is refused and changes nothing (mongomock stores it).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
 import bson
+from bson import ObjectId
 from mongomock import filtering
 from pymongo.errors import DocumentTooLarge, DuplicateKeyError, OperationFailure, WriteError
 
@@ -119,6 +120,7 @@ def limit_document_size(collection: Any) -> None:
 
 
 _PUSHING = frozenset({"update_one", "update_many", "find_one_and_update"})
+_applies = cast(Callable[[Any, Any], bool], filtering.filter_applies)
 _ABSENT = object()
 
 
@@ -133,9 +135,16 @@ def refuse_push_onto_non_arrays(collection: Any, name: str, args: Any, kwargs: A
     if not isinstance(update, Mapping) or not isinstance(update.get("$push"), Mapping):
         return
     fields = list(update["$push"])
-    docs = collection.find(query, limit=0 if name == "update_many" else 1)
-    if name != "update_many":
-        docs = docs.sort(kwargs["sort"]) if kwargs.get("sort") else docs
+    doc_id = query.get("_id") if isinstance(query, Mapping) else None
+    store = collection._store
+    if type(doc_id) in (str, ObjectId):
+        # A write to one document by its id (as the accelerator reads one): alone.
+        stored = store[doc_id] if doc_id in store else None  # noqa: SIM401 (a store has no get)
+        docs: Any = [stored] if stored is not None and _applies(query, stored) else []
+    else:
+        docs = collection.find(query, limit=0 if name == "update_many" else 1)
+        if name != "update_many" and kwargs.get("sort"):
+            docs = docs.sort(kwargs["sort"])
     for doc in docs:
         for path in fields:
             value: Any = doc
