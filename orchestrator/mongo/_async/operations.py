@@ -161,7 +161,10 @@ class AsyncOperations:
             if errors > 0 and rows:
                 await self._ensure_indexes(collection)
                 found = await self._reports.latest_errors(
-                    collection, errors, [row.phase for row in rows]
+                    collection,
+                    errors,
+                    [row.phase for row in rows],
+                    await self._keys(collection, live),
                 )
                 latest.extend(found)
         trail = await self._reports.read_audit(self._audit, 200) if errors > 0 else []
@@ -686,11 +689,15 @@ class AsyncOperations:
             counts[record.history] = counts.get(record.history, 0) + 1
         return max(sorted(counts), key=lambda n: counts[n])
 
-    async def _keys(self, collection: str) -> list[tuple[str, ...]]:
+    async def _keys(
+        self, collection: str, live: list[ReplicaRecord] | None = None
+    ) -> list[tuple[str, ...]]:
         """The business keys of ``collection``: the unique keys ``submit`` indexed, and
-        those the live replicas declare (whose submits may not have run yet)."""
+        those the live replicas (``live``, read now when not given) declare (whose
+        submits may not have run yet)."""
         found = await self._reports.unique_keys(collection)
-        for keys in replicas.business_keys(await self.replicas(), collection):
+        records = live if live is not None else await self.replicas()
+        for keys in replicas.business_keys(records, collection):
             if keys not in found:
                 found.append(keys)
         return found

@@ -161,7 +161,12 @@ class Operations:
             phases.extend(rows)
             if errors > 0 and rows:
                 self._ensure_indexes(collection)
-                found = self._reports.latest_errors(collection, errors, [row.phase for row in rows])
+                found = self._reports.latest_errors(
+                    collection,
+                    errors,
+                    [row.phase for row in rows],
+                    self._keys(collection, live),
+                )
                 latest.extend(found)
         trail = self._reports.read_audit(self._audit, 200) if errors > 0 else []
         return Status(
@@ -685,11 +690,15 @@ class Operations:
             counts[record.history] = counts.get(record.history, 0) + 1
         return max(sorted(counts), key=lambda n: counts[n])
 
-    def _keys(self, collection: str) -> list[tuple[str, ...]]:
+    def _keys(
+        self, collection: str, live: list[ReplicaRecord] | None = None
+    ) -> list[tuple[str, ...]]:
         """The business keys of ``collection``: the unique keys ``submit`` indexed, and
-        those the live replicas declare (whose submits may not have run yet)."""
+        those the live replicas (``live``, read now when not given) declare (whose
+        submits may not have run yet)."""
         found = self._reports.unique_keys(collection)
-        for keys in replicas.business_keys(self.replicas(), collection):
+        records = live if live is not None else self.replicas()
+        for keys in replicas.business_keys(records, collection):
             if keys not in found:
                 found.append(keys)
         return found
