@@ -117,9 +117,10 @@ def seed_invoices(seeded: Seeded) -> list[str]:
 
 
 def replica_records(now: datetime, handlers: Sequence[Handler] = ()) -> list[ReplicaRecord]:
-    """pod-2 like pod-1 (it runs gw-held's step), pod-3 with a lock timeout of 300 s, and
-    pod-9, which died: its record expired, though the TTL monitor has not deleted it yet.
-    Each runs ``handlers`` (pod-1's)."""
+    """pod-2 like pod-1 (it runs gw-held's step), pod-3 with a lock timeout of 300 s,
+    pod-4 silent for 15 s (three heartbeats: stale, its record still live), and pod-9,
+    which died: its record expired, though the TTL monitor has not deleted it yet. Each
+    runs ``handlers`` (pod-1's)."""
 
     def made(replica_id: str, seen: datetime, **settings: Any) -> ReplicaRecord:
         values: dict[str, Any] = {
@@ -148,6 +149,7 @@ def replica_records(now: datetime, handlers: Sequence[Handler] = ()) -> list[Rep
             steps=[RunningStep("gateways", "gw-held", "Provisioning", now)],
         ),
         made("pod-3", now - timedelta(seconds=4), engine="async", lock_timeout=300.0),
+        made("pod-4", now - timedelta(seconds=15)),
         made("pod-9", now - timedelta(minutes=5)),
     ]
 

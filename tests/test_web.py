@@ -137,12 +137,21 @@ def test_the_page_lists_the_live_replicas_and_flags_their_disagreement(
     seed(db, clock)
     shown = read(page.get("/ops/"))
     replicas = {row[0]: row for row in shown.rows("replicas")}
-    assert sorted(replicas) == ["pod-1", "pod-2", "pod-3"]  # pod-9's record expired
+    assert sorted(replicas) == ["pod-1", "pod-2", "pod-3", "pod-4"]  # pod-9's expired
     assert replicas["pod-3"][3] == "async"
     assert [replicas[name][7] for name in ("pod-1", "pod-3")] == ["30s", "300s"]
     assert replicas["pod-1"][10] == "none"
     assert replicas["pod-2"][10].startswith("gateways/gw-held (Provisioning, for")
-    assert "replicas disagree on lock_timeout: 30s (pod-1, pod-2); 300s (pod-3)" in shown.text
+    # Silent past two heartbeats (2 x 5 s at a 30 s lock timeout): marked, still listed.
+    assert replicas["pod-4"][6] == "15 s ago stale"
+    assert [replicas[name][6] for name in ("pod-1", "pod-2", "pod-3")] == [
+        "0 s ago",
+        "1 s ago",
+        "4 s ago",  # 300 s lock timeout: a heartbeat every 10 s, stale past 20 s
+    ]
+    assert (
+        "replicas disagree on lock_timeout: 30s (pod-1, pod-2, pod-4); 300s (pod-3)" in shown.text
+    )
     assert "disagree on tick" not in shown.text
     held = read(page.get(shown.links["gateways/gw-held"]))  # the step it runs, opened
     assert held.field("lockedBy") == "pod-2"

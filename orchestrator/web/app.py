@@ -85,6 +85,9 @@ from orchestrator.web.views import (
 
 __all__ = ["operator_app"]
 
+MOVING = frozenset({"leased", "overdue", "waiting", "free"})
+"""The lease badges of a document that changes by itself: its page reloads itself."""
+
 NOTICES = {
     "unlocked": "Unlocked: the document is claimable at once.",
     "retried": "Retried: attempts reset, the document is claimable at once.",
@@ -223,7 +226,9 @@ async def document(site: Site, request: Request, links: Links) -> Response:
         links,
         "document.html",
         status=status,
-        refreshing=True,
+        # Reloaded while it moves on its own; at rest (failed, paused, done) it stays, and
+        # so does a traceback the operator opened.
+        refreshing=badge.name in MOVING,
         at=now,
         notice=NOTICES.get(params.get("done", "")),
         collection=collection,
