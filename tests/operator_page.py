@@ -9,12 +9,17 @@ them failed.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from html.parser import HTMLParser
 from typing import Any
 
+import httpx
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+from pymongo import AsyncMongoClient
 from pymongo.database import Database
 
 from orchestrator import Lease, Orchestrator
@@ -24,7 +29,38 @@ from orchestrator.core.queries import bson_time
 from orchestrator.core.registry import Handler
 from orchestrator.core.replicas import HandlerInfo, ReplicaRecord, RunningStep, new_record
 from orchestrator.mongo import Store
-from orchestrator.testing import FakeClock
+from orchestrator.operations import AsyncOperations, AsyncStatusCache
+from orchestrator.testing import FakeClock, async_view
+from orchestrator.testing.memory import MemoryDatabase
+from orchestrator.web import operator_app
+from tests.conftest import MONGODB_URI
+
+
+@contextmanager
+def mounted(db: Database[Any], **options: Any) -> Iterator[TestClient]:
+    """The page mounted at /ops in a FastAPI app, on the async view of ``db`` (or an
+    ``AsyncMongoClient`` of the same server), as an application mounts it. Its status
+    report is computed at every request unless ``options`` give a cache: the tests
+    change the database between two reads (the cache is tested on its own clock)."""
+    client: AsyncMongoClient[Any] | None = None
+    if isinstance(db, MemoryDatabase):
+        adb: Any = async_view(db)
+    else:
+        client = AsyncMongoClient(MONGODB_URI, serverSelectionTimeoutMS=5000)
+        adb = client[db.name]
+    options.setdefault("status", AsyncStatusCache(AsyncOperations(adb), max_age=0))
+    app = FastAPI()
+    app.mount("/ops", operator_app(adb, **options))
+    with TestClient(app) as test_client:
+        yield test_client
+        if client is not None:
+            test_client.portal.call(client.close)  # type: ignore[union-attr]
+
+
+def read(response: httpx.Response, status: int = 200) -> Page:
+    """The page a response carries, whose status must be ``status``."""
+    assert response.status_code == status, response.text
+    return Page(response.text)
 
 
 @dataclass

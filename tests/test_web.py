@@ -49,35 +49,15 @@ from orchestrator.web import operator_app
 from orchestrator.web import serve as web_serve
 from tests.conftest import MONGODB_URI, MakeEither
 from tests.engines import hold, wait
-from tests.operator_page import Page, replica_records, seed
+from tests.operator_page import Page, mounted, read, replica_records, seed
 
 XSS = '<script>alert("x")</script>\'"><img src=x onerror=alert(1)>'
 
 
 @pytest.fixture
 def page(db: Database[Any]) -> Iterator[TestClient]:
-    """The page mounted at /ops in a FastAPI app, on the async view of ``db`` (or an
-    ``AsyncMongoClient`` of the same server), as an application mounts it."""
-    client: AsyncMongoClient[Any] | None = None
-    if isinstance(db, MemoryDatabase):
-        adb: Any = async_view(db)
-    else:
-        client = AsyncMongoClient(MONGODB_URI, serverSelectionTimeoutMS=5000)
-        adb = client[db.name]
-    app = FastAPI()
-    # A report computed at every request: the tests change the database between reads
-    # (the cache is tested on its own, on a fake clock).
-    cache = AsyncStatusCache(AsyncOperations(adb), max_age=0)
-    app.mount("/ops", operator_app(adb, status=cache))
-    with TestClient(app) as test_client:
-        yield test_client
-        if client is not None:
-            test_client.portal.call(client.close)  # type: ignore[union-attr]
-
-
-def read(response: httpx.Response, status: int = 200) -> Page:
-    assert response.status_code == status, response.text
-    return Page(response.text)
+    with mounted(db) as client:
+        yield client
 
 
 def open_document(page: TestClient, doc_id: str) -> Page:

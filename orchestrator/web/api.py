@@ -50,6 +50,7 @@ from starlette.routing import Route
 from orchestrator.core.browse import DEFAULT_LIMIT, MAX_LIMIT
 from orchestrator.core.errors import ConfigError, StoreError
 from orchestrator.core.history import HISTORY_FIELD, entries
+from orchestrator.core.operator import error_phase
 from orchestrator.operations import (
     Action,
     AmbiguousId,
@@ -66,7 +67,7 @@ from orchestrator.operations import (
 )
 from orchestrator.web.browse import selection_of
 from orchestrator.web.inputs import Refused, Selection, json_body, parse_ref
-from orchestrator.web.site import SECURITY_HEADERS, Site, links_of
+from orchestrator.web.site import SECURITY_HEADERS, Site
 from orchestrator.web.views import Fleet
 
 __all__ = ["routes"]
@@ -158,7 +159,7 @@ async def documents(site: Site, request: Request) -> dict[str, Any]:
 
 
 async def document(site: Site, request: Request) -> dict[str, Any]:
-    collection, doc = await site.find(request.query_params, links_of(request))
+    collection, doc = await site.locate(request.query_params)
     fleet_at = await site.operations.now()
     fleet = replace(Fleet.of(await site.status()), at=fleet_at)
     row = Row.read(doc, fleet_at, fleet.keys(collection), fleet.names())
@@ -224,7 +225,13 @@ async def act(action: Action, site: Site, request: Request) -> dict[str, Any]:
     seen = body.get("seen")
     if not isinstance(seen, Mapping):
         raise Refused(400, "seen: the document's state as read (/api/document gives it)")
-    seen = {**seen, "_id": doc_id}
+    # As it is now: where its last error happened (a retry's default target), and until
+    # when its lease runs (a retry takes a live one only with force). Applied only while
+    # it is still in the phase, under the lease, ``seen`` says.
+    current = await site.operations.document(collection, doc_id)
+    seen = {**seen, "_id": doc_id, "lockedUntil": current.get("lockedUntil")}
+    if action is Action.RETRY and to is None:
+        to = error_phase(current)
     shown: dict[str, Any] = {"action": action.value, "collection": collection}
     if action is Action.UNLOCK:
         after = await site.operations.unlock(collection, seen, by=by, why=why)

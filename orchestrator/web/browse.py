@@ -54,6 +54,7 @@ async def documents(site: Site, request: Request, links: Links) -> Response:
             collections=collections,
             selection=None,
             states=list(LeaseState),
+            refused=None,
         )
     selection = selection_of(request)
     await site.collection(selection.collection)
@@ -64,11 +65,11 @@ async def documents(site: Site, request: Request, links: Links) -> Response:
         "states": list(LeaseState),
         "phases": phases_of(status, selection.collection),
     }
+    limit = _limit(params.get("limit"))
+    kept = {"limit": str(limit)} if limit != DEFAULT_LIMIT else {}
     try:
         query = await selection.resolve(site.operations)
-        page = await site.operations.browse(
-            query, after=params.get("after") or None, limit=_limit(params.get("limit"))
-        )
+        page = await site.operations.browse(query, after=params.get("after") or None, limit=limit)
         total = await site.operations.count(query, limit=COUNTED + 1)
     except OperatorError as exc:  # the form stays, with what to change
         code = 422 if isinstance(exc, UnindexedField) else 400
@@ -85,7 +86,7 @@ async def documents(site: Site, request: Request, links: Links) -> Response:
         rows=[(row, fleet.badge(selection.collection, row)) for row in page.rows],
         total=total,
         counted=COUNTED,
-        next_page=links.documents(selection, after=page.next) if page.next else None,
+        next_page=links.documents(selection, after=page.next, **kept) if page.next else None,
         paged=bool(params.get("after")),
         refused=None,
         **context,

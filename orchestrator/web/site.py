@@ -220,20 +220,29 @@ class Site:
             )
         return name
 
-    async def find(self, params: Mapping[str, str], links: Links) -> tuple[str, Document]:
+    async def locate(self, params: Mapping[str, str]) -> tuple[str, Document]:
         """The document ``ref`` names exactly, or the one an id typed as text (``id``, as
-        it is: ``"gw-1 "`` is not ``"gw-1"``), else its business key, names; a typed id
-        that names two is refused with a link to each."""
+        it is: ``"gw-1 "`` is not ``"gw-1"``), else its business key, names.
+
+        :raises DocumentNotFound: it names none
+        :raises AmbiguousId: a typed id names two
+        """
         collection = await self.collection(params.get("c"))
         ref, raw = params.get("ref"), params.get("id", "")
+        if ref:
+            return collection, await self.operations.document(collection, parse_ref(ref))
+        if raw:
+            return collection, await self.operations.find(collection, raw)
+        raise Refused(400, "which document? give its id (id=...)")
+
+    async def find(self, params: Mapping[str, str], links: Links) -> tuple[str, Document]:
+        """``locate``, its failures as the page says them: a typed id that names two is
+        answered with a link to each."""
         try:
-            if ref:
-                doc_id = parse_ref(ref)
-                return collection, await self.operations.document(collection, doc_id)
-            if raw:
-                return collection, await self.operations.find(collection, raw)
+            return await self.locate(params)
         except DocumentNotFound:
-            shown = raw or ref
+            shown = params.get("id") or params.get("ref")
+            collection = params.get("c")
             raise Refused(
                 404, f"no document {shown!r} in collection {collection!r}", kind="NotFound"
             ) from None
@@ -241,13 +250,14 @@ class Site:
             choices = [
                 (
                     f"{id_json(d['_id'])} (phase {text(d.get('phase', MISSING))})",
-                    links.document(collection, d["_id"]),
+                    links.document(exc.collection, d["_id"]),
                 )
                 for d in exc.documents
             ]
-            message = f"{raw!r} names more than one document in {collection!r}: which one?"
+            message = (
+                f"{exc.typed!r} names more than one document in {exc.collection!r}: which one?"
+            )
             raise Refused(300, message, choices, kind="AmbiguousId") from None
-        raise Refused(400, "which document? give its id (id=...)")
 
 
 def links_of(request: Request) -> Links:
