@@ -185,7 +185,7 @@ def test_pause_and_resume_from_the_page_with_who_honours_each_pause(
     assert "“CA maintenance”" in banner
     assert "Honoured by no live replica yet; not yet by pod-1, pod-2, pod-3, pod-4" in banner
     # The banner is on every page, and shown once: the reload drops done=.
-    assert 'content="5.0; url=/ops/"' in page.get("/ops/?done=paused").text
+    assert 'content="5; url=/ops/"' in page.get("/ops/?done=paused").text
     for url in ("/ops/documents?c=gateways", "/ops/document?c=gateways&id=gw-1", "/ops/audit"):
         assert "gateways, phase Provisioning" in read(page.get(url)).text_of("pauses")
     seeded.orch.heartbeat()  # pod-1 reads the pauses, and publishes that it honours it

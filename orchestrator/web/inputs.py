@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -122,10 +122,6 @@ class Selection:
             out.append(("error", self.error))
         out += [("key", key) for key in self.keys]
         return out
-
-    def but(self, **changes: Any) -> Selection:
-        """This selection with some parts changed (for links to a neighbouring list)."""
-        return replace(self, **changes)
 
     async def resolve(self, operations: AsyncOperations) -> Filter:
         """The ``Filter``: each key as ``FIELD=VALUE``, or a bare value of the collection's
