@@ -18,7 +18,7 @@ period for every reader of a process (the page, its JSON API, the metrics collec
 """
 
 from orchestrator.core.audit import AuditEntry
-from orchestrator.core.browse import Filter, LeaseState, Row, UnindexedField, parse_fields
+from orchestrator.core.browse import Filter, LeaseState, Page, Row, UnindexedField, parse_fields
 from orchestrator.core.errors import (
     AmbiguousId,
     DocumentChanged,
@@ -31,6 +31,7 @@ from orchestrator.core.errors import (
 from orchestrator.core.history import Entry
 from orchestrator.core.operator import (
     Action,
+    Bulk,
     Retried,
     default_actor,
     error_phase,
@@ -48,7 +49,6 @@ from orchestrator.mongo import (
     ReportStore,
     StatusCache,
 )
-from orchestrator.mongo._async.operations import Bulk, Page
 
 __all__ = [
     "Action",

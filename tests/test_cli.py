@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import selectors
 import signal
 import subprocess
@@ -25,17 +26,16 @@ from rich.console import Console
 import orchestrator
 from orchestrator import Lease, LeaseLost, Orchestrator
 from orchestrator.cli import connecting
-from orchestrator.cli import main as cli
 from orchestrator.core.queries import bson_time
 from orchestrator.demo import run as demo
 from orchestrator.demo.run import DemoOptions
 from orchestrator.demo.workflows import gateway
 from orchestrator.testing import FakeClock
+from tests.cli_kit import URI, assert_one_line_error, publish, run
 from tests.conftest import MakeEither
 from tests.engines import hold, wait
 
 ROOT = Path(__file__).resolve().parent.parent
-URI = "mongodb://ops:hunter2@db.internal:27017/platform"
 
 
 @pytest.fixture
@@ -45,23 +45,9 @@ def connected(db: Database[Any], monkeypatch: pytest.MonkeyPatch) -> Database[An
     return db
 
 
-def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    code = cli.main(argv)
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def assert_one_line_error(code: int, err: str, *needles: str) -> None:
-    assert code == 2
-    assert "Traceback" not in err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1, err
-    for needle in needles:
-        assert needle in lines[0]
-
-
 def seed(db: Database[Any], clock: FakeClock) -> Orchestrator:
-    """Three gateways: one done, one whose step keeps failing, one held by a dead replica."""
+    """Three gateways: one done, one whose step keeps failing, one held by a dead replica;
+    the replica's record is live (a retry goes only to a phase a live replica handles)."""
     orch = Orchestrator(db, replica_id="pod-1", clock=clock, clock_refresh=1e6, max_attempts=2)
 
     @orch.phase("gateways", "Deleting", to="Deleted")
@@ -86,6 +72,7 @@ def seed(db: Database[Any], clock: FakeClock) -> Orchestrator:
             "lockedBy": "pod-9",
         }
     )
+    publish(db, orch)
     return orch
 
 
@@ -348,7 +335,21 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
     assert orchestrator.__version__ == version("mongo-orchestrator")
 
 
-SUBCOMMANDS = ("demo", "run", "status", "unlock", "retry", "graph", "web")
+SUBCOMMANDS = (
+    "demo",
+    "run",
+    "status",
+    "find",
+    "history",
+    "retry",
+    "unlock",
+    "cancel",
+    "pause",
+    "resume",
+    "audit",
+    "graph",
+    "web",
+)
 
 
 def test_help_documents_commands_environment_and_exit_codes(
@@ -370,7 +371,7 @@ def test_every_subcommand_has_an_example_and_shows_its_defaults(
 ) -> None:
     code, out, _ = run([command, "--help"], capsys)
     assert code == 0
-    example = out.split("Example:")[1].strip().splitlines()[0]
+    example = re.split("Examples?:", out)[1].strip().splitlines()[0]
     assert f"orchestrator {command}" in example
     if command not in {"graph"}:  # graph has no option but --help
         assert "[default:" in out
@@ -450,6 +451,7 @@ async def test_retry_refuses_a_live_lease_unless_forced(
     lease (the holder's later writes then fail with LeaseLost)."""
     replica = await replicas("pod-2")
     box = hold(replica)
+    publish(connected, replica.orch)
     await replica.submit("jobs", {"_id": "job-1", "phase": "Running"})
     argv = ["retry", "job-1", "-c", "jobs", "--phase", "Running", "--uri", URI]
     async with anyio.create_task_group() as group:
@@ -487,12 +489,19 @@ def test_status_shows_what_is_stored_whatever_it_is(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A migrated application's own ``lastError`` (a string), an error record whose parts
-    are no strings, and a phase that is no string: shown, never a traceback."""
+    are no strings, and a phase that is no string (counted; its errors are listed by
+    phase name, which it has none of): shown, never a traceback."""
     monkeypatch.setenv("COLUMNS", "250")
     connected.gateways.insert_many(
         [
             {"_id": "migrated", "phase": "Failed", "lastError": "provider timeout"},
-            {"_id": "odd", "phase": 7, "attempts": "3", "lastError": {"type": 1, "message": [2]}},
+            {
+                "_id": "odd",
+                "phase": "Odd",
+                "attempts": "3",
+                "lastError": {"type": 1, "message": [2]},
+            },
+            {"_id": "seven", "phase": 7, "lastError": {"type": "E", "message": "m"}},
             {"_id": "listed", "phase": ["a"], "lastError": ["x", {"y": None}]},
         ]
     )
@@ -502,9 +511,11 @@ def test_status_shows_what_is_stored_whatever_it_is(
     assert "1: [2]" in out
     code, out, _ = run(["status", "--uri", URI, "--json"], capsys)
     assert code == 0
-    errors = {e["id"]: e for e in json.loads(out)["errors"]}
+    report = json.loads(out)
+    errors = {e["id"]: e for e in report["errors"]}
     assert errors["migrated"]["message"] == "provider timeout"
-    assert (errors["odd"]["phase"], errors["odd"]["attempts"]) == ("7", 0)
+    assert (errors["odd"]["type"], errors["odd"]["attempts"]) == ("1", 0)
+    assert {r["phase"]: r["count"] for r in report["phases"]}["7"] == 1
 
 
 def test_status_prints_what_is_stored_verbatim_not_as_markup(
@@ -541,7 +552,7 @@ def test_status_and_retry_show_control_characters_as_escapes_never_as_terminal_c
     assert code == 0, err
     assert "\x1b" not in out
     assert "gw\\x1b[2J" in out and "boom\\x1b[31m" in out
-    code, out, err = run(["retry", "--uri", URI, "-c", "jobs", "gw\x1b[2J"], capsys)
+    code, out, err = run(["retry", "--uri", URI, "-c", "jobs", "gw\x1b[2J", "--force"], capsys)
     assert code == 0, err
     assert "\x1b" not in out + err and "\\x1b" in out
 
@@ -566,7 +577,7 @@ def test_an_id_typed_as_text_that_names_two_documents_is_refused(
         ]
     )
     before = list(connected.jobs.find())
-    for command in (["unlock"], ["retry", "--phase", "Running"]):
+    for command in (["unlock"], ["retry", "--phase", "Running", "--force"]):
         code, _, err = run([*command, "42", "-c", "jobs", "--uri", URI], capsys)
         assert_one_line_error(
             code,
@@ -584,7 +595,8 @@ def test_an_id_typed_as_text_that_names_two_documents_is_refused(
     assert "lockToken" not in connected.jobs.find_one({"_id": {"$eq": 42}})
     assert connected.jobs.find_one({"_id": {"$eq": "42"}})["lockToken"] == "t1"
     code, out, _ = run(
-        ["retry", "--id-json", '"42"', "-c", "jobs", "--phase", "Running", "--uri", URI], capsys
+        ["retry", "--id-json", '"42"', "-c", "jobs", "--phase", "Running", "--force", "--uri", URI],
+        capsys,
     )
     assert code == 0, out
     assert connected.jobs.find_one({"_id": {"$eq": "42"}})["phase"] == "Running"

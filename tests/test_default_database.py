@@ -36,9 +36,10 @@ def test_the_stores_and_the_cli_default_to_it() -> None:
         for name, command in commands.main.commands.items()
         if "db" in {p.name for p in command.params}
     }
-    assert set(defaults) == {"demo", "status", "unlock", "retry", "web"}
+    operators = {"status", "find", "history", "retry", "unlock", "cancel", "pause", "resume"}
+    assert set(defaults) == {"demo", "web", "audit", *operators}
     assert defaults["demo"].default == DEFAULT_DATABASE
-    for name in ("status", "unlock", "retry", "web"):  # the URI's database, else the default
+    for name in set(defaults) - {"demo"}:  # the URI's database, else the default
         option = defaults[name]
         assert isinstance(option, click.Option)
         assert option.default is None

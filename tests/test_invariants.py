@@ -78,6 +78,7 @@ from orchestrator.operations import (
     DocumentNotFound,
     LeaseHeld,
     Operations,
+    Scope,
     error_phase,
 )
 from orchestrator.testing import FakeClock, memory_database
@@ -135,6 +136,10 @@ class Violation(AssertionError):
 
 class LiveLeaseTaken(Violation):
     """A claim took a lease that was still live, or a document still waiting out a wait."""
+
+
+class PausedWorkClaimed(Violation):
+    """A replica claimed work of a handler an operator paused, after reading the pause."""
 
 
 class StaleWriteLanded(Violation):
@@ -1134,6 +1139,11 @@ class LeaseMachine(RuleBasedStateMachine):
                 f"{replica.name} after {previous.replica.name}'s run had landed",
             )
         self.seen[key] = attempt
+        if lease.handler.key in replica.orch._books.paused():
+            self.violate(
+                PausedWorkClaimed,
+                f"{replica.name} claimed {doc.get('name')} for {label}, which it had paused",
+            )
         behaviour = await self.next_behaviour(replica, attempt)
         FIGURES["steps"] += 1
         FIGURES[f"step: {behaviour.name}"] += 1
@@ -1666,6 +1676,20 @@ class LeaseMachine(RuleBasedStateMachine):
             OperatorView(action, doc["_id"], doc.get("phase"), doc.get("lockToken"), target, True)
         )
 
+    @precondition(lambda self: self.mirror and self.stall is None)
+    @rule(phase=st.sampled_from(["A", "B"]), resume=st.booleans())
+    def operator_pause(self, phase: str, resume: bool) -> None:
+        """``orchestrator pause|resume -c jobs --phase P``; every live replica's next
+        heartbeat reads it (here at once): none claims work of a paused phase after."""
+        self.action(f"operator {'resume' if resume else 'pause'} phase {phase}")
+        scope = Scope(COLLECTION, phase)
+        changed = self.operator.resume(scope) if resume else self.operator.pause(scope)
+        FIGURES[
+            f"operator {'resume' if resume else 'pause'}: {'done' if changed else 'no-op'}"
+        ] += 1
+        for replica in self.alive():
+            replica.run(replica.orch._pauses.read)
+
     @precondition(lambda self: self.pending)
     @rule(which=st.integers(0, MAX_PENDING - 1))
     def operator_page_submit(self, which: int) -> None:
@@ -1686,14 +1710,19 @@ class LeaseMachine(RuleBasedStateMachine):
 
     @rule()
     def settle(self) -> None:
-        """Liveness: once every lease, wait and clock estimate has run out, one tick of each
-        replica claims every document some handler may claim (one in the failed phase too,
-        for a handler other than the one that failed it, whatever their names)."""
+        """Liveness: once every lease, wait and clock estimate has run out and the pauses
+        are lifted, one tick of each replica claims every document some handler may claim
+        (one in the failed phase too, for a handler other than the one that failed it,
+        whatever their names)."""
         self.action("settle")
         if self.stall is not None:
             self.release_stall()
         self.script.clear()
         self.policy_values = {"relock": deque(), "retry": deque()}
+        for pause in self.operator.pauses():  # paused work waits, by design: lift them
+            self.operator.resume(pause.scope)
+        for replica in self.alive():
+            replica.run(replica.orch._pauses.read)
         self.clock.advance(SETTLE)
         before = Counter(self.claims_by_doc)
         for replica in self.alive():

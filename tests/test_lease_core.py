@@ -543,12 +543,10 @@ def test_a_history_that_is_no_list_is_replaced_never_pushed_onto(stored: Any) ->
     """$push onto a non-array is refused by the server, and with it the step's outcome:
     whatever a writer left in the field, the release writes."""
     update = lease({history.HISTORY_FIELD: stored})._unlock_write({})[0].update
-    if stored is None:
-        assert history.HISTORY_FIELD in update["$push"]
-    else:
-        assert "$push" not in update
-        (entry,) = update["$set"][history.HISTORY_FIELD]
-        assert entry["outcome"] == "unlocked"
+    assert "$push" not in update
+    (entry,) = update["$set"][history.HISTORY_FIELD]
+    assert entry["outcome"] == "unlocked"
+    assert "$push" in lease()._unlock_write({})[0].update  # absent: pushed
 
 
 @pytest.mark.pure

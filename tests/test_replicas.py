@@ -510,3 +510,14 @@ def test_status_says_when_no_replica_is_live(
 def test_the_replicas_collection_must_be_a_usable_name(name: str) -> None:
     with pytest.raises(ConfigError, match="replicas_collection"):
         Settings.build(replicas_collection=name)
+
+
+@pytest.mark.pure
+def test_a_replica_silent_past_two_heartbeats_is_stale() -> None:
+    """Its record lives four heartbeats (``record_ttl``); past two missed, operators are
+    told: it died, stalled or lost the database, and its leases will be taken over."""
+    seen = record("pod-1", now=T0)
+    beat = refresh_interval(30)
+    assert not seen.stale(T0 + timedelta(seconds=2 * beat))
+    assert seen.stale(T0 + timedelta(seconds=2 * beat + 0.001))
+    assert seen.live(T0 + timedelta(seconds=2 * beat + 0.001))

@@ -457,6 +457,7 @@ def test_with_no_room_for_a_message_the_attempt_still_counts(
 
 
 def failed_job(db: Database[Any], clock: FakeClock) -> None:
+    """A failed job; no replica is live, so a retry to its phase takes --force."""
     error = {"type": "E", "message": "no", "at": bson_time(clock.now()), "phase": "Queued"}
     db.jobs.insert_one({"_id": "j", "phase": "Failed", "attempts": 5, "lastError": error})
 
@@ -468,7 +469,7 @@ def test_retry_stamps_updated_at_with_the_servers_clock(
     db = memory_database(clock=server)
     monkeypatch.setattr(connecting, "connect", lambda uri, database, timeout: db)
     failed_job(db, server)
-    assert cli.main(["retry", "j", "-c", "jobs", "--uri", "mongodb://db"]) == 0
+    assert cli.main(["retry", "j", "-c", "jobs", "--force", "--uri", "mongodb://db"]) == 0
     assert db.jobs.find_one({"_id": "j"})["updatedAt"] == datetime(2031, 5, 6, 7, 8, 9)
     assert capsys.readouterr().err == ""
 
@@ -479,6 +480,6 @@ def test_retry_says_so_when_the_server_gives_no_time(
     db = memory_database(clock=FakeClock(), server_time=False)
     monkeypatch.setattr(connecting, "connect", lambda uri, database, timeout: db)
     failed_job(db, FakeClock())
-    assert cli.main(["retry", "j", "-c", "jobs", "--uri", "mongodb://db"]) == 0
+    assert cli.main(["retry", "j", "-c", "jobs", "--force", "--uri", "mongodb://db"]) == 0
     assert "this machine's clock" in capsys.readouterr().err
     assert db.jobs.find_one({"_id": "j"})["phase"] == "Queued"

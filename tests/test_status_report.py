@@ -247,7 +247,7 @@ def test_the_report_as_json_says_everything_in_plain_types() -> None:
                 "key": None,
             },
         ],
-        "replicas": [{**record.to_dict(), "seen_ago": 2.877}],
+        "replicas": [{**record.to_dict(), "seen_ago": 2.877, "stale": False}],
         "disagreements": [disagreement.to_dict()],
         "pauses": [
             {

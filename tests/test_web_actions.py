@@ -109,7 +109,7 @@ def test_a_bulk_retry_shows_what_it_would_do_asks_why_then_does_it(
     assert [phases[f"INV-{n}"] for n in (1003, 1004, 1005)] == ["Charging", "Charging", "Refunded"]
     [entry] = [e for e in Operations(db).audit() if e.kind == "operator"]
     assert (entry.action, entry.count, entry.why) == ("retry", 2, "the bank is back")
-    assert entry.scope == {"collection": "invoices", "phase": "['Failed']"}
+    assert entry.scope == {"collection": "invoices", "phase": "Failed"}
     assert sorted(entry.documents) == sorted(f'{{"$oid": "{i}"}}' for i in ids[2:4])
 
 

@@ -5,26 +5,47 @@ Click gives what the conventions of well-liked command lines ask for with little
 options (a bad value is refused before anything runs, exit status 2), and case-insensitive
 choices. ``orchestrator.cli.main.main`` runs it and turns every error into one line.
 
-The subcommands, by what they serve: ``running`` (``demo``, ``run``, ``web``),
-``operators`` (``status``, ``unlock``, ``retry``) and ``graph``; what they share is in
-``conventions`` and ``connecting``.
+The subcommands, by what they serve: ``running`` (``demo``, ``run``, ``web``); the
+operators' ``status``, ``finding`` (``find``), ``history``, ``acting`` (``retry``,
+``unlock``, ``cancel``), ``pausing`` (``pause``, ``resume``) and ``auditing``
+(``audit``); and ``graph``. What they share is in ``conventions``, ``connecting``,
+``selecting`` (which documents) and ``listing`` (how they are printed).
 """
 
 from __future__ import annotations
 
 import click
 
+from orchestrator.cli.acting import cancel, retry, unlock
+from orchestrator.cli.auditing import audit
 from orchestrator.cli.conventions import CONTEXT, EPILOG
+from orchestrator.cli.finding import find
 from orchestrator.cli.graph import graph
-from orchestrator.cli.operators import retry, status, unlock
+from orchestrator.cli.history import history
+from orchestrator.cli.pausing import pause, resume
 from orchestrator.cli.running import demo, run_worker, web
+from orchestrator.cli.status import status
 from orchestrator.core.extras import DISTRIBUTION
 
 
 @click.group(
     context_settings=CONTEXT,
     epilog=EPILOG,
-    commands=[demo, run_worker, status, unlock, retry, web, graph],
+    commands=[
+        demo,
+        run_worker,
+        status,
+        find,
+        history,
+        retry,
+        unlock,
+        cancel,
+        pause,
+        resume,
+        audit,
+        web,
+        graph,
+    ],
 )
 @click.version_option(
     package_name=DISTRIBUTION, prog_name="orchestrator", message="%(prog)s %(version)s"
@@ -36,6 +57,7 @@ def main() -> None:
     Examples:
       orchestrator demo
       orchestrator status --uri mongodb://localhost:27017
+      orchestrator find -c invoices --state failed
       orchestrator run myapp.workers:orch
     """
 

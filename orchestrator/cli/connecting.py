@@ -1,10 +1,14 @@
 """``--uri``, ``--db`` and ``--connect-timeout``, and the database they name: shared by
-every command that connects, so each checks a URI and reaches a server alike."""
+every command that connects, so each checks a URI and reaches a server alike; with the
+library's own collections (``--replicas-collection`` and the like), the ``Operations``
+of the operators' commands."""
 
 from __future__ import annotations
 
+import functools
 import warnings
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import click
@@ -13,10 +17,14 @@ from pymongo.errors import ConfigurationError, InvalidURI
 from pymongo.uri_parser import parse_uri
 
 from orchestrator.cli.conventions import CommandError
+from orchestrator.core.audit import AUDIT_COLLECTION
+from orchestrator.core.pauses import PAUSES_COLLECTION
 from orchestrator.core.redact import redact
+from orchestrator.core.replicas import REPLICAS_COLLECTION
 from orchestrator.core.settings import DEFAULT_DATABASE
 from orchestrator.mongo import connect
 from orchestrator.mongo.common import Document
+from orchestrator.operations import Operations
 
 DEFAULT_CONNECT_TIMEOUT = 5.0
 
@@ -72,4 +80,73 @@ def open_database(uri: str | None, db: str | None, timeout: float) -> Database[D
     return connect(uri, db, timeout=timeout)
 
 
-__all__ = ["DEFAULT_CONNECT_TIMEOUT", "database_options", "open_database"]
+@dataclass(frozen=True)
+class Connection:
+    """The database and the library's own collections an operators' command names."""
+
+    uri: str | None
+    db: str | None
+    timeout: float
+    replicas: str
+    pauses: str
+    audit: str
+
+    def operations(self, collection: str | None = None) -> Operations:
+        """``Operations`` on the database, reachable now; ``collection``: one it must have
+        (a typo is refused, not answered with nothing)."""
+        return self.open(collection)[1]
+
+    def open(self, collection: str | None = None) -> tuple[Database[Document], Operations]:
+        """The database, and ``Operations`` on it (as ``operations``)."""
+        database = open_database(self.uri, self.db, self.timeout)
+        operations = Operations(
+            database,
+            replicas_collection=self.replicas,
+            pauses_collection=self.pauses,
+            audit_collection=self.audit,
+        )
+        if collection is not None and collection not in operations.collections():
+            raise CommandError(f"unknown collection {collection!r} in database {database.name!r}")
+        return database, operations
+
+
+def operations_options(command: F) -> F:
+    """The database options and the library's own collections (as the replicas'
+    settings name them), given to ``command`` as one ``connection``."""
+
+    @functools.wraps(command)
+    def run(
+        *args: Any,
+        uri: str | None,
+        db: str | None,
+        connect_timeout: float,
+        replicas_collection: str,
+        pauses_collection: str,
+        audit_collection: str,
+        **kwargs: Any,
+    ) -> Any:
+        connection = Connection(
+            uri, db, connect_timeout, replicas_collection, pauses_collection, audit_collection
+        )
+        return command(*args, connection=connection, **kwargs)
+
+    decorated: Any = run
+    for name, default, setting in (
+        ("--audit-collection", AUDIT_COLLECTION, "audit_collection"),
+        ("--pauses-collection", PAUSES_COLLECTION, "pauses_collection"),
+        ("--replicas-collection", REPLICAS_COLLECTION, "replicas_collection"),
+    ):
+        decorated = click.option(name, default=default, help=f"The replicas' {setting} setting.")(
+            decorated
+        )
+    result: F = database_options(default_db=None)(decorated)
+    return result
+
+
+__all__ = [
+    "DEFAULT_CONNECT_TIMEOUT",
+    "Connection",
+    "database_options",
+    "open_database",
+    "operations_options",
+]

@@ -5,7 +5,7 @@ is known to be installed."""
 
 from __future__ import annotations
 
-EXIT_FAILED = 1  # the command ran and found something wrong (demo invariants)
+EXIT_FAILED = 1  # the command ran and found something wrong (demo invariants), or not confirmed
 EXIT_ERROR = 2  # the command could not run: bad input, unreachable database
 EXIT_INTERRUPTED = 130
 
@@ -13,13 +13,14 @@ LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 EPILOG = """\b
 Environment:
-  MONGODB_URI  the server's URI, when --uri is not given (status, unlock, retry,
-               web; demo: a real server instead of the in-memory store)
+  MONGODB_URI  the server's URI, when --uri is not given (the operators' commands
+               and web; demo: a real server instead of the in-memory store)
 \b
 Exit status:
   0    success
   1    the command ran and found something wrong (a demo invariant failed,
-       a worker stopped with steps still running)
+       a worker stopped with steps still running), or an action on the
+       documents a filter selects was not confirmed
   2    bad input or an unreachable database: one line on stderr, never a traceback
   130  interrupted (Ctrl-C)
 """

@@ -113,7 +113,7 @@ class AuditEntry:
             action=str(doc.get("action", "?")),
             why=str(doc.get("why", "")),
             collection=str(doc.get("collection", "")),
-            scope={str(k): str(v) for k, v in scope.items()} if isinstance(scope, dict) else {},
+            scope={str(k): _text(v) for k, v in scope.items()} if isinstance(scope, dict) else {},
             documents=tuple(str(d) for d in docs) if isinstance(docs, list) else (),
             count=count if isinstance(count, int) and not isinstance(count, bool) else 0,
             taken_from=None if taken is None else str(taken),
@@ -124,6 +124,13 @@ class AuditEntry:
         data["at"] = self.at.isoformat() if self.at is not None else None
         data["documents"] = list(self.documents)
         return data
+
+
+def _text(value: Any) -> str:
+    """A scope's value as text: a filter's phases (a list) as ``A,B``, as typed."""
+    if isinstance(value, list):
+        return ",".join(str(v) for v in value)
+    return str(value)
 
 
 __all__ = [

@@ -263,6 +263,25 @@ class Row:
         return data
 
 
+@dataclass(frozen=True)
+class Page:
+    """One page of a filter's documents: ``rows`` in the list's order, ``next`` the cursor
+    of the page after it (None: this is the last), ``index`` the index that served it."""
+
+    rows: list[Row]
+    next: str | None
+    index: str
+    at: datetime
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "at": self.at.isoformat(),
+            "documents": [row.to_dict() for row in self.rows],
+            "next": self.next,
+            "index": self.index,
+        }
+
+
 def business_key(doc: Mapping[str, Any], keys: Sequence[tuple[str, ...]]) -> str | None:
     """``doc``'s business key as ``FIELD=VALUE`` (joined by ``, `` for a compound key),
     from the first of ``keys`` it has every field of; None when none."""
@@ -415,6 +434,7 @@ __all__ = [
     "MAX_LIMIT",
     "Filter",
     "LeaseState",
+    "Page",
     "Plan",
     "Row",
     "UnindexedField",

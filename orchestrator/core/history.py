@@ -40,6 +40,11 @@ class EntryKind(StrEnum):
     OPERATOR = "operator"
 
 
+CLAIM_PROJECTION: dict[str, Any] = {HISTORY_FIELD: {"$slice": -1}}
+"""What a claim reads of the history: its last entry at most (a list's shape is all the
+release needs to know; anything else comes back as it is), so a claim's reply does not
+grow with the history, nor its decoding on every step."""
+
 LIST_SHAPE: dict[str, Any] = {
     "$or": [{HISTORY_FIELD: {"$exists": False}}, {HISTORY_FIELD: {"$type": "array"}}]
 }
@@ -48,11 +53,16 @@ which has not read the field, is fenced on; ``OTHER_SHAPE`` is the rest, set who
 OTHER_SHAPE: dict[str, Any] = {HISTORY_FIELD: {"$exists": True, "$not": {"$type": "array"}}}
 
 
+ABSENT: Any = object()
+"""The field's value when the document has none (``doc.get(HISTORY_FIELD, ABSENT)``)."""
+
+
 def push(entry: Mapping[str, Any], keep: int, current: Any) -> dict[str, Any]:
     """The update clause recording ``entry`` in a history of at most ``keep`` entries,
     given the field's ``current`` value (as read at the claim, or by the operator): pushed
-    onto a list, or set whole over anything else. Merged into a write's own update."""
-    if not isinstance(current, list) and current is not None:
+    onto a list (or a field that is ``ABSENT``), set whole over anything else, null
+    included (a server refuses ``$push`` onto it). Merged into a write's own update."""
+    if current is not ABSENT and not isinstance(current, list):
         return {"$set": {HISTORY_FIELD: [dict(entry)]}}
     return {"$push": {HISTORY_FIELD: {"$each": [dict(entry)], "$slice": -keep}}}
 
@@ -183,6 +193,8 @@ def _maybe(value: Any) -> str | None:
 
 
 __all__ = [
+    "ABSENT",
+    "CLAIM_PROJECTION",
     "DEFAULT_HISTORY",
     "DEFAULT_TRACEBACK",
     "HISTORY_FIELD",

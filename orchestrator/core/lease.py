@@ -315,7 +315,8 @@ class LeaseCore(Generic[R]):
                 error=error,
                 taken_from=self.taken_from,
             )
-            history.merge(update, history.push(entry, keep, self.doc.get(history.HISTORY_FIELD)))
+            current = self.doc.get(history.HISTORY_FIELD, history.ABSENT)
+            history.merge(update, history.push(entry, keep, current))
         return Write(update, action, until, phase_change, next_phase)
 
     def _fence(self, phase_change: bool) -> dict[str, Any]:

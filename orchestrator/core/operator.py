@@ -12,7 +12,7 @@ from __future__ import annotations
 import getpass
 import socket
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
 from typing import Any
@@ -22,6 +22,7 @@ from bson.errors import BSONError
 from bson.json_util import CANONICAL_JSON_OPTIONS
 
 from orchestrator.core import replicas
+from orchestrator.core.browse import Filter, Row
 from orchestrator.core.errors import OperatorError, UnhandledPhase
 from orchestrator.core.queries import as_utc
 from orchestrator.core.replicas import ReplicaRecord
@@ -41,6 +42,45 @@ class Retried:
     lease_taken: bool
 
 
+class Action(StrEnum):
+    """What an operator does to documents."""
+
+    RETRY = "retry"
+    UNLOCK = "unlock"
+    CANCEL = "cancel"
+
+
+@dataclass
+class Bulk:
+    """What an action on every document of a filter did (or, ``dry_run``, would do):
+    ``changed`` the documents' rows as they were; ``skipped`` those left alone, each with
+    why (held by a live lease, no error phase to retry to, changed meanwhile);
+    ``targets``: the phase each changed document was (or would be) sent to, by its row's
+    ``ref`` (else ``id``): a retry without ``target`` sends each to its own error phase."""
+
+    action: Action
+    filter: Filter
+    dry_run: bool
+    target: str | None
+    changed: list[Row] = field(default_factory=list)
+    skipped: list[tuple[Row, str]] = field(default_factory=list)
+    targets: dict[str, str] = field(default_factory=dict)
+
+    def target_of(self, row: Row) -> str | None:
+        """The phase ``row``'s document was (or would be) sent to."""
+        return self.targets.get(row.ref or row.id)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "action": self.action.value,
+            "filter": self.filter.describe(),
+            "dry_run": self.dry_run,
+            "target": self.target,
+            "changed": [{**row.to_dict(), "to": self.target_of(row)} for row in self.changed],
+            "skipped": [{**row.to_dict(), "why": why} for row, why in self.skipped],
+        }
+
+
 def error_phase(doc: Mapping[str, Any]) -> str | None:
     """The phase the document's last error happened in, where a retry sends it by default;
     once retried (its error kept as ``previousError``), that error's phase, so a retry
@@ -51,14 +91,6 @@ def error_phase(doc: Mapping[str, Any]) -> str | None:
         if isinstance(phase, str) and phase:
             return phase
     return None
-
-
-class Action(StrEnum):
-    """What an operator does to documents."""
-
-    RETRY = "retry"
-    UNLOCK = "unlock"
-    CANCEL = "cancel"
 
 
 def check_target(
@@ -137,6 +169,7 @@ def parse_id_json(text: str) -> Any:
 
 __all__ = [
     "Action",
+    "Bulk",
     "Retried",
     "cancelled_phase",
     "check_phase_name",

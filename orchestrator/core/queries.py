@@ -470,6 +470,15 @@ def exact_id_filter(doc_id: Any) -> dict[str, Any]:
     return {"_id": {"$eq": doc_id}}
 
 
+def operator_unlock_update() -> dict[str, Any]:
+    """An operator's unlock: claimable at once, counters untouched, and no note of the
+    last step's error may land after it (``lastToken`` goes, as ``released_fence`` asks
+    of any change by someone else)."""
+    update = release_update()
+    update["$unset"]["lastToken"] = ""
+    return update
+
+
 def operator_move_update(phase: str, now: datetime) -> dict[str, Any]:
     """An operator's retry or cancel: to ``phase`` with fresh counters, claimable at once,
     the lease taken from any step running (as an outside writer's phase change: its later

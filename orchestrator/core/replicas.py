@@ -139,6 +139,12 @@ class ReplicaRecord:
         """Seconds since its last refresh, by the server's time (never negative)."""
         return max((now - self.last_seen).total_seconds(), 0.0)
 
+    def stale(self, now: datetime) -> bool:
+        """Silent past two heartbeats: its record is still live, but it missed refreshes
+        it should have made (it died, stalled or lost the database); its leases expire
+        and other replicas take them over."""
+        return self.seen_ago(now) > 2 * refresh_interval(self.lock_timeout)
+
     @classmethod
     def from_document(cls, doc: Mapping[str, Any]) -> ReplicaRecord | None:
         """The record stored as ``doc`` (``queries.replica_document``), or None when it is

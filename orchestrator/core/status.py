@@ -130,7 +130,12 @@ class Status:
             "phases": [asdict(row) for row in self.phases],
             "errors": [asdict(error) for error in self.errors],
             "replicas": [
-                {**r.to_dict(), "seen_ago": round(r.seen_ago(self.at), 3)} for r in self.replicas
+                {
+                    **r.to_dict(),
+                    "seen_ago": round(r.seen_ago(self.at), 3),
+                    "stale": r.stale(self.at),
+                }
+                for r in self.replicas
             ],
             "disagreements": [d.to_dict() for d in self.disagreements],
             "pauses": [p.to_dict() for p in self.pauses],

@@ -149,9 +149,8 @@ class Fleet:
         return records.handler_names(self.replicas)
 
     def stale(self, record: ReplicaRecord) -> bool:
-        """Silent past two heartbeats: its record is still live, but it has missed a
-        refresh it should have made (it died, stalled or lost the database)."""
-        return record.seen_ago(self.at) > 2 * records.refresh_interval(record.lock_timeout)
+        """Silent past two heartbeats (``ReplicaRecord.stale``), as of the report."""
+        return record.stale(self.at)
 
     def honour(self, pause: Pause) -> tuple[list[str], list[str]]:
         """The live replicas that honour ``pause`` (it is in their record), and those

@@ -16,7 +16,6 @@ releases the next one's.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -25,7 +24,7 @@ from pymongo.asynchronous.database import AsyncDatabase
 from orchestrator.core import browse as browsing
 from orchestrator.core import history, queries, replicas
 from orchestrator.core.audit import AUDIT_COLLECTION, AuditEntry, AuditKind, operator_record
-from orchestrator.core.browse import Filter, Plan, Row
+from orchestrator.core.browse import Filter, LeaseState, Page, Plan, Row
 from orchestrator.core.errors import (
     AmbiguousId,
     ConfigError,
@@ -38,6 +37,7 @@ from orchestrator.core.errors import (
 )
 from orchestrator.core.operator import (
     Action,
+    Bulk,
     Retried,
     cancelled_phase,
     check_phase_name,
@@ -54,7 +54,7 @@ from orchestrator.core.status import PhaseCount, RecentError, Status
 from orchestrator.mongo._async.reports import AsyncReports, AsyncReportStore
 from orchestrator.mongo.common import Document
 
-__all__ = ["AsyncOperations", "Bulk", "Page"]
+__all__ = ["AsyncOperations"]
 
 
 MAX_BULK = 10_000
@@ -63,49 +63,6 @@ narrowed (or acted on in turns)."""
 
 TAKEOVERS_SHOWN = 20
 """Latest take-overs of dead replicas' leases a status report lists."""
-
-
-@dataclass(frozen=True)
-class Page:
-    """One page of a filter's documents: ``rows`` in the list's order, ``next`` the cursor
-    of the page after it (None: this is the last), ``index`` the index that served it."""
-
-    rows: list[Row]
-    next: str | None
-    index: str
-    at: datetime
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "at": self.at.isoformat(),
-            "documents": [row.to_dict() for row in self.rows],
-            "next": self.next,
-            "index": self.index,
-        }
-
-
-@dataclass
-class Bulk:
-    """What an action on every document of a filter did (or, ``dry_run``, would do):
-    ``changed`` the documents' rows as they were; ``skipped`` those left alone, each with
-    why (held by a live lease, no error phase to retry to, changed meanwhile)."""
-
-    action: Action
-    filter: Filter
-    dry_run: bool
-    target: str | None
-    changed: list[Row] = field(default_factory=list)
-    skipped: list[tuple[Row, str]] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "action": self.action.value,
-            "filter": self.filter.describe(),
-            "dry_run": self.dry_run,
-            "target": self.target,
-            "changed": [row.to_dict() for row in self.changed],
-            "skipped": [{**row.to_dict(), "why": why} for row, why in self.skipped],
-        }
 
 
 class AsyncOperations:
@@ -167,7 +124,11 @@ class AsyncOperations:
                     await self._keys(collection, live),
                 )
                 latest.extend(found)
-        trail = await self._reports.read_audit(self._audit, 200) if errors > 0 else []
+        taken = (
+            await self._reports.read_audit(self._audit, TAKEOVERS_SHOWN, AuditKind.TAKEOVER)
+            if errors > 0
+            else []
+        )
         return Status(
             at=now,
             server_time=server is not None,
@@ -176,7 +137,7 @@ class AsyncOperations:
             replicas=live,
             disagreements=disagreements(live),
             pauses=await self._reports.read_pauses(self._pauses),
-            takeovers=[e for e in trail if e.kind == AuditKind.TAKEOVER][:TAKEOVERS_SHOWN],
+            takeovers=taken,
             handler_names=replicas.handler_names(live),
         )
 
@@ -287,7 +248,7 @@ class AsyncOperations:
             return Plan({}, [], [], "none: the collection has no phases"), [], []
         docs = await self._reports.browse(query.collection, plan, limit)
         live = await self._reports.live_replicas(now, self._replicas)
-        keys = await self._keys(query.collection)
+        keys = await self._keys(query.collection, live)
         names = replicas.handler_names(live)
         return plan, [Row.read(doc, now, keys, names) for doc in docs], docs
 
@@ -315,7 +276,7 @@ class AsyncOperations:
         now = await self.now()
         phase = seen.get("phase")
         after = await self._act(
-            collection, seen, queries.release_update(), Action.UNLOCK, now, by, why, phase
+            collection, seen, queries.operator_unlock_update(), Action.UNLOCK, now, by, why, phase
         )
         await self._record(
             Action.UNLOCK,
@@ -449,7 +410,7 @@ class AsyncOperations:
             change = dict(update)
             query = guard
             if shape is not None:
-                current = None if shape is history.LIST_SHAPE else "other"
+                current = history.ABSENT if shape is history.LIST_SHAPE else None
                 change = history.merge(
                     {k: dict(v) for k, v in update.items()}, history.push(entry, keep, current)
                 )
@@ -529,6 +490,8 @@ class AsyncOperations:
                 )
                 if why_not is None:
                     result.changed.append(row)
+                    moved_to = target or (error_phase(doc) if action is Action.RETRY else None)
+                    result.targets[marker] = moved_to or row.phase or ""
                 else:
                     result.skipped.append((row, why_not))
             if len(docs) < browsing.MAX_LIMIT:
@@ -582,10 +545,12 @@ class AsyncOperations:
                     return str(exc)
         if action is Action.RETRY and live_lease(doc, now) and not force:
             return f"held by a live lease of {row.holder!r} (force to take it)"
+        if action is Action.UNLOCK and row.state is LeaseState.FREE:
+            return "free already: no lease and no wait to end"
         if dry_run:
             return None
         if action is Action.UNLOCK:
-            update = queries.release_update()
+            update = queries.operator_unlock_update()
         else:
             assert to is not None
             update = queries.operator_move_update(to, now)
@@ -693,11 +658,11 @@ class AsyncOperations:
         self, collection: str, live: list[ReplicaRecord] | None = None
     ) -> list[tuple[str, ...]]:
         """The business keys of ``collection``: the unique keys ``submit`` indexed, and
-        those the live replicas (``live``, read now when not given) declare (whose
-        submits may not have run yet)."""
+        those the ``live`` replicas declare (whose submits may not have run yet)."""
         found = await self._reports.unique_keys(collection)
-        records = live if live is not None else await self.replicas()
-        for keys in replicas.business_keys(records, collection):
+        if live is None:
+            live = await self.replicas()
+        for keys in replicas.business_keys(live, collection):
             if keys not in found:
                 found.append(keys)
         return found

@@ -21,7 +21,7 @@ from pymongo import ReturnDocument
 from pymongo.asynchronous.database import AsyncDatabase
 
 from orchestrator.core import audit, browse, queries, replicas
-from orchestrator.core.audit import AuditEntry
+from orchestrator.core.audit import AuditEntry, AuditKind
 from orchestrator.core.browse import Plan
 from orchestrator.core.pauses import Pause, Scope
 from orchestrator.core.queries import UNIQUE_PREFIX
@@ -185,8 +185,11 @@ class AsyncReportStore(Protocol):
         """
         ...
 
-    async def read_audit(self, name: str, limit: int) -> list[AuditEntry]:
-        """The latest ``limit`` entries of the audit trail, latest first.
+    async def read_audit(
+        self, name: str, limit: int, kind: AuditKind | None = None
+    ) -> list[AuditEntry]:
+        """The latest ``limit`` entries of the audit trail (of ``kind`` only, if given),
+        latest first.
 
         :raises StoreError: the read failed
         """
@@ -327,9 +330,12 @@ class AsyncReports:
     async def append_audit(self, name: str, entry: Mapping[str, Any]) -> None:
         await self._store.append_audit(name, entry)
 
-    async def read_audit(self, name: str, limit: int) -> list[AuditEntry]:
+    async def read_audit(
+        self, name: str, limit: int, kind: AuditKind | None = None
+    ) -> list[AuditEntry]:
+        query = {} if kind is None else {"kind": {"$eq": kind.value}}
         with driver_errors(f"read the audit trail {name}"):
-            cursor = self._store.collection(name).find({}).sort(audit.AUDIT_SORT)
+            cursor = self._store.collection(name).find(query).sort(audit.AUDIT_SORT)
             docs = await cursor.limit(limit).to_list()
         return [AuditEntry.read(doc) for doc in docs]
 

@@ -37,7 +37,7 @@ from pymongo.errors import (
     ServerSelectionTimeoutError,
 )
 
-from orchestrator.core import audit, pauses, queries
+from orchestrator.core import audit, history, pauses, queries
 from orchestrator.core.errors import ConfigError, StoreError
 from orchestrator.core.queries import as_utc
 from orchestrator.core.redact import redact
@@ -155,6 +155,7 @@ class AsyncStore:
             before = await self.collection(name).find_one_and_update(
                 queries.claim_filter(match, judged_at, horizon, exclusion),
                 dict(update),
+                projection=history.CLAIM_PROJECTION,
                 sort=queries.CLAIM_SORT,
                 return_document=ReturnDocument.BEFORE,
             )

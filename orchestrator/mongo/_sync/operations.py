@@ -17,7 +17,6 @@ releases the next one's.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -26,7 +25,7 @@ from pymongo.synchronous.database import Database
 from orchestrator.core import browse as browsing
 from orchestrator.core import history, queries, replicas
 from orchestrator.core.audit import AUDIT_COLLECTION, AuditEntry, AuditKind, operator_record
-from orchestrator.core.browse import Filter, Plan, Row
+from orchestrator.core.browse import Filter, LeaseState, Page, Plan, Row
 from orchestrator.core.errors import (
     AmbiguousId,
     ConfigError,
@@ -39,6 +38,7 @@ from orchestrator.core.errors import (
 )
 from orchestrator.core.operator import (
     Action,
+    Bulk,
     Retried,
     cancelled_phase,
     check_phase_name,
@@ -55,7 +55,7 @@ from orchestrator.core.status import PhaseCount, RecentError, Status
 from orchestrator.mongo._sync.reports import Reports, ReportStore
 from orchestrator.mongo.common import Document
 
-__all__ = ["Bulk", "Operations", "Page"]
+__all__ = ["Operations"]
 
 
 MAX_BULK = 10_000
@@ -64,49 +64,6 @@ narrowed (or acted on in turns)."""
 
 TAKEOVERS_SHOWN = 20
 """Latest take-overs of dead replicas' leases a status report lists."""
-
-
-@dataclass(frozen=True)
-class Page:
-    """One page of a filter's documents: ``rows`` in the list's order, ``next`` the cursor
-    of the page after it (None: this is the last), ``index`` the index that served it."""
-
-    rows: list[Row]
-    next: str | None
-    index: str
-    at: datetime
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "at": self.at.isoformat(),
-            "documents": [row.to_dict() for row in self.rows],
-            "next": self.next,
-            "index": self.index,
-        }
-
-
-@dataclass
-class Bulk:
-    """What an action on every document of a filter did (or, ``dry_run``, would do):
-    ``changed`` the documents' rows as they were; ``skipped`` those left alone, each with
-    why (held by a live lease, no error phase to retry to, changed meanwhile)."""
-
-    action: Action
-    filter: Filter
-    dry_run: bool
-    target: str | None
-    changed: list[Row] = field(default_factory=list)
-    skipped: list[tuple[Row, str]] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "action": self.action.value,
-            "filter": self.filter.describe(),
-            "dry_run": self.dry_run,
-            "target": self.target,
-            "changed": [row.to_dict() for row in self.changed],
-            "skipped": [{**row.to_dict(), "why": why} for row, why in self.skipped],
-        }
 
 
 class Operations:
@@ -168,7 +125,11 @@ class Operations:
                     self._keys(collection, live),
                 )
                 latest.extend(found)
-        trail = self._reports.read_audit(self._audit, 200) if errors > 0 else []
+        taken = (
+            self._reports.read_audit(self._audit, TAKEOVERS_SHOWN, AuditKind.TAKEOVER)
+            if errors > 0
+            else []
+        )
         return Status(
             at=now,
             server_time=server is not None,
@@ -177,7 +138,7 @@ class Operations:
             replicas=live,
             disagreements=disagreements(live),
             pauses=self._reports.read_pauses(self._pauses),
-            takeovers=[e for e in trail if e.kind == AuditKind.TAKEOVER][:TAKEOVERS_SHOWN],
+            takeovers=taken,
             handler_names=replicas.handler_names(live),
         )
 
@@ -288,7 +249,7 @@ class Operations:
             return Plan({}, [], [], "none: the collection has no phases"), [], []
         docs = self._reports.browse(query.collection, plan, limit)
         live = self._reports.live_replicas(now, self._replicas)
-        keys = self._keys(query.collection)
+        keys = self._keys(query.collection, live)
         names = replicas.handler_names(live)
         return plan, [Row.read(doc, now, keys, names) for doc in docs], docs
 
@@ -316,7 +277,7 @@ class Operations:
         now = self.now()
         phase = seen.get("phase")
         after = self._act(
-            collection, seen, queries.release_update(), Action.UNLOCK, now, by, why, phase
+            collection, seen, queries.operator_unlock_update(), Action.UNLOCK, now, by, why, phase
         )
         self._record(
             Action.UNLOCK,
@@ -450,7 +411,7 @@ class Operations:
             change = dict(update)
             query = guard
             if shape is not None:
-                current = None if shape is history.LIST_SHAPE else "other"
+                current = history.ABSENT if shape is history.LIST_SHAPE else None
                 change = history.merge(
                     {k: dict(v) for k, v in update.items()}, history.push(entry, keep, current)
                 )
@@ -530,6 +491,8 @@ class Operations:
                 )
                 if why_not is None:
                     result.changed.append(row)
+                    moved_to = target or (error_phase(doc) if action is Action.RETRY else None)
+                    result.targets[marker] = moved_to or row.phase or ""
                 else:
                     result.skipped.append((row, why_not))
             if len(docs) < browsing.MAX_LIMIT:
@@ -583,10 +546,12 @@ class Operations:
                     return str(exc)
         if action is Action.RETRY and live_lease(doc, now) and not force:
             return f"held by a live lease of {row.holder!r} (force to take it)"
+        if action is Action.UNLOCK and row.state is LeaseState.FREE:
+            return "free already: no lease and no wait to end"
         if dry_run:
             return None
         if action is Action.UNLOCK:
-            update = queries.release_update()
+            update = queries.operator_unlock_update()
         else:
             assert to is not None
             update = queries.operator_move_update(to, now)
@@ -694,11 +659,11 @@ class Operations:
         self, collection: str, live: list[ReplicaRecord] | None = None
     ) -> list[tuple[str, ...]]:
         """The business keys of ``collection``: the unique keys ``submit`` indexed, and
-        those the live replicas (``live``, read now when not given) declare (whose
-        submits may not have run yet)."""
+        those the ``live`` replicas declare (whose submits may not have run yet)."""
         found = self._reports.unique_keys(collection)
-        records = live if live is not None else self.replicas()
-        for keys in replicas.business_keys(records, collection):
+        if live is None:
+            live = self.replicas()
+        for keys in replicas.business_keys(live, collection):
             if keys not in found:
                 found.append(keys)
         return found

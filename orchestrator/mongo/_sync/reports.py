@@ -22,7 +22,7 @@ from pymongo import ReturnDocument
 from pymongo.synchronous.database import Database
 
 from orchestrator.core import audit, browse, queries, replicas
-from orchestrator.core.audit import AuditEntry
+from orchestrator.core.audit import AuditEntry, AuditKind
 from orchestrator.core.browse import Plan
 from orchestrator.core.pauses import Pause, Scope
 from orchestrator.core.queries import UNIQUE_PREFIX
@@ -184,8 +184,9 @@ class ReportStore(Protocol):
         """
         ...
 
-    def read_audit(self, name: str, limit: int) -> list[AuditEntry]:
-        """The latest ``limit`` entries of the audit trail, latest first.
+    def read_audit(self, name: str, limit: int, kind: AuditKind | None = None) -> list[AuditEntry]:
+        """The latest ``limit`` entries of the audit trail (of ``kind`` only, if given),
+        latest first.
 
         :raises StoreError: the read failed
         """
@@ -324,9 +325,10 @@ class Reports:
     def append_audit(self, name: str, entry: Mapping[str, Any]) -> None:
         self._store.append_audit(name, entry)
 
-    def read_audit(self, name: str, limit: int) -> list[AuditEntry]:
+    def read_audit(self, name: str, limit: int, kind: AuditKind | None = None) -> list[AuditEntry]:
+        query = {} if kind is None else {"kind": {"$eq": kind.value}}
         with driver_errors(f"read the audit trail {name}"):
-            cursor = self._store.collection(name).find({}).sort(audit.AUDIT_SORT)
+            cursor = self._store.collection(name).find(query).sort(audit.AUDIT_SORT)
             docs = cursor.limit(limit).to_list()
         return [AuditEntry.read(doc) for doc in docs]
 

@@ -38,7 +38,7 @@ from pymongo.errors import (
 from pymongo.synchronous.collection import Collection
 from pymongo.synchronous.database import Database
 
-from orchestrator.core import audit, pauses, queries
+from orchestrator.core import audit, history, pauses, queries
 from orchestrator.core.errors import ConfigError, StoreError
 from orchestrator.core.queries import as_utc
 from orchestrator.core.redact import redact
@@ -156,6 +156,7 @@ class Store:
             before = self.collection(name).find_one_and_update(
                 queries.claim_filter(match, judged_at, horizon, exclusion),
                 dict(update),
+                projection=history.CLAIM_PROJECTION,
                 sort=queries.CLAIM_SORT,
                 return_document=ReturnDocument.BEFORE,
             )

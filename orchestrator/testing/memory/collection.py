@@ -25,7 +25,11 @@ from orchestrator.testing.memory.indexes import (
     model_options,
 )
 from orchestrator.testing.memory.locked import locked_attribute
-from orchestrator.testing.memory.server_rules import expire_by_server_clock, limit_document_size
+from orchestrator.testing.memory.server_rules import (
+    expire_by_server_clock,
+    limit_document_size,
+    missing_through_scalars,
+)
 
 if TYPE_CHECKING:
     from orchestrator.testing.memory.database import MemoryDatabase
@@ -55,6 +59,7 @@ class MemoryCollection:
         with server.lock:
             accelerate(collection)
             limit_document_size(collection)
+            missing_through_scalars()
 
     @property
     def name(self) -> str:

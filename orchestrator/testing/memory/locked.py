@@ -18,6 +18,7 @@ from orchestrator.testing.memory.cursors import decode
 from orchestrator.testing.memory.server_rules import (
     OversizedDocument,
     refuse_push_onto_non_arrays,
+    slice_projection,
 )
 
 if TYPE_CHECKING:
@@ -82,11 +83,17 @@ class Locked:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         name = getattr(self._method, "__name__", "")
         try:
+            cut = None
             with self._server.lock:
                 if self._collection is not None:
                     owner = getattr(self._method, "__self__", None)
                     refuse_push_onto_non_arrays(owner, name, args, kwargs)
+                    if name in _RETURNS_DOCUMENTS:
+                        kwargs = dict(kwargs)
+                        cut = slice_projection(kwargs)
                 result = self._server.call(self._method, args, kwargs)
+                if cut is not None:
+                    result = cut(result)
                 result = self._server.adopt(result, self._database)
         except OversizedDocument as exc:
             raise exc.as_raised_for(name) from None

@@ -1,5 +1,8 @@
 """What a server does to stored documents that mongomock does differently or not at all.
 
+(A dotted path through a value that is no document reads as missing on a server, as
+``missing_through_scalars`` makes it in mongomock's filtering.)
+
 Two rules are grafted onto each mongomock collection the proxies reach: a TTL index
 expires documents by the server's clock, once a minute, as a server's TTL monitor does
 (mongomock uses the machine's wall clock, at every read); and a write that would store a
@@ -13,6 +16,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import bson
+from mongomock import filtering
 from pymongo.errors import DocumentTooLarge, DuplicateKeyError, OperationFailure, WriteError
 
 from orchestrator.core.clock import Clock
@@ -24,7 +28,9 @@ __all__ = [
     "OversizedDocument",
     "expire_by_server_clock",
     "limit_document_size",
+    "missing_through_scalars",
     "refuse_push_onto_non_arrays",
+    "slice_projection",
 ]
 
 MAX_BSON_SIZE = 16 * 1024 * 1024
@@ -113,6 +119,7 @@ def limit_document_size(collection: Any) -> None:
 
 
 _PUSHING = frozenset({"update_one", "update_many", "find_one_and_update"})
+_ABSENT = object()
 
 
 def refuse_push_onto_non_arrays(collection: Any, name: str, args: Any, kwargs: Any) -> None:
@@ -133,10 +140,57 @@ def refuse_push_onto_non_arrays(collection: Any, name: str, args: Any, kwargs: A
         for path in fields:
             value: Any = doc
             for part in path.split("."):
-                value = value.get(part) if isinstance(value, Mapping) else None
-            if value is not None and not isinstance(value, list):
+                value = value.get(part, _ABSENT) if isinstance(value, Mapping) else _ABSENT
+            if value is not _ABSENT and not isinstance(value, list):
                 raise WriteError(
                     f"The field '{path}' must be an array but is of type "
                     f"{type(value).__name__} in document {{_id: {doc.get('_id')!r}}}",
                     2,
                 )
+
+
+def missing_through_scalars() -> None:
+    """Make a dotted path through a value that is no document (``lastError.at`` of a
+    ``lastError`` that is a string, or null) read as missing, so ``{"lastError.at": null}``
+    matches it, as on a server; mongomock finds no value at all there, so such a document
+    matched nothing (once, for the process: mongomock's filtering is module-wide)."""
+    if getattr(filtering.iter_key_candidates, "_server_rules", False):
+        return
+    original: Any = filtering.iter_key_candidates
+    nothing: Any = vars(filtering)["NOTHING"]
+
+    def candidates(key: str, doc: Any) -> Any:
+        if key and not isinstance(doc, dict | list):
+            return [nothing]
+        return original(key, doc)
+
+    candidates._server_rules = True  # type: ignore[attr-defined]
+    filtering.iter_key_candidates = candidates
+
+
+def slice_projection(kwargs: dict[str, Any]) -> Any:
+    """A projection of ``$slice`` alone, as a server reads it: every field returned, the
+    sliced arrays cut, any other value of a sliced field returned as it is (mongomock
+    returns only the sliced fields, and refuses a value that is no array). Takes such a
+    projection out of ``kwargs``; returns what to apply to the document returned, or
+    None when the projection is none of those."""
+    projection = kwargs.get("projection")
+    if not isinstance(projection, Mapping) or not projection:
+        return None
+    cuts = {}
+    for field, spec in projection.items():
+        if not (isinstance(spec, Mapping) and set(spec) == {"$slice"}):
+            return None
+        cuts[field] = spec["$slice"]
+    del kwargs["projection"]
+
+    def apply(doc: Any) -> Any:
+        if not isinstance(doc, dict):
+            return doc
+        for field, count in cuts.items():
+            value = doc.get(field)
+            if isinstance(value, list) and isinstance(count, int):
+                doc[field] = value[count:] if count < 0 else value[:count]
+        return doc
+
+    return apply

@@ -1,0 +1,419 @@
+"""``retry``, ``unlock`` and ``cancel``: an operator's action on one document (by its id,
+business key or ``--id-json``) or on every document the browser's filters select.
+
+Each applies only while a document is as it was read (its phase and lease; for a filter,
+while it still matches), so what moved meanwhile is skipped, never acted on blindly. A
+filter's action is previewed with ``--dry-run``; without ``--yes`` it shows the count and
+asks on a terminal, and is refused elsewhere (a script says ``--yes``). Every action is
+recorded, with who (this user at this host) and ``--why``, in the document's history and
+the audit trail.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import click
+
+from orchestrator.cli.connecting import Connection, operations_options
+from orchestrator.cli.conventions import EPILOG, EXIT_FAILED, CommandError
+from orchestrator.cli.listing import (
+    Listing,
+    console,
+    described,
+    document_name,
+    error_cell,
+    phase_cell,
+)
+from orchestrator.cli.selecting import (
+    ID_JSON_HELP,
+    Selection,
+    collection_option,
+    filter_options,
+    row_of,
+    the_document,
+)
+from orchestrator.core.redact import visible
+from orchestrator.mongo.common import Document
+from orchestrator.operations import (
+    Action,
+    Bulk,
+    DocumentChanged,
+    DocumentNotFound,
+    Filter,
+    LeaseHeld,
+    LeaseState,
+    NoErrorPhase,
+    Operations,
+    Retried,
+    UnhandledPhase,
+)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+PAST = {Action.RETRY: "retried", Action.UNLOCK: "unlocked", Action.CANCEL: "cancelled"}
+AFTER = {
+    Action.RETRY: "attempts reset, claimable now",
+    Action.UNLOCK: "claimable now",
+    Action.CANCEL: "released, attempts reset",
+}
+
+
+def interactive() -> bool:
+    """Whether an operator is there to confirm: stdin is a terminal."""
+    return sys.stdin.isatty()
+
+
+def _action_options(phase_names: tuple[str, ...] = ("--phase",)) -> Callable[[F], F]:
+    """What every action takes: the documents (an ID, ``--id-json`` or the filters), and
+    ``--dry-run``, ``--why`` and ``--yes``."""
+
+    def decorate(command: F) -> F:
+        for option in (
+            operations_options,
+            click.option(
+                "--yes",
+                "-y",
+                is_flag=True,
+                help="Act on what the filters select without asking (needed off a terminal).",
+            ),
+            click.option(
+                "--why",
+                metavar="REASON",
+                default="",
+                show_default=False,
+                help="Why: recorded, with who you are, in each document's history and the "
+                "audit trail.",
+            ),
+            click.option(
+                "--dry-run",
+                is_flag=True,
+                help="Change nothing: list what would change, and what would be skipped and why.",
+            ),
+            filter_options(phase_names),
+            click.option("--id-json", "exact", metavar="JSON", help=ID_JSON_HELP),
+            collection_option(),
+            click.argument("targets", metavar="[ID | FIELD=VALUE...]", nargs=-1),
+        ):
+            command = option(command)
+        return command
+
+    return decorate
+
+
+@click.command(epilog=EPILOG, short_help="Send documents back to a phase, attempts reset.")
+@click.option(
+    "--phase",
+    "--to",
+    "to",
+    metavar="PHASE",
+    help="The phase to send them to.  [default: each document's error phase: that of its "
+    "last error, else of the error before (a retried document retried again)]",
+)
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Take a live lease (the holder's step goes on while another replica may run it "
+    "again; its writes then raise LeaseLost), and accept a phase no live replica handles "
+    "(the documents sit there until one does).",
+)
+@_action_options(phase_names=("--from",))
+def retry(
+    targets: tuple[str, ...],
+    collection: str,
+    exact: str | None,
+    phases: tuple[str, ...],
+    state: str | None,
+    error_type: str | None,
+    key: str | None,
+    dry_run: bool,
+    why: str,
+    yes: bool,
+    to: str | None,
+    force: bool,
+    connection: Connection,
+) -> int:
+    """Reset documents' attempts and send them back to a phase, claimable at once.
+
+    Names one document (ID: its id as typed or its business key; or --id-json), or every
+    document the filters select (as find lists them; --from is the phase they are in
+    now, --phase where they go). A phase no live replica handles is refused, naming
+    those they do; a document a replica holds by a live lease is refused (one) or
+    skipped (a filter's). --force allows both.
+
+    \b
+    Examples:
+      orchestrator retry INV-1003 -c invoices --why "card updated"
+      orchestrator retry -c invoices --state failed --error TimeoutError --dry-run
+      orchestrator retry -c invoices --from Failed --phase Charging --yes
+    """
+    selection = Selection.of(targets, exact, phases, state, error_type, key)
+    return _carry_out(Action.RETRY, selection, collection, connection, to, force, dry_run, why, yes)
+
+
+@click.command(epilog=EPILOG, short_help="Make documents claimable at once.")
+@_action_options()
+def unlock(
+    targets: tuple[str, ...],
+    collection: str,
+    exact: str | None,
+    phases: tuple[str, ...],
+    state: str | None,
+    error_type: str | None,
+    key: str | None,
+    dry_run: bool,
+    why: str,
+    yes: bool,
+    connection: Connection,
+) -> int:
+    """Release documents' leases: claimable at once, in the phase they are in (a live
+    holder's later writes raise LeaseLost).
+
+    Names one document (ID: its id as typed, an ObjectId's hex or an integer's digits
+    naming that value or the string alike, or its business key; --id-json when both
+    exist), or every document the filters select (as find lists them).
+
+    \b
+    Examples:
+      orchestrator unlock gw-01 -c gateways
+      orchestrator unlock -c gateways --state overdue --yes --why "pod-9 died"
+    """
+    selection = Selection.of(targets, exact, phases, state, error_type, key)
+    return _carry_out(
+        Action.UNLOCK, selection, collection, connection, None, False, dry_run, why, yes
+    )
+
+
+@click.command(epilog=EPILOG, short_help="Stop documents' work: send them to the cancelled phase.")
+@click.option(
+    "--to",
+    metavar="PHASE",
+    help="Your own cancelling phase (a handler of which undoes the work), instead of the "
+    "replicas' cancelled phase.  [default: their cancelled_phase setting, 'Cancelled']",
+)
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Accept a --to phase no live replica handles (the documents sit there until one does).",
+)
+@_action_options()
+def cancel(
+    targets: tuple[str, ...],
+    collection: str,
+    exact: str | None,
+    phases: tuple[str, ...],
+    state: str | None,
+    error_type: str | None,
+    key: str | None,
+    dry_run: bool,
+    why: str,
+    yes: bool,
+    to: str | None,
+    force: bool,
+    connection: Connection,
+) -> int:
+    """Send documents to the cancelled phase, released, attempts reset: no handler takes
+    them up again.
+
+    A step running on one is fenced as against any outside writer: it is not interrupted,
+    but its lease is gone, so its next write (advance, relock, extend) raises LeaseLost
+    and changes nothing. Names one document or every document the filters select, as
+    retry does.
+
+    \b
+    Examples:
+      orchestrator cancel INV-1003 -c invoices --why "customer withdrew"
+      orchestrator cancel -c invoices --phase Charging --dry-run
+    """
+    selection = Selection.of(targets, exact, phases, state, error_type, key)
+    return _carry_out(
+        Action.CANCEL, selection, collection, connection, to, force, dry_run, why, yes
+    )
+
+
+def _carry_out(
+    action: Action,
+    selection: Selection,
+    collection: str,
+    connection: Connection,
+    to: str | None,
+    force: bool,
+    dry_run: bool,
+    why: str,
+    yes: bool,
+) -> int:
+    if not selection.one and not selection.filtered:
+        raise click.UsageError(
+            "which document? give its ID, or --id-json; or, for every document they "
+            "select, filters: --state, --error, --key, FIELD=VALUE, "
+            + ("--from" if action is Action.RETRY else "--phase"),
+            click.get_current_context(),
+        )
+    operations = connection.operations(collection)
+    if selection.one:
+        doc = the_document(operations, collection, selection.doc_id, selection.exact)
+        if not dry_run:
+            return _one(operations, action, collection, doc, to, force, why)
+        query = Filter(collection, fields=(("_id", doc["_id"]),))  # previewed as a filter's
+    else:
+        query = selection.filter(operations, collection)
+    if dry_run:
+        _report(action, _bulk(operations, action, query, True, to, force, why))
+        return 0
+    if not yes:
+        if not interactive():
+            raise CommandError(
+                f"{action.value} of every document the filters select needs --yes (no "
+                "terminal here to confirm on); --dry-run lists what it would change"
+            )
+        preview = _bulk(operations, action, query, True, to, force, why)
+        click.echo(_summary(action, preview))
+        if not preview.changed:
+            return 0
+        count = len(preview.changed)
+        if not click.confirm(f"{action.value} {_documents(count)} now?", default=False):
+            click.echo("not confirmed: nothing was changed")
+            return EXIT_FAILED
+    _report(action, _bulk(operations, action, query, False, to, force, why))
+    _recorded(operations, why)
+    return 0
+
+
+def _bulk(
+    operations: Operations,
+    action: Action,
+    query: Filter,
+    dry_run: bool,
+    to: str | None,
+    force: bool,
+    why: str,
+) -> Bulk:
+    try:
+        return operations.bulk(
+            action, query, dry_run=dry_run, to=to, force=force, any_phase=force, why=why
+        )
+    except UnhandledPhase as exc:
+        raise CommandError(f"{exc}; --force sends them there all the same") from None
+
+
+def _one(
+    operations: Operations,
+    action: Action,
+    collection: str,
+    doc: Document,
+    to: str | None,
+    force: bool,
+    why: str,
+) -> int:
+    row = row_of(operations, collection, doc)
+    name = document_name(collection, str(doc["_id"]), row.key if row else None)
+    try:
+        # Only while it is as read: a replica that claimed it meanwhile keeps its lease.
+        if action is Action.UNLOCK:
+            operations.unlock(collection, doc, why=why)
+            click.echo(visible(f"unlocked {name} (phase {doc.get('phase')}): claimable now"))
+        else:
+            if action is Action.RETRY:
+                done = operations.retry(collection, doc, to, force=force, any_phase=force, why=why)
+            else:
+                done = operations.cancel(collection, doc, to=to, any_phase=force, why=why)
+            _said(action, name, doc, done)
+    except LeaseHeld:
+        raise CommandError(
+            f"{name} is held by a live lease of replica {doc.get('lockedBy')!r} until "
+            f"{doc['lockedUntil']:%Y-%m-%d %H:%M:%S} UTC: a retry now lets another replica "
+            "run its step while that one is still in it; wait for the lease to end, or pass "
+            "--force"
+        ) from None
+    except UnhandledPhase as exc:
+        raise CommandError(f"{exc}; --force sends it there all the same") from None
+    except NoErrorPhase as exc:
+        raise CommandError(f"{exc}: pass --phase") from None
+    except (DocumentChanged, DocumentNotFound):
+        raise CommandError(f"{name} changed meanwhile; run {action.value} again") from None
+    _recorded(operations, why)
+    return 0
+
+
+def _recorded(operations: Operations, why: str) -> None:
+    click.echo(
+        visible(f"recorded: by {operations.actor}") + (visible(f", why: {why}") if why else "")
+    )
+
+
+def _said(action: Action, name: str, doc: Document, done: Retried) -> None:
+    if not done.server_time:
+        click.echo(
+            f"orchestrator {action.value}: warning: the server reports no time; "
+            "updatedAt is stamped with this machine's clock",
+            err=True,
+        )
+    holder = doc.get("lockedBy")
+    if action is Action.RETRY:
+        text = f"retrying {name}: {done.source} -> {done.target}, attempts reset, claimable now" + (
+            f" (the live lease of {holder!r} was taken away)" if done.lease_taken else ""
+        )
+    else:
+        text = f"cancelled {name}: {done.source} -> {done.target}, released, attempts reset" + (
+            f"; replica {holder!r} was running a step on it, whose next write raises LeaseLost"
+            if done.lease_taken
+            else ""
+        )
+    click.echo(visible(text))
+
+
+def _report(action: Action, result: Bulk) -> None:
+    """What a filter's action did (or would do): the documents, from and to where, the
+    leases taken; those skipped, and why."""
+    out = console()
+    click.echo(_summary(action, result))
+    if result.changed:
+        listing = Listing(
+            title="would change:" if result.dry_run else "changed:",
+            headers=("phase, lease as read", "last error"),
+        )
+        for row in result.changed:
+            to = result.target_of(row)
+            moved = (row.phase or "") if to == row.phase else f"{row.phase} -> {to}"
+            moved_row, lease, attempts = phase_cell(row, moved)
+            if row.state is LeaseState.LEASED:  # a retry's only with --force
+                lease += ": to be taken" if result.dry_run else ": taken"
+            listing.add_row(row, (moved_row, lease, attempts), error_cell(row))
+        listing.print(out)
+    if result.skipped:
+        skipped = Listing(
+            title="would skip:" if result.dry_run else "skipped:", headers=("phase", "why")
+        )
+        for row, why in result.skipped:
+            skipped.add_row(row, row.phase or "", why)
+        skipped.print(out)
+
+
+def _summary(action: Action, result: Bulk) -> str:
+    verb = f"would {action.value}" if result.dry_run else PAST[action]
+    moves: dict[str, int] = {}
+    for row in result.changed:
+        to = result.target_of(row)
+        move = f"{row.phase} -> {to}" if to != row.phase else f"in {row.phase}"
+        moves[move] = moves.get(move, 0) + 1
+    taken = sum(1 for row in result.changed if row.state is LeaseState.LEASED)
+    text = f"{verb} {_documents(len(result.changed))} of {described(result.filter)}"
+    if moves:
+        text += ": " + "; ".join(f"{move}: {n}" for move, n in moves.items())
+    if result.changed and not result.dry_run:
+        text += f"; {AFTER[action]}"
+    if taken:
+        text += f"; {taken} live lease(s) {'to be ' if result.dry_run else ''}taken"
+        text += " (the steps holding them: their next writes raise LeaseLost)"
+    if result.skipped:
+        text += f"; {len(result.skipped)} skipped"
+    return visible(text)
+
+
+def _documents(count: int) -> str:
+    return f"{count} document" + ("" if count == 1 else "s")
+
+
+__all__ = ["cancel", "interactive", "retry", "unlock"]

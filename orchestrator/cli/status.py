@@ -1,0 +1,197 @@
+"""``orchestrator status``: what operators ask first. Documents per collection and phase
+(leased, overdue, waiting, failed), the latest errors (each document's full id and
+business key), the live replicas, the pauses in force and who honours them, and the
+latest leases taken over from dead replicas."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+
+import click
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+from rich.text import Text
+
+from orchestrator.cli.connecting import Connection, operations_options
+from orchestrator.cli.conventions import EPILOG
+from orchestrator.cli.listing import Listing, console, error_cell, phase_cell, plain_id, shown, when
+from orchestrator.core.browse import MAX_LIMIT
+from orchestrator.core.redact import visible
+from orchestrator.core.replicas import ReplicaRecord
+from orchestrator.operations import Filter, LeaseState, Operations, Status
+
+
+@click.command(epilog=EPILOG, short_help="Documents per collection and phase, and latest errors.")
+@click.option(
+    "--collection",
+    "-c",
+    "collections",
+    multiple=True,
+    help="Only this collection (repeatable).  [default: every collection]",
+)
+@click.option(
+    "--errors",
+    type=click.IntRange(0, MAX_LIMIT),
+    default=5,
+    help="Latest errors per collection.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@operations_options
+def status(collections: tuple[str, ...], errors: int, as_json: bool, connection: Connection) -> int:
+    """Documents per collection and phase: leased, overdue, waiting, failed; the latest
+    errors, each with the document's full id and business key; the live replicas; the
+    pauses in force and which live replicas honour each; the latest leases taken over
+    from dead replicas.
+
+    Each replica records itself while it runs (refreshed every few seconds with its
+    heartbeat) and is listed until its record expires (at most 40 s after it was killed).
+    Replicas whose lock timeout, tick, concurrency or library version differ are flagged
+    with a warning line; the exit status stays 0, since a rolling upgrade differs on
+    purpose for a while (--json lists them under "disagreements" for scripts).
+
+    \b
+    Example:
+      MONGODB_URI=mongodb://localhost:27017 orchestrator status -c gateways
+    """
+    database, operations = connection.open()
+    report = operations.status(list(collections) or None, errors=errors)
+    if as_json:
+        click.echo(json.dumps(report.to_dict(), indent=2))
+        return 0
+    _print_status(database.name, operations, report, errors)
+    return 0
+
+
+def _print_status(name: str, operations: Operations, status: Status, errors: int) -> None:
+    """Every value read from the database goes in as ``Text``, printed verbatim: a phase
+    or a message holding ``[b]`` or ``[/items/0]`` is no markup."""
+    out = console()
+    table = Table(title=Text(f"{name} at {when(status.at)} UTC"))
+    for column in ("collection", "phase", "documents", "leased now", "overdue", "waiting"):
+        table.add_column(column, justify="left" if column in {"collection", "phase"} else "right")
+    table.add_column("failed", justify="right")
+    for row in status.phases:
+        table.add_row(
+            shown(row.collection),
+            shown(row.phase),
+            str(row.count),
+            str(row.leased),
+            _warn(row.overdue),
+            str(row.waiting),
+            _warn(row.failed),
+        )
+    if not status.phases:
+        table.add_row("(no documents with a phase)", "", "", "", "", "", "")
+    out.print(table)
+    if not status.server_time:
+        out.print(
+            "[yellow]warning:[/] the server reports no time (hello without localTime): leases "
+            "were judged by this machine's clock, and the replicas judge them by theirs"
+        )
+    _print_errors(out, operations, status, errors)
+    _print_replicas(out, status)
+    _print_pauses(out, status)
+    _print_takeovers(out, status)
+
+
+def _print_errors(out: Console, operations: Operations, status: Status, errors: int) -> None:
+    """The latest errors of each collection that has some, as ``find --state failed``
+    lists them: whole ids, business keys, handler names."""
+    for collection in dict.fromkeys(error.collection for error in status.errors):
+        page = operations.browse(Filter(collection, state=LeaseState.FAILED), limit=errors)
+        listing = Listing(
+            title=f"latest errors in {collection} (all: orchestrator find -c {collection} "
+            "--state failed)",
+            headers=("phase", "last error"),
+        )
+        for row in page.rows:
+            listing.add_row(row, phase_cell(row), error_cell(row))
+        listing.print(out)
+
+
+def _print_replicas(out: Console, status: Status) -> None:
+    if not status.replicas:
+        out.print("no live replicas (none has recorded itself within its expiry)")
+        return
+    table = Table(title="live replicas")
+    for column in ("replica", "host", "pid", "engine", "version", "last seen"):
+        table.add_column(column, justify="right" if column in {"pid", "last seen"} else "left")
+    for column in ("lock timeout", "tick", "concurrency"):
+        table.add_column(column, justify="right")
+    table.add_column("steps now")
+    for replica in status.replicas:
+        table.add_row(
+            escape(visible(replica.replica_id)),  # written by whoever can write the collection
+            escape(visible(replica.host)),
+            str(replica.pid),
+            escape(visible(replica.engine)),
+            escape(visible(replica.version)),
+            f"{replica.seen_ago(status.at):.0f}s ago"
+            + (" [red](stale)[/]" if replica.stale(status.at) else ""),
+            f"{replica.lock_timeout:g}s",
+            f"{replica.tick:g}s",
+            str(replica.max_concurrency),
+            _steps_now(replica, status.at),
+        )
+    out.print(table)
+    for disagreement in status.disagreements:
+        out.print(f"[yellow]warning:[/] {escape(visible(disagreement.message))}", soft_wrap=True)
+
+
+def _print_pauses(out: Console, status: Status) -> None:
+    """Each pause, and which live replicas honour it (they read the pauses at their
+    heartbeat: one that does not yet will within its heartbeat interval)."""
+    if not status.pauses:
+        return
+    out.print("paused (each replica honours a pause from its next heartbeat on):")
+    for pause in status.pauses:
+        described = pause.scope.describe()
+        since = f" since {when(pause.at)} UTC" if pause.at else ""
+        honouring = [r.replica_id for r in status.replicas if described in r.paused]
+        waiting = [r.replica_id for r in status.replicas if described not in r.paused]
+        out.print(
+            shown(f"  {described}: by {pause.by}{since}, why: {pause.why or '-'}"), soft_wrap=True
+        )
+        line = f"    honoured by: {', '.join(honouring) or 'no live replica yet'}"
+        if waiting:
+            line += f"; not yet by: {', '.join(waiting)}"
+        out.print(shown(line), soft_wrap=True)
+
+
+def _print_takeovers(out: Console, status: Status) -> None:
+    """Leases whose holder never released them (it died, stalled or lost the database),
+    taken over by another replica: the latest first."""
+    if not status.takeovers:
+        return
+    out.print("leases taken over from dead replicas, latest first:")
+    for entry in status.takeovers:
+        documents = ", ".join(f"{entry.collection}/{plain_id(d)}" for d in entry.documents)
+        phase = entry.scope.get("phase")
+        out.print(
+            shown(
+                f"  {when(entry.at)}  {documents}"
+                + (f" ({phase})" if phase else "")
+                + f": {entry.by} took it over from {entry.taken_from or '?'}"
+            ),
+            soft_wrap=True,
+        )
+
+
+def _steps_now(replica: ReplicaRecord, now: datetime) -> str:
+    """How many steps it ran at its last refresh, and the first few of them."""
+    shown = [
+        f"{s.collection}/{s.id} ({s.phase or '-'}, {max((now - s.since).total_seconds(), 0):.0f}s)"
+        for s in replica.steps[:3]
+    ]
+    more = len(replica.steps) - len(shown)
+    text = ", ".join(shown) + (f", +{more} more" if more else "")
+    return escape(visible(f"{len(replica.steps)}: {text}") if shown else "0")
+
+
+def _warn(value: int) -> str:
+    return f"[red]{value}[/]" if value else "0"
+
+
+__all__ = ["status"]
