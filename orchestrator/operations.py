@@ -12,7 +12,9 @@ collector all act through it, so what an action means cannot differ between them
 
 ``Operations`` takes a ``MongoClient``'s database, ``AsyncOperations`` an
 ``AsyncMongoClient``'s; one design in two forms (the sync one is generated from the async
-one). ``ReportStore``/``AsyncReportStore`` are the contract they rely on from the store.
+one). ``AsyncStatusCache``/``StatusCache`` compute the status report at most once per
+period for every reader of a process (the page, its JSON API, the metrics collector).
+``ReportStore``/``AsyncReportStore`` are the contract they rely on from the store.
 """
 
 from orchestrator.core.audit import AuditEntry
@@ -39,13 +41,21 @@ from orchestrator.core.operator import (
 )
 from orchestrator.core.pauses import Pause, Scope
 from orchestrator.core.status import PhaseCount, RecentError, Status
-from orchestrator.mongo import AsyncOperations, AsyncReportStore, Operations, ReportStore
+from orchestrator.mongo import (
+    AsyncOperations,
+    AsyncReportStore,
+    AsyncStatusCache,
+    Operations,
+    ReportStore,
+    StatusCache,
+)
 
 __all__ = [
     "Action",
     "AmbiguousId",
     "AsyncOperations",
     "AsyncReportStore",
+    "AsyncStatusCache",
     "AuditEntry",
     "Bulk",
     "DocumentChanged",
@@ -66,6 +76,7 @@ __all__ = [
     "Row",
     "Scope",
     "Status",
+    "StatusCache",
     "UnhandledPhase",
     "UnindexedField",
     "default_actor",

@@ -42,6 +42,7 @@ REPLACEMENTS = {
     "AsyncReportStore": "ReportStore",
     "AsyncReports": "Reports",
     "AsyncOperations": "Operations",
+    "AsyncStatusCache": "StatusCache",
     "_async": "_sync",  # orchestrator.mongo._async.* -> orchestrator.mongo._sync.*
     "connect_async": "connect",
     "check_reachable_async": "check_reachable",

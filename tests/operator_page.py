@@ -2,24 +2,65 @@
 
 ``seed`` makes one document in each state an operator meets: done, failed, held by a
 live lease, held by a dead replica (overdue), and waiting out a relock; and the records of
-three live replicas (one running a step, one with another lock timeout) and a dead one.
+three live replicas (the seeding one, one running a step, one with another lock
+timeout) and a dead one. ``seed_invoices`` adds invoices with a business key, three of
+them failed.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from html.parser import HTMLParser
 from typing import Any
 
+import httpx
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+from pymongo import AsyncMongoClient
 from pymongo.database import Database
 
 from orchestrator import Lease, Orchestrator
 from orchestrator.core.extras import library_version
+from orchestrator.core.history import DEFAULT_HISTORY
 from orchestrator.core.queries import bson_time
-from orchestrator.core.replicas import ReplicaRecord, RunningStep, new_record
+from orchestrator.core.registry import Handler
+from orchestrator.core.replicas import HandlerInfo, ReplicaRecord, RunningStep, new_record
 from orchestrator.mongo import Store
-from orchestrator.testing import FakeClock
+from orchestrator.operations import AsyncOperations, AsyncStatusCache
+from orchestrator.testing import FakeClock, async_view
+from orchestrator.testing.memory import MemoryDatabase
+from orchestrator.web import operator_app
+from tests.conftest import MONGODB_URI
+
+
+@contextmanager
+def mounted(db: Database[Any], **options: Any) -> Iterator[TestClient]:
+    """The page mounted at /ops in a FastAPI app, on the async view of ``db`` (or an
+    ``AsyncMongoClient`` of the same server), as an application mounts it. Its status
+    report is computed at every request unless ``options`` give a cache: the tests
+    change the database between two reads (the cache is tested on its own clock)."""
+    client: AsyncMongoClient[Any] | None = None
+    if isinstance(db, MemoryDatabase):
+        adb: Any = async_view(db)
+    else:
+        client = AsyncMongoClient(MONGODB_URI, serverSelectionTimeoutMS=5000)
+        adb = client[db.name]
+    options.setdefault("status", AsyncStatusCache(AsyncOperations(adb), max_age=0))
+    app = FastAPI()
+    app.mount("/ops", operator_app(adb, **options))
+    with TestClient(app) as test_client:
+        yield test_client
+        if client is not None:
+            test_client.portal.call(client.close)  # type: ignore[union-attr]
+
+
+def read(response: httpx.Response, status: int = 200) -> Page:
+    """The page a response carries, whose status must be ``status``."""
+    assert response.status_code == status, response.text
+    return Page(response.text)
 
 
 @dataclass
@@ -76,16 +117,46 @@ def seed(db: Database[Any], clock: FakeClock, *, replica_id: str = "pod-1") -> S
             },
         ]
     )
+    # pod-1 records itself as start() makes it (its heartbeat() refreshes the record,
+    # with the pauses it honours), without start()'s background loop: the test drives it.
+    orch._record.begin()
     store = Store(db)
-    for replica in replica_records(now):
+    for replica in replica_records(now, orch.handlers):
         store.record_replica(replica)
     return seeded
 
 
-def replica_records(now: datetime) -> list[ReplicaRecord]:
-    """pod-1 and pod-2 alike (pod-2 runs gw-held's step), pod-3 with a lock timeout of
-    300 s, and pod-9, which died: its record expired, though the TTL monitor has not
-    deleted it yet."""
+def seed_invoices(seeded: Seeded) -> list[str]:
+    """Invoices charged by pod-1, their business key ``invoice`` (unique): while the
+    bank is down (``outage["bank"]``), charging INV-1003, INV-1004 and INV-1005 fails and
+    its handler gives up on them (Failed). The invoices' ids, in order."""
+    orch = seeded.orch
+    seeded.outage["bank"] = True
+
+    @orch.phase("invoices", "Charging", to="Paid")
+    def charge(lease: Lease[Any]) -> Any:
+        if lease.doc["invoice"] in ("INV-1003", "INV-1004", "INV-1005") and seeded.outage["bank"]:
+            raise TimeoutError(f"the bank did not answer for {lease.doc['invoice']}")
+        return lease.advance("Paid")
+
+    ids = [
+        str(
+            orch.submit("invoices", {"invoice": f"INV-{n}", "phase": "Charging"}, unique="invoice")[
+                "_id"
+            ]
+        )
+        for n in range(1001, 1007)
+    ]
+    orch.run_once()
+    orch.heartbeat()  # its record now names the invoices' handler
+    return ids
+
+
+def replica_records(now: datetime, handlers: Sequence[Handler] = ()) -> list[ReplicaRecord]:
+    """pod-2 like pod-1 (it runs gw-held's step), pod-3 with a lock timeout of 300 s,
+    pod-4 silent for 15 s (three heartbeats: stale, its record still live), and pod-9,
+    which died: its record expired, though the TTL monitor has not deleted it yet. Each
+    runs ``handlers`` (pod-1's)."""
 
     def made(replica_id: str, seen: datetime, **settings: Any) -> ReplicaRecord:
         values: dict[str, Any] = {
@@ -98,27 +169,38 @@ def replica_records(now: datetime) -> list[ReplicaRecord]:
             "lock_timeout": 30.0,
             "tick": 1.0,
             "max_concurrency": 4,
+            "history": DEFAULT_HISTORY,
+            "cancelled_phase": "Cancelled",
+            "handlers": [
+                HandlerInfo(h.collection, h.phase, h.name, h.key, h.failed_phase) for h in handlers
+            ],
         }
         values.update(settings)
         return new_record(replica_id=replica_id, now=seen, **values)
 
     return [
-        made("pod-1", now - timedelta(seconds=2)),
         made(
             "pod-2",
             now - timedelta(seconds=1),
             steps=[RunningStep("gateways", "gw-held", "Provisioning", now)],
         ),
         made("pod-3", now - timedelta(seconds=4), engine="async", lock_timeout=300.0),
+        made("pod-4", now - timedelta(seconds=15)),
         made("pod-9", now - timedelta(minutes=5)),
     ]
+
+
+VOID = frozenset(
+    {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source", "wbr"}
+)
+"""Elements without an end tag."""
 
 
 class Page(HTMLParser):
     """The tables (by id: rows of cell texts), links (by text), forms (action and fields)
     and text of one page, as a person reads them, with the HTML's escapes undone.
     ``row_links``: per table, the links of each row (the header's included), for rows
-    whose texts read alike."""
+    whose texts read alike; ``text_of``: the text of an element by its id."""
 
     def __init__(self, html: str) -> None:
         super().__init__(convert_charrefs=True)
@@ -128,6 +210,8 @@ class Page(HTMLParser):
         self._row_links: list[str] = []
         self.forms: list[tuple[str, str, dict[str, str]]] = []
         self.text = ""
+        self.texts: dict[str, str] = {}
+        self._open: list[tuple[str, str | None]] = []
         self._table: str | None = None
         self._row: list[str] | None = None
         self._cell: list[str] | None = None
@@ -138,6 +222,10 @@ class Page(HTMLParser):
 
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         attr = {name: value or "" for name, value in attrs}
+        if tag not in VOID:
+            self._open.append((tag, attr.get("id")))
+            if attr.get("id"):
+                self.texts[attr["id"]] = ""
         if tag == "table":
             self._table = attr.get("id", "")
             self.tables[self._table] = []
@@ -155,6 +243,9 @@ class Page(HTMLParser):
             self.forms[-1][2][attr["name"]] = attr.get("value", "")
 
     def handle_endtag(self, tag: str) -> None:
+        while self._open and tag in (t for t, _ in self._open):
+            if self._open.pop()[0] == tag:
+                break
         if tag in ("td", "th") and self._cell is not None and self._row is not None:
             self._row.append(" ".join("".join(self._cell).split()))
             self._cell = None
@@ -170,10 +261,17 @@ class Page(HTMLParser):
 
     def handle_data(self, data: str) -> None:
         self.text += data
+        for _, element in self._open:
+            if element:
+                self.texts[element] += data
         if self._cell is not None:
             self._cell.append(data)
         if self._link is not None:
             self._link_text.append(data)
+
+    def text_of(self, element: str) -> str:
+        """The text of the element whose id is ``element``, its spaces collapsed."""
+        return " ".join(self.texts[element].split())
 
     def rows(self, table: str) -> list[list[str]]:
         """The rows of a table without its header row."""

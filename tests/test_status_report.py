@@ -233,6 +233,7 @@ def test_the_report_as_json_says_everything_in_plain_types() -> None:
                 "type": "E",
                 "message": "m",
                 "at": "2026-01-01T00:00:00+00:00",
+                "key": None,
             },
             {
                 "collection": "c",
@@ -243,6 +244,7 @@ def test_the_report_as_json_says_everything_in_plain_types() -> None:
                 "type": "?",
                 "message": "",
                 "at": None,
+                "key": None,
             },
         ],
         "replicas": [{**record.to_dict(), "seen_ago": 2.877, "stale": False}],

@@ -28,12 +28,13 @@ from pymongo.database import Database
 from starlette.applications import Starlette
 from starlette.routing import Mount
 
+from orchestrator import Orchestrator
 from orchestrator.testing import FakeClock, async_view, memory_database
 from orchestrator.testing.memory import MemoryDatabase
 from orchestrator.web import operator_app
 from orchestrator.web.serve import listen, url_of
 from tests.conftest import MONGODB_URI
-from tests.operator_page import seed
+from tests.operator_page import seed, seed_invoices
 
 CHROMIUM = Path("/usr/bin/chromium")
 LAUNCH_ARGS = [
@@ -154,10 +155,10 @@ def test_an_operator_sees_the_counts_opens_a_failed_document_retries_it_and_sees
         expect(counts.locator("tr[data-phase='Ready'] td").nth(2)).to_have_text("3")
         expect(page.locator("#errors")).to_contain_text("certificate authority unreachable")
         # The live replicas, the step each runs, and the setting they disagree on.
-        expect(page.locator("#replicas tbody tr")).to_have_count(3)
+        expect(page.locator("#replicas tbody tr")).to_have_count(4)
         expect(page.locator("#replicas tr[data-replica='pod-2']")).to_contain_text("gw-held")
         expect(page.get_by_role("alert")).to_have_text(
-            "replicas disagree on lock_timeout: 30s (pod-1, pod-2); 300s (pod-3)"
+            "replicas disagree on lock_timeout: 30s (pod-1, pod-2, pod-4); 300s (pod-3)"
         )
         shoot(page, "web-overview.png")
 
@@ -177,10 +178,15 @@ def test_an_operator_sees_the_counts_opens_a_failed_document_retries_it_and_sees
         expect(page.get_by_label("Send it back to phase")).to_have_value("Provisioning")
         assert database.gateways.find_one({"_id": "gw-broken"})["phase"] == "Failed"
         shoot(page, "web-confirm-retry.png")
+        page.get_by_label("Reason").fill("the CA is back")
         page.get_by_role("button", name="Retry", exact=True).click()
-        expect(page.get_by_role("status")).to_contain_text("Retried")
         expect(phase).to_have_text("Provisioning")
         expect(page.locator("#lease [data-field='attempts']")).to_have_text("0")
+        # Its history says who retried it and why. The "Retried" banner is shown once: the
+        # page reloads itself to its URL without done= (tests/test_web.py reads both).
+        expect(page.locator("#history li").first).to_contain_text("the CA is back")
+        expect(page.get_by_role("status")).to_have_count(0)
+        assert "done=" not in page.url
 
         # 4. The outage is over; a replica runs the step (and takes over pod-9's overdue
         # lease). The page, refreshing itself, shows the document moved on.
@@ -190,4 +196,146 @@ def test_an_operator_sees_the_counts_opens_a_failed_document_retries_it_and_sees
         page.get_by_role("link", name="← all collections").click()
         expect(counts.locator("tr[data-phase='Ready'] td").nth(2)).to_have_text("5")
         expect(counts.locator("tr[data-phase='Failed']")).to_have_count(0)
+        page.close()
+
+
+def test_an_operator_finds_failed_invoices_by_key_reads_a_history_retries_them_and_pauses(
+    browser: Browser, database: Database[Any], clock: FakeClock
+) -> None:
+    seeded = seed(database, clock)
+    seed_invoices(seeded)  # INV-1003, INV-1004 and INV-1005 failed: the bank was down
+    expect.set_options(timeout=20_000)
+    with served(database, refresh=1) as base:
+        page = browser.new_page(viewport={"width": 1200, "height": 900})
+        page.goto(base)
+        failed = page.locator("#counts tr[data-collection='invoices'][data-phase='Failed']")
+        expect(failed.locator("a[data-state='failed']")).to_have_text("3")
+        expect(page.locator("#takeovers")).to_contain_text(
+            "pod-9's lease on gateways/gw-stuck (Provisioning) taken over by pod-1"
+        )
+        expect(page.locator("#replicas tr[data-replica='pod-4']")).to_contain_text("stale")
+        shoot(page, "web-overview.png")
+        find_a_failed_invoice_by_its_key(page)
+        read_its_history(page)
+        retry_every_failed_invoice(page, database)
+        # They move on: a replica charges them now that the bank answers.
+        seeded.outage["bank"] = False
+        assert seeded.orch.run_once().get("advanced") == 3
+        page.get_by_role("link", name="Overview").click()
+        paid = page.locator("#counts tr[data-collection='invoices'][data-phase='Paid'] td")
+        expect(paid.nth(2)).to_have_text("6")
+        expect(failed).to_have_count(0)
+        pause_charging_then_resume(page, base, seeded.orch, database)
+        page.close()
+
+
+def find_a_failed_invoice_by_its_key(page: Page) -> None:
+    """The failed count opens its list, each row with its id and business key; then
+    narrowed to one business key, as typed."""
+    page.locator("#counts tr[data-collection='invoices'][data-phase='Failed']").locator(
+        "a[data-state='failed']"
+    ).click()
+    rows = page.locator("#documents tbody tr")
+    expect(rows).to_have_count(3)
+    for key in ("INV-1003", "INV-1004", "INV-1005"):
+        expect(page.locator("#documents")).to_contain_text(f"invoice={key}")
+    expect(page.locator("#served")).to_contain_text("orchestrator_errors")
+    shoot(page, "web-browse.png")
+    page.get_by_placeholder("INV-1003 or FIELD=VALUE").fill("INV-1004")
+    page.get_by_role("button", name="Filter").click()
+    expect(rows).to_have_count(1)
+    expect(rows.first).to_contain_text("invoice=INV-1004")
+    expect(rows.first.locator(".state")).to_have_text("failed")
+    rows.first.get_by_role("link").first.click()
+
+
+def read_its_history(page: Page) -> None:
+    """Its page: a badge that knows its handler gave up (no "Unlock…" offered as if that
+    let it run), and its history, the failed step's traceback opened."""
+    expect(page.locator("#key")).to_have_text("invoice=INV-1004")
+    expect(page.locator("#lease-state")).to_have_text("failed")
+    expect(page.locator("#lease-note")).to_contain_text("gave up; it stays here until retried")
+    expect(page.get_by_role("link", name="Unlock…")).to_have_count(0)
+    step = page.locator("#history li").first
+    expect(step).to_contain_text("failed: pod-1 ran Charging")
+    expect(step).to_contain_text("TimeoutError: the bank did not answer for INV-1004")
+    step.locator("summary").click()
+    expect(step.locator("pre")).to_contain_text("Traceback (most recent call last)")
+    shoot(page, "web-history.png")
+
+
+def retry_every_failed_invoice(page: Page, database: Database[Any]) -> None:
+    """Every failed invoice retried, with the confirmation: a dry run, then a reason."""
+    page.get_by_role("link", name="invoices, phase Failed").click()
+    expect(page.locator("#documents tbody tr")).to_have_count(3)
+    page.get_by_role("link", name="Retry all…").click()
+    expect(page.locator("#count")).to_contain_text(
+        "3 documents would be retried now, each to the phase of its last error"
+    )
+    expect(page.locator("#would-change tbody tr")).to_have_count(3)
+    assert database.invoices.count_documents({"phase": "Failed"}) == 3  # not yet
+    page.get_by_label("Reason").fill("the bank is back (INC-42)")
+    shoot(page, "web-bulk-confirm.png")
+    page.get_by_role("button", name="Retry them").click()
+    expect(page.locator("#done")).to_contain_text("Retried 3 documents of invoices")
+    assert database.invoices.count_documents({"phase": "Charging"}) == 3
+
+
+def pause_charging_then_resume(
+    page: Page, base: str, orch: Orchestrator, database: Database[Any]
+) -> None:
+    """The banner says who paused charging, why, and which replicas honour it; nothing
+    new is claimed in it until it is resumed."""
+    handlers = page.locator("#handlers tr[data-collection='invoices'][data-phase='Charging']")
+    handlers.get_by_role("link", name="Pause phase…").click()
+    page.get_by_label("Reason").fill("the bank's maintenance window")
+    page.get_by_role("button", name="Pause", exact=True).click()
+    banner = page.locator("#pauses")
+    expect(banner).to_contain_text("invoices, phase Charging")
+    expect(banner).to_contain_text("the bank's maintenance window")
+    expect(banner).to_contain_text("Honoured by no live replica yet")
+    orch.heartbeat()  # pod-1 reads the pauses at its heartbeat, and says so
+    expect(banner).to_contain_text("Honoured by pod-1; not yet by pod-2, pod-3, pod-4")
+    shoot(page, "web-pause.png")
+    orch.submit("invoices", {"invoice": "INV-2001", "phase": "Charging"}, unique="invoice")
+    assert orch.run_once().get("advanced") is None
+    assert database.invoices.find_one({"invoice": "INV-2001"})["phase"] == "Charging"
+    page.goto(f"{base}document?c=invoices&id=INV-2001")  # found by its business key
+    expect(page.locator("#lease-state")).to_have_text("paused")
+    # Resumed, it is charged at the replica's next heartbeat and tick.
+    banner.get_by_role("link", name="Resume…").click()
+    page.get_by_label("Reason").fill("maintenance over")
+    page.get_by_role("button", name="Resume", exact=True).click()
+    expect(banner).to_have_count(0)
+    orch.heartbeat()
+    assert orch.run_once().get("advanced") == 1
+    assert database.invoices.find_one({"invoice": "INV-2001"})["phase"] == "Paid"
+
+
+def test_the_page_fits_800_pixels_and_follows_a_dark_preference(
+    browser: Browser, database: Database[Any], clock: FakeClock
+) -> None:
+    """Nothing overflows the page at 800 px (wide tables scroll in their own box), and a
+    browser that prefers dark gets dark colours, on every kind of page."""
+    seeded = seed(database, clock)
+    seed_invoices(seeded)
+    expect.set_options(timeout=20_000)
+    with served(database, refresh=60) as base:
+        page = browser.new_page(viewport={"width": 800, "height": 900}, color_scheme="dark")
+        for path in (
+            "",
+            "documents?c=invoices&state=failed",
+            "document?c=invoices&id=INV-1003",
+            "bulk?action=retry&c=invoices&state=failed",
+            "pause?c=invoices&phase=Charging",
+            "audit",
+        ):
+            page.goto(base + path)
+            expect(page.locator("main")).to_be_visible()
+            width = page.evaluate("document.documentElement.scrollWidth")
+            assert width <= 800, (path, width)
+            background = page.evaluate("getComputedStyle(document.body).backgroundColor")
+            assert background == "rgb(17, 23, 34)", (path, background)
+            if not path:
+                shoot(page, "web-dark-800.png")
         page.close()

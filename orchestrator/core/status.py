@@ -4,7 +4,7 @@ reading is the store's (``orchestrator.operations``)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
@@ -12,6 +12,7 @@ from typing import Any
 from bson.errors import BSONError
 
 from orchestrator.core.audit import AuditEntry
+from orchestrator.core.browse import business_key
 from orchestrator.core.operator import id_json
 from orchestrator.core.pauses import Pause
 from orchestrator.core.queries import as_utc
@@ -52,7 +53,8 @@ class RecentError:
     stored fields hold (``lastError`` may be a string a migrated application wrote).
     ``id``: the document's id as text, for reading (the string ``"42"`` and the integer
     ``42`` read alike); ``ref``: its canonical Extended JSON, exact whatever its type
-    (``operator.id_json``), for finding it again; None when the id cannot be encoded."""
+    (``operator.id_json``), for finding it again; None when the id cannot be encoded.
+    ``key``: its business key (``browse.business_key``), shown beside the id."""
 
     collection: str
     id: str
@@ -62,10 +64,14 @@ class RecentError:
     type: str
     message: str
     at: datetime | None
+    key: str | None = None
 
     @classmethod
-    def from_document(cls, collection: str, doc: Mapping[str, Any]) -> RecentError:
-        """From a document carrying ``lastError`` (``queries.ERRORS_PROJECTION``'s fields)."""
+    def from_document(
+        cls, collection: str, doc: Mapping[str, Any], keys: Sequence[tuple[str, ...]] = ()
+    ) -> RecentError:
+        """From a document carrying ``lastError`` (``queries.ERRORS_PROJECTION``'s fields,
+        and those of ``keys``, the collection's business keys)."""
         error = doc.get("lastError")
         if isinstance(error, dict):
             kind, message, at = error.get("type", "?"), error.get("message", ""), error.get("at")
@@ -87,6 +93,7 @@ class RecentError:
             type=_text(kind),
             message=_text(message),
             at=as_utc(at) if isinstance(at, datetime) else None,
+            key=business_key(doc, keys),
         )
 
 

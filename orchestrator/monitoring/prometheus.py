@@ -5,9 +5,10 @@ listener on each): steps by collection, phase and outcome, step durations and cl
 latencies, leases held, lost and extended, failed attempts by error type, idle probes and
 the server-clock offset. With ``status=db`` it also registers a ``StatusCollector``, which
 at scrape time reports how many documents of each collection and phase are leased,
-waiting, overdue and failed, from the ``orchestrator status`` aggregation, at most once
-every ``status_max_age`` seconds whatever the scrape rate, and never holding a scrape
-longer than ``status_timeout`` seconds however slow the database.
+waiting, overdue and failed, and what operators paused, from the ``orchestrator status``
+aggregation, at most once every ``status_max_age`` seconds whatever the scrape rate, and
+never holding a scrape longer than ``status_timeout`` seconds however slow the database;
+given the operator page's status cache, the page and the metrics share one aggregation.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import inspect
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from concurrent.futures import Future, wait
 from functools import partial
 from typing import Generic, TypeVar
@@ -51,15 +52,36 @@ from orchestrator.core.events import (
     StepFinishedEvent,
 )
 from orchestrator.mongo.common import Document
-from orchestrator.operations import AsyncOperations, Operations, Status
+from orchestrator.operations import (
+    AsyncOperations,
+    AsyncStatusCache,
+    Operations,
+    Status,
+    StatusCache,
+)
 
-__all__ = ["DEFAULT_STATUS_TIMEOUT", "DURATION_BUCKETS", "PrometheusListener", "StatusCollector"]
+__all__ = [
+    "DEFAULT_STATUS_TIMEOUT",
+    "DURATION_BUCKETS",
+    "PrometheusListener",
+    "StatusCollector",
+    "StatusSource",
+]
 
 logger = logging.getLogger("orchestrator")
 
 DEFAULT_STATUS_TIMEOUT = 5.0
 """Seconds a scrape waits for the document counts: below Prometheus's default scrape
 timeout (10 s), so a slow database makes stale counts, not a failed scrape."""
+
+StatusSource = (
+    Database[Document]
+    | AsyncDatabase[Document]
+    | AsyncStatusCache
+    | StatusCache
+    | Callable[[], Status]
+)
+"""Where the collector's document counts come from (``StatusCollector``)."""
 
 DURATION_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0)
 """Seconds, from a millisecond step to a step_timeout's worth (steps and relock waits
@@ -93,8 +115,9 @@ class PrometheusListener(Listener):
 
     ``registry``: where the metrics go (prometheus_client's default registry unless
     given; two listeners on one registry collide). ``status``: a database to count
-    documents in on scrape (or a function returning a ``Status``), an ``AsyncDatabase``
-    included (then build the listener on the loop that owns its client); ``collections`` limits
+    documents in on scrape (or a function returning a ``Status``, or the status cache the
+    operator's page uses too), an ``AsyncDatabase`` or ``AsyncStatusCache`` included
+    (then build the listener on the loop that owns its client); ``collections`` limits
     the count, ``status_max_age`` bounds how often it is computed, ``status_timeout`` how
     long a scrape waits for it (``StatusCollector``), ``monotonic`` is the clock that ages
     it (tests pass a fake one).
@@ -104,7 +127,7 @@ class PrometheusListener(Listener):
         self,
         registry: CollectorRegistry | None = None,
         *,
-        status: Database[Document] | AsyncDatabase[Document] | Callable[[], Status] | None = None,
+        status: StatusSource | None = None,
         collections: Sequence[str] | None = None,
         status_max_age: float = 15.0,
         status_timeout: float = DEFAULT_STATUS_TIMEOUT,
@@ -241,7 +264,7 @@ _DOCUMENT_GAUGES = (
 
 
 def _on_its_loop(
-    db: AsyncDatabase[Document], names: list[str] | None, bound: float | None
+    report: Callable[[], Awaitable[Status]], bound: float | None
 ) -> tuple[Callable[[], Future[Status]], Callable[[], bool]]:
     """Scrapes arrive on the metrics server's thread; an async client belongs to one loop,
     so the count runs there (under ``bound``), and a scrape waits for it from its own
@@ -251,14 +274,14 @@ def _on_its_loop(
         loop = asyncio.get_running_loop()
     except RuntimeError:
         raise ConfigError(
-            "status=<an AsyncDatabase>: build the listener on the event loop that owns its"
-            " client (e.g. in the application's lifespan)"
+            "status=<an AsyncDatabase or AsyncStatusCache>: build the listener on the event"
+            " loop that owns its client (e.g. in the application's lifespan)"
         ) from None
     loop_thread = threading.get_ident()
 
     async def count() -> Status:
         with pymongo.timeout(bound):
-            return await AsyncOperations(db).status(names, errors=0)
+            return await report()
 
     def start() -> Future[Status]:
         if loop.is_closed():
@@ -287,12 +310,21 @@ def _in_thread(work: Callable[[], Status]) -> Future[Status]:
 
 
 class StatusCollector(Collector):
-    """Document counts per collection and phase, computed when Prometheus scrapes, from
-    ``orchestrator status``'s aggregation (one round trip per collection), at most once
-    every ``max_age`` seconds: scrapes in between get the counts already computed, so a
-    scrape storm costs the database nothing. ``source`` is a ``Database``, an
-    ``AsyncDatabase`` (counted on the event loop its client belongs to: the one running
-    when the collector is built) or a function returning a ``Status``.
+    """Document counts per collection and phase, and the pauses in force
+    (``orchestrator_paused``), computed when Prometheus scrapes, from ``orchestrator
+    status``'s aggregation (one round trip per collection), at most once every
+    ``max_age`` seconds: scrapes in between get the counts already computed, so a scrape
+    storm costs the database nothing. ``source`` is a ``Database``, an ``AsyncDatabase``
+    (counted on the event loop its client belongs to: the one running when the collector
+    is built), a function returning a ``Status``, or a status cache
+    (``orchestrator.operations.AsyncStatusCache``, on its client's loop likewise, or
+    ``StatusCache``).
+
+    A cache is how an application that mounts the operator's page too computes one
+    aggregation per period for both: give the page and the collector the same one
+    (``operator_app(db, status=cache)``). Its ``max_age`` and collections then decide
+    what is computed and how often (``collections`` must not be given here); this
+    collector's ``max_age`` only spaces out its own asks (0: at every scrape).
 
     A slow database never holds a scrape past ``timeout`` seconds (5, below Prometheus's
     default scrape timeout of 10): the count runs apart from the scrape (on a thread of
@@ -306,7 +338,7 @@ class StatusCollector(Collector):
 
     def __init__(
         self,
-        source: Database[Document] | AsyncDatabase[Document] | Callable[[], Status],
+        source: StatusSource,
         *,
         collections: Sequence[str] | None = None,
         max_age: float = 15.0,
@@ -326,8 +358,23 @@ class StatusCollector(Collector):
         self._start: Callable[[], Future[Status]]
         self._on_loop: Callable[[], bool] = lambda: False
         lister = getattr(source, "list_collection_names", None)
-        if inspect.iscoroutinefunction(lister):
-            self._start, self._on_loop = _on_its_loop(source, names, bound)  # type: ignore[arg-type]
+        if isinstance(source, AsyncStatusCache | StatusCache) and names:
+            raise ConfigError("status=<a status cache>: give the collections to the cache")
+        if isinstance(source, AsyncStatusCache):
+            self._start, self._on_loop = _on_its_loop(source.status, bound)
+        elif isinstance(source, StatusCache):
+            cache = source
+
+            def ask() -> Status:
+                with pymongo.timeout(bound):
+                    return cache.status()
+
+            self._start = partial(_in_thread, ask)
+        elif inspect.iscoroutinefunction(lister):
+            adb: AsyncDatabase[Document] = source  # type: ignore[assignment]
+            self._start, self._on_loop = _on_its_loop(
+                partial(AsyncOperations(adb).status, names, errors=0), bound
+            )
         elif callable(lister):
             db: Database[Document] = source  # type: ignore[assignment]  # or a look-alike
 
@@ -340,8 +387,8 @@ class StatusCollector(Collector):
             self._start = partial(_in_thread, source)
         else:
             raise ConfigError(
-                "status: a Database, an AsyncDatabase or a function returning a Status,"
-                f" not {type(source).__name__}"
+                "status: a Database, an AsyncDatabase, a status cache or a function returning"
+                f" a Status, not {type(source).__name__}"
             )
         self.timeout = float(timeout)
         """Seconds a scrape waits for a count in flight before it serves the last counts."""
@@ -431,6 +478,12 @@ class StatusCollector(Collector):
             (GaugeMetricFamily(name, doc, labels=("collection", "phase")), field)
             for name, field, doc in _DOCUMENT_GAUGES
         ]
+        paused = GaugeMetricFamily(
+            "orchestrator_paused",
+            "1 for each pause in force: a collection (phase and handler empty), a phase of it,"
+            " or a handler (by its module:function name).",
+            labels=("collection", "phase", "handler"),
+        )
         stale_family.add_metric((), 1.0 if stale else 0.0)
         if status is not None:
             up.add_metric((), 1.0)
@@ -438,6 +491,9 @@ class StatusCollector(Collector):
             for row in status.phases:
                 for family, field in families:
                     family.add_metric((row.collection, row.phase), float(getattr(row, field)))
+            for pause in status.pauses:
+                scope = pause.scope
+                paused.add_metric((scope.collection, scope.phase or "", scope.handler or ""), 1.0)
         else:
             up.add_metric((), 0.0)
         yield up
@@ -445,3 +501,4 @@ class StatusCollector(Collector):
         yield age_family
         for family, _ in families:
             yield family
+        yield paused

@@ -6,7 +6,9 @@ application, behind its authentication::
     app.mount("/ops", operator_app(async_client["orchestrator"]))
 
 or to serve alone with ``orchestrator web``. It reads and acts through
-``orchestrator.operations``, as the command line does.
+``orchestrator.operations``, as the command line does, and serves a JSON API under
+``/api`` (``orchestrator.web.api``). ``actor=`` names who acts (the application's
+signed-in user); ``status=`` shares its status cache with a ``PrometheusListener``.
 """
 
 from orchestrator.web import _requires  # noqa: F401  (first: names the missing extra)

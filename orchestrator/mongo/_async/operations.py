@@ -118,7 +118,10 @@ class AsyncOperations:
             if errors > 0 and rows:
                 await self._ensure_indexes(collection)
                 found = await self._reports.latest_errors(
-                    collection, errors, [row.phase for row in rows]
+                    collection,
+                    errors,
+                    [row.phase for row in rows],
+                    await self._keys(collection, live),
                 )
                 latest.extend(found)
         taken = (

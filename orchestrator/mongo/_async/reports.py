@@ -77,7 +77,11 @@ class AsyncReportStore(Protocol):
         ...
 
     async def latest_errors(
-        self, name: str, limit: int, phases: Sequence[str]
+        self,
+        name: str,
+        limit: int,
+        phases: Sequence[str],
+        keys: Sequence[tuple[str, ...]] = (),
     ) -> list[RecentError]:
         """The documents of ``phases`` carrying an error, most recent error first, read
         through ``queries.ERRORS_INDEX`` (hinted: never a collection scan).
@@ -85,6 +89,7 @@ class AsyncReportStore(Protocol):
         :param name: the collection
         :param limit: at most this many
         :param phases: the collection's phases (``phase_summary``'s)
+        :param keys: the collection's business keys, read too and shown beside each id
         :return: each document's last error as a report shows it (the documents are read
             with only the fields a report needs: a document may be large, its error small)
         :raises StoreError: the read failed
@@ -253,17 +258,20 @@ class AsyncReports:
         return [PhaseCount.from_row(name, row) for row in rows]
 
     async def latest_errors(
-        self, name: str, limit: int, phases: Sequence[str]
+        self,
+        name: str,
+        limit: int,
+        phases: Sequence[str],
+        keys: Sequence[tuple[str, ...]] = (),
     ) -> list[RecentError]:
         if not phases or limit <= 0:
             return []
+        projection = {**queries.ERRORS_PROJECTION, **{f: 1 for key in keys for f in key}}
         with driver_errors(f"read errors of {name}"):
-            cursor = self._store.collection(name).find(
-                queries.errors_filter(phases), queries.ERRORS_PROJECTION
-            )
+            cursor = self._store.collection(name).find(queries.errors_filter(phases), projection)
             cursor = cursor.sort(queries.ERRORS_SORT).hint(queries.ERRORS_INDEX)
             docs = await cursor.limit(limit).to_list()
-        return [RecentError.from_document(name, doc) for doc in docs]
+        return [RecentError.from_document(name, doc, keys) for doc in docs]
 
     async def phases(self, name: str) -> list[str]:
         with driver_errors(f"read the phases of {name}"):

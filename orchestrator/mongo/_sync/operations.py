@@ -118,7 +118,12 @@ class Operations:
             phases.extend(rows)
             if errors > 0 and rows:
                 self._ensure_indexes(collection)
-                found = self._reports.latest_errors(collection, errors, [row.phase for row in rows])
+                found = self._reports.latest_errors(
+                    collection,
+                    errors,
+                    [row.phase for row in rows],
+                    self._keys(collection, live),
+                )
                 latest.extend(found)
         taken = (
             self._reports.read_audit(self._audit, TAKEOVERS_SHOWN, AuditKind.TAKEOVER)

@@ -2,7 +2,8 @@
 
 Methods written out here are those where mongomock answers unlike a server: ``find``
 (whose cursor must be read under the lock), ``create_index`` (which a server may refuse,
-and whose TTL expires by the server's clock) and the options a collection carries. Any
+and whose TTL expires by the server's clock), ``distinct`` (of any values) and the
+options a collection carries. Any
 other method is mongomock's, ``Locked``. The mongomock collection itself gets the
 server's document size limit and the faster query paths when a proxy first reaches it.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, NoReturn, cast
 
+import bson
 from bson.codec_options import CodecOptions
 from pymongo.write_concern import WriteConcern
 
@@ -103,6 +105,20 @@ class MemoryCollection:
             cursor = self._mongomock.find(*args, **kwargs)
         return MemoryCursor(self._server, cursor, self._codec_options)
 
+    def distinct(self, key: str, filter: Any = None, **options: Any) -> list[Any]:
+        """As the server answers: each value once (an array's elements each), however it is
+        made; mongomock hashes the values, and fails on a list or a document holding one."""
+        found: dict[bytes, Any] = {}
+        for doc in self.find(filter or {}, **options):
+            value: Any = doc
+            for part in key.split("."):
+                value = value.get(part) if isinstance(value, dict) else None
+            if value is None and not _has(doc, key):
+                continue
+            for item in value if isinstance(value, list) else [value]:
+                found.setdefault(bson.encode({"v": item}), item)
+        return list(found.values())
+
     def count_documents(self, filter: Any, **options: Any) -> int:
         """As pymongo's, with a hint checked as the server checks it (``check_hint``)."""
         hint = options.pop("hint", None)
@@ -172,3 +188,13 @@ class MemoryCollection:
 
     def __repr__(self) -> str:
         return f"<memory collection {self.full_name!r}>"
+
+
+def _has(doc: dict[str, Any], key: str) -> bool:
+    """Whether ``doc`` holds the dotted ``key`` (null counts: the server lists it)."""
+    value: Any = doc
+    for part in key.split("."):
+        if not isinstance(value, dict) or part not in value:
+            return False
+        value = value[part]
+    return True

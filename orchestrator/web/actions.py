@@ -1,0 +1,313 @@
+"""The page's actions, each a POST behind a confirmation page (GET): unlock, retry and
+cancel of one document (``/confirm``, then ``/unlock``, ``/retry``, ``/cancel``), of every
+document a filter selects (``/bulk``: the confirmation is a dry run, with the count and
+the first documents, and asks for a reason), and pause and resume of a collection, a
+phase or a handler (``/pause``, ``/resume``, with a reason).
+
+Who acts is the ``actor`` the mounting application gives (``operator_app``), recorded
+with the reason in the audit trail and the documents' histories. A retry or cancel to a
+phase no live replica handles is refused with the phases they do handle, and the refusal
+offers to send it anyway (``any_phase``), explicitly. A finished action says what it did
+once: a one-document action on the document's page (``done=``, which the page's reload
+drops), a bulk action on its own result page.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import replace
+from functools import partial
+from typing import Any
+
+from bson import json_util
+from bson.json_util import CANONICAL_JSON_OPTIONS
+from starlette.requests import Request
+from starlette.responses import RedirectResponse, Response
+from starlette.routing import Route
+
+from orchestrator.core.operator import error_phase
+from orchestrator.operations import (
+    Action,
+    DocumentChanged,
+    DocumentNotFound,
+    LeaseHeld,
+    Row,
+    Scope,
+    UnhandledPhase,
+)
+from orchestrator.web.browse import selection_of
+from orchestrator.web.inputs import Refused, Selection, form, parse_ref
+from orchestrator.web.site import Links, Site
+from orchestrator.web.views import MISSING, Fleet, error_view, text
+
+__all__ = ["routes"]
+
+SHOWN = 20
+"""Documents a bulk confirmation or result lists (of those it acts on, and of those it
+leaves alone)."""
+
+
+def routes(site: Site) -> list[Route]:
+    return [
+        Route("/confirm", site.page(partial(confirm, site))),
+        *(
+            Route(f"/{action.value}", site.page(partial(act, site, action)), methods=["POST"])
+            for action in Action
+        ),
+        Route("/bulk", site.page(partial(bulk_confirm, site))),
+        Route("/bulk", site.page(partial(bulk, site)), methods=["POST"]),
+        Route("/pause", site.page(partial(pause_confirm, site, "pause"))),
+        Route("/pause", site.page(partial(pause, site, "pause")), methods=["POST"]),
+        Route("/resume", site.page(partial(pause_confirm, site, "resume"))),
+        Route("/resume", site.page(partial(pause, site, "resume")), methods=["POST"]),
+    ]
+
+
+def _action(name: str | None) -> Action:
+    try:
+        return Action(name or "")
+    except ValueError:
+        raise Refused(400, "unknown action: the page offers unlock, retry and cancel") from None
+
+
+# -- one document ---------------------------------------------------------------------------
+
+
+async def confirm(site: Site, request: Request, links: Links) -> Response:
+    """The confirmation of an action on one document, carrying the state it is in now."""
+    action = _action(request.query_params.get("action"))
+    collection, doc = await site.find(request.query_params, links)
+    status = await site.status()
+    now = await site.operations.now()
+    fleet = replace(Fleet.of(status), at=now)
+    row = Row.read(doc, now, fleet.keys(collection), fleet.names())
+    seen = {"phase": doc.get("phase"), "lockToken": doc.get("lockToken")}
+    return await site.render(
+        request,
+        links,
+        "confirm.html",
+        status=status,
+        at=now,
+        action=action.value,
+        collection=collection,
+        doc_id=doc["_id"],
+        row=row,
+        badge=fleet.badge(collection, row),
+        phase=doc.get("phase", MISSING),
+        holder=doc.get("lockedBy", MISSING),
+        until=doc.get("lockedUntil", MISSING),
+        attempts=doc.get("attempts", 0),
+        ref=json_util.dumps(doc["_id"], json_options=CANONICAL_JSON_OPTIONS),
+        seen=json_util.dumps(seen, json_options=CANONICAL_JSON_OPTIONS),
+        target=(error_phase(doc) or "") if action is Action.RETRY else "",
+        cancelled=fleet.cancelled_phase(),
+        last_error=error_view(doc.get("lastError")),
+    )
+
+
+async def act(site: Site, action: Action, request: Request, links: Links) -> Response:
+    """An action on one document, as confirmed: applied only while the document is still
+    in the state the confirmation carried."""
+    fields = await form(request)
+    given = _last(fields)
+    collection = await site.collection(given.get("c"))
+    doc_id = parse_ref(given.get("ref"))
+    seen = parse_ref(given.get("seen"), "confirmed state")
+    if not isinstance(seen, dict):
+        raise Refused(400, "the confirmed state is not a document")
+    seen = {**seen, "_id": doc_id}
+    by, why = site.actor(request), given.get("reason", "").strip()
+    target = given.get("phase", "").strip()
+    any_phase = given.get("any_phase") == "yes"
+    async with _applying(site, collection, doc_id, links, action, fields):
+        if action is Action.UNLOCK:
+            await site.operations.unlock(collection, seen, by=by, why=why)
+            done = "unlocked"
+        elif action is Action.RETRY:
+            if not target:
+                raise Refused(400, "name the phase to send the document back to")
+            # Forced: the confirmation showed the lease, and warned when a replica held it.
+            retried = await site.operations.retry(
+                collection, seen, target, force=True, any_phase=any_phase, by=by, why=why
+            )
+            done = "retried" if retried.server_time else "retried-local-clock"
+        else:
+            await site.operations.cancel(
+                collection, seen, to=target or None, any_phase=any_phase, by=by, why=why
+            )
+            done = "cancelled"
+    site.changed()
+    return RedirectResponse(links.document(collection, doc_id, done=done), 303)
+
+
+@asynccontextmanager
+async def _applying(
+    site: Site,
+    collection: str,
+    doc_id: Any,
+    links: Links,
+    action: Action,
+    fields: Mapping[str, Sequence[str]],
+) -> AsyncIterator[None]:
+    """An action's refusals as the page words them."""
+    try:
+        yield
+    except DocumentNotFound:
+        raise Refused(
+            404, f"no document {text(doc_id)} in collection {collection!r}", kind="NotFound"
+        ) from None
+    except (DocumentChanged, LeaseHeld):
+        raise Refused(
+            409,
+            f"{collection}/{text(doc_id)} changed since you confirmed (another operator, a "
+            "replica or the application moved it): nothing was done; look again",
+            kind="DocumentChanged",
+        ) from None
+    except UnhandledPhase as exc:
+        raise _unhandled(exc, links.action(action.value), fields) from None
+
+
+def _unhandled(exc: UnhandledPhase, target: str, fields: Mapping[str, Sequence[str]]) -> Refused:
+    """A refusal of a phase no live replica handles, offering the same form again with
+    the box that sends it there anyway."""
+    resent = [(k, v) for k, values in fields.items() if k != "any_phase" for v in values]
+    return Refused(422, str(exc), kind="UnhandledPhase", resend=(target, resent))
+
+
+# -- every document of a filter --------------------------------------------------------------
+
+
+async def bulk_confirm(site: Site, request: Request, links: Links) -> Response:
+    """A bulk action's confirmation: what it would do now (a dry run), and the form that
+    does it, with a reason."""
+    params = request.query_params
+    action = _action(params.get("action"))
+    selection = selection_of(request)
+    await site.collection(selection.collection)
+    query = await selection.resolve(site.operations)
+    to = params.get("to", "").strip() or None
+    any_phase = params.get("any_phase") == "yes"
+    refusal: UnhandledPhase | None = None
+    preview = None
+    try:
+        preview = await site.operations.bulk(
+            action, query, dry_run=True, to=to, any_phase=any_phase
+        )
+    except UnhandledPhase as exc:
+        refusal = exc
+    status = await site.status()
+    return await site.render(
+        request,
+        links,
+        "bulk.html",
+        422 if refusal else 200,
+        status=status,
+        action=action.value,
+        selection=selection,
+        preview=preview,
+        changed=[(row, None) for row in preview.changed] if preview else [],
+        shown=SHOWN,
+        refusal=refusal,
+        to=to or "",
+        any_phase=any_phase,
+        cancelled=Fleet.of(status).cancelled_phase(),
+    )
+
+
+async def bulk(site: Site, request: Request, links: Links) -> Response:
+    """A bulk action, applied to the documents that match its filter now (each only while
+    it is as it was read), with the reason given; its result page says what it did."""
+    fields = await form(request)
+    given = _last(fields)
+    action = _action(given.get("action"))
+    selection = Selection.read(fields)
+    await site.collection(selection.collection)
+    why = given.get("reason", "").strip()
+    if not why:
+        raise Refused(400, "give a reason: it is kept with the action in the audit trail")
+    query = await selection.resolve(site.operations)
+    try:
+        result = await site.operations.bulk(
+            action,
+            query,
+            to=given.get("to", "").strip() or None,
+            force=given.get("force") == "yes",
+            any_phase=given.get("any_phase") == "yes",
+            by=site.actor(request),
+            why=why,
+        )
+    except UnhandledPhase as exc:
+        raise _unhandled(exc, links.action("bulk"), fields) from None
+    site.changed()
+    return await site.render(
+        request,
+        links,
+        "bulk_done.html",
+        action=action.value,
+        selection=selection,
+        result=result,
+        changed=[(row, None) for row in result.changed],
+        shown=SHOWN,
+        by=site.actor(request),
+    )
+
+
+# -- pauses ---------------------------------------------------------------------------------
+
+
+def _scope(values: Mapping[str, str]) -> Scope:
+    collection = values.get("c", "").strip()
+    if not collection:
+        raise Refused(400, "which collection? give its name (c=...)")
+    return Scope(
+        collection,
+        values.get("phase", "").strip() or None,
+        values.get("handler", "").strip() or None,
+    )
+
+
+async def pause_confirm(site: Site, verb: str, request: Request, links: Links) -> Response:
+    """The confirmation of a pause or resume: what it covers, who runs it, a reason."""
+    scope = _scope(request.query_params)
+    status = await site.status()
+    fleet = Fleet.of(status)
+    covered = [
+        h
+        for h in fleet.handlers()
+        if h.collection == scope.collection
+        and scope.phase in (None, h.phase)
+        and scope.handler in (None, h.name)
+    ]
+    current = next((p for p in status.pauses if p.scope == scope), None)
+    return await site.render(
+        request,
+        links,
+        "pause.html",
+        status=status,
+        verb=verb,
+        scope=scope,
+        covered=covered,
+        current=current,
+    )
+
+
+async def pause(site: Site, verb: str, request: Request, links: Links) -> Response:
+    """Pause or resume, then the overview, whose banner says what is paused now."""
+    given = _last(await form(request))
+    scope = _scope(given)
+    why = given.get("reason", "").strip()
+    if not why:
+        raise Refused(400, "give a reason: it is shown with the pause, and kept in the audit")
+    by = site.actor(request)
+    if verb == "pause":
+        done = "paused" if await site.operations.pause(scope, by=by, why=why) else "already-paused"
+    else:
+        done = "resumed" if await site.operations.resume(scope, by=by, why=why) else "not-paused"
+    site.changed()
+    return RedirectResponse(f"{links.home}?done={done}", 303)
+
+
+def _last(fields: Mapping[str, Sequence[str]]) -> dict[str, str]:
+    """Each field's last value (a form sends each once; a repeated one, its last)."""
+    return {name: values[-1] for name, values in fields.items() if values}

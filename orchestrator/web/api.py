@@ -1,0 +1,324 @@
+"""The page's JSON API, mounted under ``/api`` of the same app (behind the same
+authentication, acting as the same ``actor``), for scripts and other tools. It reads and
+acts through ``orchestrator.operations`` as the page and the command line do.
+
+Reads (GET):
+
+- ``/api/status``: the status report (``Status.to_dict()``, with ``handler_names``), from
+  the page's cache: at most one aggregation per ``refresh`` seconds.
+- ``/api/documents?c=&phase=&state=&error=&key=&after=&limit=``: a page of the
+  documents a filter selects (the browser's filters, ``inputs``), as ``Page.to_dict()``:
+  ``documents``, ``next`` (pass it as ``after`` for the next page), ``index``.
+- ``/api/document?c=&ref=`` (or ``id=``, an id or business key as typed): the document's
+  fields as relaxed Extended JSON, its lease state (``row``, ``badge``), ``seen`` (what
+  an action on it posts back) and its ``history``.
+- ``/api/audit?limit=``: the audit trail, latest first; ``/api/pauses``: the pauses in
+  force, each with the live replicas that honour it and those that do not yet.
+
+Actions (POST, ``Content-Type: application/json``, a JSON object):
+
+- ``/api/retry``, ``/api/unlock``, ``/api/cancel``: one document, ``{"c", "ref",
+  "seen", "reason"}`` (``ref`` and ``seen`` as ``/api/document`` gives them: applied only
+  while the document is still so), or every document of a filter, ``{"c", "filter":
+  {"phase", "state", "error", "key"}, "dry_run", "reason"}``; ``to`` (retry, cancel: the
+  phase), ``force`` (retry: take a live lease), ``any_phase`` (retry, cancel: a phase no
+  live replica handles).
+- ``/api/pause``, ``/api/resume``: ``{"c", "phase", "handler", "reason"}``.
+
+Errors are ``{"error": message, "kind": name}``: 400 malformed, 403 cross-site, 404 no such
+collection or document, 409 the document changed (or a live lease holds it, or an id
+names two: ``documents`` lists them), 415 not JSON, 422 refused as asked (a phase no live
+replica handles, with ``handled``; no error phase to retry to; a filter no index serves),
+503 the database did not answer.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import replace
+from functools import partial
+from typing import Any
+
+from bson import json_util
+from bson.errors import BSONError
+from bson.json_util import RELAXED_JSON_OPTIONS
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from orchestrator.core.browse import DEFAULT_LIMIT, MAX_LIMIT
+from orchestrator.core.errors import ConfigError, StoreError
+from orchestrator.core.history import HISTORY_FIELD, entries
+from orchestrator.core.operator import error_phase
+from orchestrator.operations import (
+    Action,
+    AmbiguousId,
+    DocumentChanged,
+    DocumentNotFound,
+    LeaseHeld,
+    NoErrorPhase,
+    OperatorError,
+    Row,
+    Scope,
+    UnhandledPhase,
+    UnindexedField,
+    id_json,
+)
+from orchestrator.web.browse import selection_of
+from orchestrator.web.inputs import Refused, Selection, json_body, parse_ref
+from orchestrator.web.site import SECURITY_HEADERS, Site
+from orchestrator.web.views import Fleet
+
+__all__ = ["routes"]
+
+ONE = frozenset({"c", "ref", "seen", "to", "force", "any_phase", "reason"})
+MANY = frozenset({"c", "filter", "dry_run", "to", "force", "any_phase", "reason"})
+PAUSE = frozenset({"c", "phase", "handler", "reason"})
+
+Endpoint = Callable[[Site, Request], Awaitable[Any]]
+
+
+def routes(site: Site) -> list[Route]:
+    def get(path: str, handler: Endpoint) -> Route:
+        return Route(path, _json(site, handler))
+
+    def post(path: str, handler: Endpoint) -> Route:
+        return Route(path, _json(site, handler), methods=["POST"])
+
+    return [
+        get("/status", status),
+        get("/documents", documents),
+        get("/document", document),
+        get("/audit", audit),
+        get("/pauses", pauses),
+        *(post(f"/{a.value}", partial(act, a)) for a in Action),
+        post("/pause", partial(pause, True)),
+        post("/resume", partial(pause, False)),
+    ]
+
+
+def _json(site: Site, handler: Endpoint) -> Callable[[Request], Awaitable[Response]]:
+    """``handler``'s result as JSON, its failures as ``{"error", "kind"}`` with a status."""
+
+    async def respond(request: Request) -> Response:
+        try:
+            response: Response = JSONResponse(await handler(site, request))
+        except Exception as exc:
+            failed = _failure(exc)
+            if failed is None:
+                raise
+            code, body = failed
+            response = JSONResponse(body, status_code=code)
+        response.headers.update(SECURITY_HEADERS)
+        return response
+
+    return respond
+
+
+def _failure(exc: Exception) -> tuple[int, dict[str, Any]] | None:
+    """The status and body of a failure, or None for a bug (raised: a 500)."""
+    body: dict[str, Any] = {"error": str(exc), "kind": type(exc).__name__}
+    if isinstance(exc, Refused):
+        body["kind"] = exc.kind
+        return exc.status, body
+    if isinstance(exc, AmbiguousId):
+        body["documents"] = [id_json(d["_id"]) for d in exc.documents]
+        return 409, body
+    if isinstance(exc, UnhandledPhase):
+        body["handled"] = exc.handled
+        return 422, body
+    for kinds, code in (
+        (DocumentNotFound, 404),
+        ((DocumentChanged, LeaseHeld), 409),
+        ((NoErrorPhase, UnindexedField), 422),
+        ((OperatorError, ConfigError), 400),
+        (StoreError, 503),
+    ):
+        if isinstance(exc, kinds):
+            return code, body
+    return None
+
+
+# -- reads ----------------------------------------------------------------------------------
+
+
+async def status(site: Site, request: Request) -> dict[str, Any]:
+    report = await site.status()
+    return {**report.to_dict(), "handler_names": report.handler_names}
+
+
+async def documents(site: Site, request: Request) -> dict[str, Any]:
+    selection = selection_of(request)
+    await site.collection(selection.collection)
+    limit = _integer(request.query_params.get("limit"), DEFAULT_LIMIT, MAX_LIMIT, "limit")
+    query = await selection.resolve(site.operations)
+    after = request.query_params.get("after") or None
+    page = await site.operations.browse(query, after=after, limit=limit)
+    return {"filter": query.describe(), **page.to_dict()}
+
+
+async def document(site: Site, request: Request) -> dict[str, Any]:
+    collection, doc = await site.locate(request.query_params)
+    fleet_at = await site.operations.now()
+    fleet = replace(Fleet.of(await site.status()), at=fleet_at)
+    row = Row.read(doc, fleet_at, fleet.keys(collection), fleet.names())
+    badge = fleet.badge(collection, row)
+    fields = {name: value for name, value in doc.items() if name != HISTORY_FIELD}
+    seen = {"phase": doc.get("phase"), "lockToken": doc.get("lockToken")}
+    return {
+        "collection": collection,
+        "ref": id_json(doc["_id"]),
+        "row": row.to_dict(),
+        "badge": {"state": badge.name, "note": badge.note},
+        "seen": _relaxed(seen),
+        "document": _relaxed(fields),
+        "history": [entry.to_dict() for entry in entries(doc)],
+    }
+
+
+async def audit(site: Site, request: Request) -> dict[str, Any]:
+    limit = _integer(request.query_params.get("limit"), 50, 1000, "limit")
+    return {"entries": [entry.to_dict() for entry in await site.operations.audit(limit)]}
+
+
+async def pauses(site: Site, request: Request) -> dict[str, Any]:
+    fleet = Fleet.of(await site.status())
+    shown = []
+    for found in await site.operations.pauses():
+        yes, not_yet = fleet.honour(found)
+        shown.append({**found.to_dict(), "honoured_by": yes, "not_yet": not_yet})
+    return {"pauses": shown}
+
+
+# -- actions --------------------------------------------------------------------------------
+
+
+async def act(action: Action, site: Site, request: Request) -> dict[str, Any]:
+    """One document (``ref`` and ``seen``), or every document of ``filter``."""
+    body = await json_body(request)
+    bulk = "filter" in body
+    _only(body, MANY if bulk else ONE)
+    collection = await site.collection(_text(body, "c"))
+    to = _text(body, "to") or None
+    force, any_phase = _flag(body, "force"), _flag(body, "any_phase")
+    why = _text(body, "reason")
+    by = site.actor(request)
+    if action is Action.UNLOCK and (to is not None or any_phase):
+        raise Refused(400, "an unlock leaves the document in its phase: no to, no any_phase")
+    if bulk:
+        selection = Selection.from_json(collection, body["filter"])
+        result = await site.operations.bulk(
+            action,
+            await selection.resolve(site.operations),
+            dry_run=_flag(body, "dry_run"),
+            to=to,
+            force=force,
+            any_phase=any_phase,
+            by=by,
+            why=why,
+        )
+        if not result.dry_run:
+            site.changed()
+        return result.to_dict()
+    doc_id = parse_ref(_text(body, "ref"))
+    seen = body.get("seen")
+    if not isinstance(seen, Mapping):
+        raise Refused(400, "seen: the document's state as read (/api/document gives it)")
+    # As it is now: where its last error happened (a retry's default target), and until
+    # when its lease runs (a retry takes a live one only with force). Applied only while
+    # it is still in the phase, under the lease, ``seen`` says.
+    current = await site.operations.document(collection, doc_id)
+    seen = {**seen, "_id": doc_id, "lockedUntil": current.get("lockedUntil")}
+    if action is Action.RETRY and to is None:
+        to = error_phase(current)
+    shown: dict[str, Any] = {"action": action.value, "collection": collection}
+    if action is Action.UNLOCK:
+        after = await site.operations.unlock(collection, seen, by=by, why=why)
+    else:
+        if action is Action.RETRY:
+            moved = await site.operations.retry(
+                collection, seen, to, force=force, any_phase=any_phase, by=by, why=why
+            )
+        else:
+            moved = await site.operations.cancel(
+                collection, seen, to=to, any_phase=any_phase, by=by, why=why
+            )
+        after = moved.document
+        shown.update(
+            source=_relaxed(moved.source),
+            target=moved.target,
+            at=moved.at.isoformat(),
+            server_time=moved.server_time,
+            lease_taken=moved.lease_taken,
+        )
+    site.changed()
+    now = await site.operations.now()
+    fleet = Fleet.of(await site.status())
+    row = Row.read(after, now, fleet.keys(collection), fleet.names())
+    return {**shown, "document": row.to_dict()}
+
+
+async def pause(pausing: bool, site: Site, request: Request) -> dict[str, Any]:
+    body = await json_body(request)
+    _only(body, PAUSE)
+    scope = Scope(_text(body, "c"), _text(body, "phase") or None, _text(body, "handler") or None)
+    by, why = site.actor(request), _text(body, "reason")
+    if pausing:
+        done = await site.operations.pause(scope, by=by, why=why)
+    else:
+        done = await site.operations.resume(scope, by=by, why=why)
+    site.changed()
+    return {
+        "action": "pause" if pausing else "resume",
+        "done": done,
+        "collection": scope.collection,
+        "phase": scope.phase,
+        "handler": scope.handler,
+    }
+
+
+# -- values -----------------------------------------------------------------------------------
+
+
+def _only(body: Mapping[str, Any], allowed: frozenset[str]) -> None:
+    unknown = sorted(set(body) - allowed)
+    if unknown:
+        raise Refused(
+            400, f"unknown field(s) {', '.join(unknown)}; this takes {', '.join(sorted(allowed))}"
+        )
+
+
+def _text(body: Mapping[str, Any], name: str) -> str:
+    value = body.get(name, "")
+    if not isinstance(value, str):
+        raise Refused(400, f"{name} is a string")
+    return value.strip() if name != "ref" else value
+
+
+def _flag(body: Mapping[str, Any], name: str) -> bool:
+    value = body.get(name, False)
+    if not isinstance(value, bool):
+        raise Refused(400, f"{name} is true or false")
+    return value
+
+
+def _integer(text: str | None, default: int, most: int, name: str) -> int:
+    if not text:
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= most:
+        raise Refused(400, f"{name} is an integer from 1 to {most}, not {text!r}")
+    return value
+
+
+def _relaxed(value: Any) -> Any:
+    """A stored value as relaxed Extended JSON, as plain JSON types (a date as
+    ``{"$date": "..."}``, an ObjectId as ``{"$oid": "..."}``)."""
+    try:
+        return json.loads(json_util.dumps(value, json_options=RELAXED_JSON_OPTIONS))
+    except (TypeError, ValueError, BSONError):
+        return str(value)

@@ -1,0 +1,257 @@
+"""The page's actions, through their forms as a browser posts them: cancel, a retry or
+cancel to a phase no live replica handles (refused, then sent anyway when the operator
+says so), bulk actions behind a dry run and a reason, pause and resume with the banner
+that says who honours each pause, who acted (the mounting application's actor), and
+banners shown once.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+from urllib.parse import urlencode
+
+import pytest
+from fastapi.testclient import TestClient
+from pymongo.database import Database
+
+from orchestrator.operations import Operations, Scope
+from orchestrator.testing import FakeClock
+from tests.operator_page import Page, mounted, read, seed, seed_invoices
+
+XSS = '<script>alert("x")</script>'
+
+
+@pytest.fixture
+def page(db: Database[Any]) -> Iterator[TestClient]:
+    with mounted(db) as client:
+        yield client
+
+
+def post_form(page: TestClient, url: str, **changes: str) -> tuple[str, dict[str, str], Page]:
+    """The confirmation at ``url``: where its form posts, its fields with ``changes``."""
+    shown = read(page.get(url))
+    [(_, target, fields)] = [form for form in shown.forms if form[0] == "post"]
+    return target, {**fields, **changes}, shown
+
+
+def test_a_cancel_sends_the_document_to_the_cancelled_phase_and_takes_a_running_lease(
+    db: Database[Any], clock: FakeClock, page: TestClient
+) -> None:
+    seed(db, clock)
+    url = "/ops/confirm?action=cancel&c=gateways&id=gw-held"
+    target, fields, shown = post_form(page, url, reason="customer withdrew")
+    assert target == "/ops/cancel"
+    assert "its next write fails with LeaseLost" in " ".join(shown.text.split())
+    done = read(page.post(target, data=fields))
+    assert done.field("phase") == "Cancelled"
+    assert done.field("lockToken") == "-"  # pod-2's lease is gone: its next write fails
+    assert "Cancelled: sent to the cancelled phase" in done.text
+    assert "cancel by web testclient: Provisioning → Cancelled" in done.text_of("history")
+    assert "Cancel…" not in done.links  # cancelled already
+    [entry] = Operations(db).audit()
+    assert (entry.action, entry.by, entry.why) == ("cancel", "web testclient", "customer withdrew")
+
+
+def test_a_retry_to_a_phase_no_replica_handles_is_refused_then_sent_anyway_if_asked(
+    db: Database[Any], clock: FakeClock, page: TestClient
+) -> None:
+    seed(db, clock)
+    url = "/ops/confirm?action=retry&c=gateways&id=gw-broken"
+    target, fields, _ = post_form(page, url, phase="Provisionning")
+    refused = read(page.post(target, data=fields), 422)
+    assert "no live replica handles phase 'Provisionning' of 'gateways'" in refused.text
+    assert "the phases they handle: Provisioning" in refused.text
+    assert db.gateways.find_one({"_id": "gw-broken"})["phase"] == "Failed"
+    # The refusal offers the same form again, with the box that says "send it anyway".
+    [(_, again, resent)] = [form for form in refused.forms if form[0] == "post"]
+    assert again == "/ops/retry" and resent["phase"] == "Provisionning"
+    assert resent["any_phase"] == "yes"  # the checkbox's value, when ticked
+    assert 'name="any_phase" value="yes" required' in page.post(target, data=fields).text
+    done = read(page.post(again, data=resent))
+    assert done.field("phase") == "Provisionning"
+    # A cancel to an application's own phase is checked the same way.
+    url = "/ops/confirm?action=cancel&c=gateways&id=gw-1"
+    target, fields, _ = post_form(page, url, phase="Withdrawn")
+    assert (
+        "no live replica handles phase 'Withdrawn'"
+        in read(page.post(target, data=fields), 422).text
+    )
+
+
+def test_a_bulk_retry_shows_what_it_would_do_asks_why_then_does_it(
+    db: Database[Any], clock: FakeClock, page: TestClient
+) -> None:
+    seeded = seed(db, clock)
+    ids = seed_invoices(seeded)
+    listed = read(page.get("/ops/documents?c=invoices&phase=Failed"))
+    url = listed.links["Retry all…"]
+    assert url == "/ops/bulk?action=retry&c=invoices&phase=Failed"
+    target, fields, shown = post_form(page, url)
+    assert shown.text_of("count") == (
+        "3 documents would be retried now, each to the phase of its last error."
+    )
+    assert sorted(row[1] for row in shown.rows("would-change")) == [
+        "invoice=INV-1003",
+        "invoice=INV-1004",
+        "invoice=INV-1005",
+    ]
+    assert db.invoices.count_documents({"phase": "Failed"}) == 3  # a dry run
+    refused = read(page.post(target, data=fields), 400)
+    assert "give a reason" in refused.text
+    # Meanwhile the application moves one on: it no longer matches, and is left alone.
+    db.invoices.update_one({"invoice": "INV-1005"}, {"$set": {"phase": "Refunded"}})
+    done = read(page.post(target, data={**fields, "reason": "the bank is back"}))
+    assert done.text_of("done").startswith("Retried 2 documents of invoices")
+    assert "as web testclient" in done.text_of("done")
+    phases = {doc["invoice"]: doc["phase"] for doc in db.invoices.find()}
+    assert [phases[f"INV-{n}"] for n in (1003, 1004, 1005)] == ["Charging", "Charging", "Refunded"]
+    [entry] = [e for e in Operations(db).audit() if e.kind == "operator"]
+    assert (entry.action, entry.count, entry.why) == ("retry", 2, "the bank is back")
+    assert entry.scope == {"collection": "invoices", "phase": "Failed"}
+    assert sorted(entry.documents) == sorted(f'{{"$oid": "{i}"}}' for i in ids[2:4])
+
+
+def test_a_bulk_action_to_an_unhandled_phase_offers_to_send_them_anyway(
+    db: Database[Any], clock: FakeClock, page: TestClient
+) -> None:
+    seed_invoices(seed(db, clock))
+    url = "/ops/bulk?action=retry&c=invoices&phase=Failed&to=Chargng"
+    shown = read(page.get(url), 422)
+    assert "no live replica handles phase 'Chargng'" in shown.text
+    assert "the phases they handle: Charging" in shown.text
+    [(_, target, fields)] = [form for form in shown.forms if form[0] == "post"]
+    assert "any_phase" in fields  # the box, unticked until the operator ticks it
+    del fields["any_phase"]
+    refused = read(page.post(target, data={**fields, "reason": "typo?"}), 422)
+    [(_, again, resent)] = [form for form in refused.forms if form[0] == "post"]
+    done = read(page.post(again, data=resent))
+    assert done.text_of("done").startswith("Retried 3 documents of invoices, to phase Chargng")
+    assert db.invoices.count_documents({"phase": "Chargng"}) == 3
+
+
+@pytest.mark.parametrize("action", ["unlock", "cancel"])
+def test_bulk_unlock_and_cancel_act_on_the_filter(
+    action: str, db: Database[Any], clock: FakeClock, page: TestClient
+) -> None:
+    seed(db, clock)
+    url = f"/ops/bulk?action={action}&c=gateways&phase=Provisioning&state=leased"
+    target, fields, shown = post_form(page, url, reason="pod-2 is wedged")
+    assert [row[0] for row in shown.rows("would-change")] == ["gw-held"]
+    read(page.post(target, data=fields))
+    held = db.gateways.find_one({"_id": "gw-held"})
+    assert "lockToken" not in held
+    assert held["phase"] == ("Cancelled" if action == "cancel" else "Provisioning")
+
+
+def test_who_acts_is_the_mounting_applications_actor(db: Database[Any], clock: FakeClock) -> None:
+    seed(db, clock)
+    with mounted(db, actor=lambda request: request.headers["x-user"]) as page:
+        url = "/ops/confirm?action=retry&c=gateways&id=gw-broken"
+        target, fields, _ = post_form(page, url, reason="on call")
+        shown = read(page.post(target, data=fields, headers={"x-user": "ada@example.com"}))
+    assert "retry by ada@example.com" in shown.text_of("history")
+    [entry] = Operations(db).audit()
+    assert entry.by == "ada@example.com"
+
+
+def test_pause_and_resume_from_the_page_with_who_honours_each_pause(
+    db: Database[Any], clock: FakeClock, page: TestClient
+) -> None:
+    seeded = seed(db, clock)
+    overview = read(page.get("/ops/"))
+    [pause_phase] = [
+        links[0]
+        for cells, links in zip(
+            overview.tables["handlers"][1:], overview.row_links["handlers"][1:], strict=True
+        )
+        if cells[:2] == ["gateways", "Provisioning"]
+    ]
+    assert pause_phase == "/ops/pause?c=gateways&phase=Provisioning"
+    target, fields, shown = post_form(page, pause_phase)
+    assert [row[1] for row in shown.rows("covered")] == [
+        "tests.operator_page:seed.<locals>.provision"
+    ]
+    assert "give a reason" in read(page.post(target, data=fields), 400).text
+    response = page.post(
+        target, data={**fields, "reason": "CA maintenance"}, follow_redirects=False
+    )
+    assert response.headers["location"] == "/ops/?done=paused"
+    paused = read(page.get(response.headers["location"]))
+    assert "Paused: every replica stops claiming it" in paused.text
+    banner = paused.text_of("pauses")
+    assert "gateways, phase Provisioning by web testclient" in banner
+    assert "“CA maintenance”" in banner
+    assert "Honoured by no live replica yet; not yet by pod-1, pod-2, pod-3, pod-4" in banner
+    # The banner is on every page, and shown once: the reload drops done=.
+    assert 'content="5; url=/ops/"' in page.get("/ops/?done=paused").text
+    for url in ("/ops/documents?c=gateways", "/ops/document?c=gateways&id=gw-1", "/ops/audit"):
+        assert "gateways, phase Provisioning" in read(page.get(url)).text_of("pauses")
+    seeded.orch.heartbeat()  # pod-1 reads the pauses, and publishes that it honours it
+    banner = read(page.get("/ops/")).text_of("pauses")
+    assert "Honoured by pod-1; not yet by pod-2, pod-3, pod-4" in banner
+    again = page.post(target, data={**fields, "reason": "twice"}, follow_redirects=False)
+    assert again.headers["location"] == "/ops/?done=already-paused"
+    assert [p.why for p in Operations(db).pauses()] == ["CA maintenance"]
+    # Resumed from the banner's link.
+    resume = read(page.get("/ops/")).links["Resume…"]
+    target, fields, _ = post_form(page, resume, reason="done")
+    resumed = read(page.post(target, data=fields))
+    assert "Resumed" in resumed.text and "pauses" not in resumed.texts
+    assert [e.action for e in Operations(db).audit()] == ["resume", "pause"]
+
+
+def test_the_banner_of_a_finished_action_is_shown_once(
+    db: Database[Any], clock: FakeClock, page: TestClient
+) -> None:
+    seed(db, clock)
+    url = "/ops/confirm?action=unlock&c=gateways&id=gw-held"
+    target, fields, _ = post_form(page, url)
+    response = page.post(target, data=fields, follow_redirects=False)
+    location = response.headers["location"]
+    assert "done=unlocked" in location
+    shown = page.get(location)
+    assert "Unlocked: the document is claimable at once." in shown.text
+    refresh = shown.text.split('http-equiv="refresh" content="', 1)[1].split('"', 1)[0]
+    after = refresh.split("url=", 1)[1].replace("&amp;", "&")
+    assert "done=" not in after and "ref=" in after
+    assert "Unlocked" not in page.get(after).text
+
+
+@pytest.mark.parametrize("path", ["/ops/bulk", "/ops/cancel", "/ops/pause", "/ops/resume"])
+def test_every_new_action_is_a_same_site_post(
+    path: str, db: Database[Any], clock: FakeClock, page: TestClient
+) -> None:
+    seed(db, clock)
+    fields = {"c": "gateways", "action": "retry", "reason": "x", "phase": "Provisioning"}
+    refused = read(page.post(path, data=fields, headers={"Sec-Fetch-Site": "cross-site"}), 403)
+    assert "cross-site" in refused.text
+    assert page.post(path, json=fields).status_code == 415
+    assert db["orchestrator.audit"].count_documents({}) == 0
+
+
+def test_values_from_documents_and_operators_are_escaped_on_the_new_pages(
+    db: Database[Any], clock: FakeClock, page: TestClient
+) -> None:
+    seed(db, clock)
+    db.gateways.insert_one(
+        {"_id": XSS, "phase": XSS, "lastError": {"type": XSS, "message": XSS, "phase": XSS}}
+    )
+    Operations(db).pause(Scope("gateways", XSS), by=XSS, why=XSS)
+    url = "/ops/confirm?" + urlencode({"action": "retry", "c": "gateways", "ref": json.dumps(XSS)})
+    target, fields, _ = post_form(page, url, reason=XSS)
+    read(page.post(target, data={**fields, "any_phase": "yes"}))
+    for url in (
+        "/ops/",
+        "/ops/documents?c=gateways",
+        "/ops/documents?c=gateways&state=failed",
+        "/ops/bulk?action=cancel&c=gateways",
+        "/ops/document?" + urlencode({"c": "gateways", "id": XSS}),
+        "/ops/pause?" + urlencode({"c": "gateways", "phase": XSS}),
+        "/ops/audit",
+    ):
+        response = page.get(url)
+        assert response.status_code == 200, (url, response.text)
+        assert "<script" not in response.text, url
+        assert "&lt;script&gt;" in response.text, url
