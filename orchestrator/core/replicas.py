@@ -36,8 +36,10 @@ TTL_MONITOR_PERIOD = 60.0
 """MongoDB's TTL monitor runs every 60 s (``ttlMonitorSleepSecs``): an expired record can
 outlive its ``expiresAt`` by that much, which is why readers filter on it themselves."""
 
-_TRACKED = ("lock_timeout", "tick", "max_concurrency", "version", "history", "paused")
-"""The settings ``disagreements`` compares, most consequential first."""
+_TRACKED = ("lock_timeout", "tick", "max_concurrency", "version", "history")
+"""The settings ``disagreements`` compares, most consequential first (not the pauses each
+honours: they differ for a heartbeat while a pause spreads, and the tools show who
+honours each)."""
 
 
 def refresh_interval(lock_timeout: float) -> float:
@@ -305,10 +307,7 @@ def disagreements(records: Iterable[ReplicaRecord]) -> list[Disagreement]:
 
 
 def _shown(value: Any) -> str:
-    """A duration in seconds as ``30s``, a list of pauses as they read, anything else as
-    it is."""
-    if isinstance(value, tuple):
-        return "; ".join(value) or "none"
+    """A duration in seconds as ``30s``, anything else as it is."""
     return f"{value:g}s" if isinstance(value, float) else str(value)
 
 

@@ -15,6 +15,7 @@ releases the next one's.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -61,6 +62,9 @@ MAX_BULK = 10_000
 """Most documents one bulk action changes: a filter selecting more is refused, to be
 narrowed (or acted on in turns)."""
 
+INDEXES_RECHECK = 60.0
+"""Seconds between two looks at a collection's indexes by one ``Operations``."""
+
 TAKEOVERS_SHOWN = 20
 """Latest take-overs of dead replicas' leases a status report lists."""
 
@@ -95,7 +99,7 @@ class AsyncOperations:
         self._audit = audit_collection
         self._own = {replicas_collection, pauses_collection, audit_collection}
         self.actor = actor or default_actor()
-        self._indexed: set[str] = set()
+        self._indexed: dict[str, float] = {}  # collection: when its indexes were seen
 
     # -- reports ----------------------------------------------------------------------
 
@@ -684,6 +688,11 @@ class AsyncOperations:
         await self._work_collections([collection])
 
     async def _ensure_indexes(self, collection: str) -> None:
-        if collection not in self._indexed:
+        """The indexes the lists are hinted at, made if missing; looked at again after
+        ``INDEXES_RECHECK`` seconds, so a collection dropped and made again (its
+        indexes gone) is served again within that time, not refused for good."""
+        now = time.monotonic()
+        checked = self._indexed.get(collection)
+        if checked is None or now - checked >= INDEXES_RECHECK:
             await self._reports.ensure_indexes(collection)
-            self._indexed.add(collection)
+            self._indexed[collection] = now
