@@ -31,6 +31,7 @@ from orchestrator.demo import run as demo
 from orchestrator.demo.run import DemoOptions
 from orchestrator.demo.workflows import gateway
 from orchestrator.testing import FakeClock
+from orchestrator.testing.memory import MemoryDatabase
 from tests.cli_kit import URI, assert_one_line_error, publish, run
 from tests.conftest import MakeEither
 from tests.engines import hold, wait
@@ -502,7 +503,8 @@ def test_status_shows_what_is_stored_whatever_it_is(
                 "lastError": {"type": 1, "message": [2]},
             },
             {"_id": "seven", "phase": 7, "lastError": {"type": "E", "message": "m"}},
-            {"_id": "listed", "phase": ["a"], "lastError": ["x", {"y": None}]},
+            {"_id": "listed", "phase": ["a"], "lastError": "x"},
+            {"_id": "errors", "phase": "Listed", "lastError": ["x", {"y": None}]},
         ]
     )
     code, out, _ = run(["status", "--uri", URI], capsys)
@@ -516,6 +518,22 @@ def test_status_shows_what_is_stored_whatever_it_is(
     assert errors["migrated"]["message"] == "provider timeout"
     assert (errors["odd"]["type"], errors["odd"]["attempts"]) == ("1", 0)
     assert {r["phase"]: r["count"] for r in report["phases"]}["7"] == 1
+
+
+def test_status_counts_a_collection_whose_errors_no_index_can_serve(
+    connected: Database[Any], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server refuses the errors index on documents holding arrays in both its fields
+    (parallel arrays): the counts stand, and status says why the errors are not listed."""
+    if isinstance(connected, MemoryDatabase):
+        pytest.skip("the in-memory store indexes parallel arrays; a server refuses them")
+    monkeypatch.setenv("COLUMNS", "250")
+    connected.gateways.insert_one({"_id": "p", "phase": ["a", "b"], "lastError": [{"at": 1}]})
+    code, out, _ = run(["status", "--uri", URI], capsys)
+    assert code == 0, out
+    assert "the latest errors of 'gateways' are not listed" in out
+    report = json.loads(run(["status", "--uri", URI, "--json"], capsys)[1])
+    assert report["phases"] and report["errors"] == [] and len(report["notes"]) == 1
 
 
 def test_status_prints_what_is_stored_verbatim_not_as_markup(

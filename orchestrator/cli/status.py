@@ -90,6 +90,8 @@ def _print_status(name: str, operations: Operations, status: Status, errors: int
             "[yellow]warning:[/] the server reports no time (hello without localTime): leases "
             "were judged by this machine's clock, and the replicas judge them by theirs"
         )
+    for note in status.notes:
+        out.print(f"[yellow]warning:[/] {escape(visible(note))}", soft_wrap=True)
     _print_errors(out, operations, status, errors)
     _print_replicas(out, status)
     _print_pauses(out, status)

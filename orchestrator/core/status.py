@@ -112,6 +112,9 @@ class Status:
     pauses: list[Pause] = field(default_factory=list)
     takeovers: list[AuditEntry] = field(default_factory=list)
     """The latest leases taken over from replicas that died (or stalled), latest first."""
+    notes: list[str] = field(default_factory=list)
+    """What the report could not say, and why (a collection whose errors index the server
+    refuses)."""
     handler_names: dict[str, str] = field(default_factory=dict)
     """Handler keys (what ``failedBy`` holds) to ``module:function`` names, as the live
     replicas publish them."""
@@ -140,6 +143,7 @@ class Status:
             "disagreements": [d.to_dict() for d in self.disagreements],
             "pauses": [p.to_dict() for p in self.pauses],
             "takeovers": [t.to_dict() for t in self.takeovers],
+            "notes": list(self.notes),
         }
         for error in data["errors"]:
             error["at"] = error["at"].isoformat() if error["at"] is not None else None

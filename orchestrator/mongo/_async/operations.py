@@ -34,6 +34,7 @@ from orchestrator.core.errors import (
     LeaseHeld,
     NoErrorPhase,
     OperatorError,
+    StoreError,
     UnhandledPhase,
 )
 from orchestrator.core.operator import (
@@ -116,11 +117,20 @@ class AsyncOperations:
         live = await self._reports.live_replicas(now, self._replicas)
         phases: list[PhaseCount] = []
         latest: list[RecentError] = []
+        notes: list[str] = []
         for collection in names:
             rows = await self._reports.phase_summary(collection, now)
             phases.extend(rows)
             if errors > 0 and rows:
-                await self._ensure_indexes(collection)
+                try:
+                    await self._ensure_indexes(collection)
+                except StoreError as exc:
+                    if exc.transient:
+                        raise
+                    # The server refuses the index (its documents hold arrays where it
+                    # needs values): the counts stand; the errors, unindexed, are not read.
+                    notes.append(f"the latest errors of {collection!r} are not listed: {exc}")
+                    continue
                 found = await self._reports.latest_errors(
                     collection,
                     errors,
@@ -138,6 +148,7 @@ class AsyncOperations:
             server_time=server is not None,
             phases=phases,
             errors=latest,
+            notes=notes,
             replicas=live,
             disagreements=disagreements(live),
             pauses=await self._reports.read_pauses(self._pauses),

@@ -35,6 +35,7 @@ from orchestrator.core.errors import (
     LeaseHeld,
     NoErrorPhase,
     OperatorError,
+    StoreError,
     UnhandledPhase,
 )
 from orchestrator.core.operator import (
@@ -117,11 +118,20 @@ class Operations:
         live = self._reports.live_replicas(now, self._replicas)
         phases: list[PhaseCount] = []
         latest: list[RecentError] = []
+        notes: list[str] = []
         for collection in names:
             rows = self._reports.phase_summary(collection, now)
             phases.extend(rows)
             if errors > 0 and rows:
-                self._ensure_indexes(collection)
+                try:
+                    self._ensure_indexes(collection)
+                except StoreError as exc:
+                    if exc.transient:
+                        raise
+                    # The server refuses the index (its documents hold arrays where it
+                    # needs values): the counts stand; the errors, unindexed, are not read.
+                    notes.append(f"the latest errors of {collection!r} are not listed: {exc}")
+                    continue
                 found = self._reports.latest_errors(
                     collection,
                     errors,
@@ -139,6 +149,7 @@ class Operations:
             server_time=server is not None,
             phases=phases,
             errors=latest,
+            notes=notes,
             replicas=live,
             disagreements=disagreements(live),
             pauses=self._reports.read_pauses(self._pauses),
