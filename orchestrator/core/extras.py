@@ -4,6 +4,8 @@ The library needs only pymongo, apscheduler and pydantic; the in-memory store an
 command line's output come with extras, and a missing one is named, never a traceback.
 """
 
+import importlib.util
+from collections.abc import Iterable
 from functools import cache
 from importlib.metadata import PackageNotFoundError, version
 
@@ -25,6 +27,17 @@ EXTRA_OF_MODULE = {
 def install_hint(extra: str) -> str:
     """The command that installs ``extra``, quoted for a shell."""
     return f"pip install '{DISTRIBUTION}[{extra}]'"
+
+
+def require(extra: str, modules: Iterable[str], what: str) -> None:
+    """Fail at import, naming what to install, when a module ``what`` needs (one of
+    ``modules``, which the ``extra`` installs) is missing."""
+    for module in modules:
+        if importlib.util.find_spec(module) is None:
+            raise ModuleNotFoundError(
+                f"{what} needs {module}, which the {extra!r} extra installs: {install_hint(extra)}",
+                name=module,
+            )
 
 
 @cache
