@@ -11,21 +11,24 @@ from __future__ import annotations
 
 import getpass
 import socket
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
-from typing import Any
+from typing import Any, TypeVar
 
 from bson import json_util
 from bson.errors import BSONError
 from bson.json_util import CANONICAL_JSON_OPTIONS
 
-from orchestrator.core import replicas
+from orchestrator.core import history, replicas
 from orchestrator.core.browse import Filter, Row
 from orchestrator.core.errors import OperatorError, UnhandledPhase
 from orchestrator.core.queries import as_utc
 from orchestrator.core.replicas import ReplicaRecord
+
+T = TypeVar("T", str, int)
 
 
 @dataclass(frozen=True)
@@ -114,11 +117,20 @@ def check_target(
 def cancelled_phase(records: Sequence[ReplicaRecord], default: str = "Cancelled") -> str:
     """Where a cancel sends documents: the live replicas' ``cancelled_phase`` (the most
     common, should they differ), else ``default``."""
-    counts: dict[str, int] = {}
-    for record in records:
-        if record.cancelled_phase:
-            counts[record.cancelled_phase] = counts.get(record.cancelled_phase, 0) + 1
-    return max(sorted(counts), key=lambda p: counts[p]) if counts else default
+    return _prevailing([r.cancelled_phase for r in records if r.cancelled_phase], default)
+
+
+def history_length(records: Sequence[ReplicaRecord]) -> int:
+    """How many history entries an operator's action keeps: the live replicas' ``history``
+    setting (the most common, should they differ), else the default."""
+    return _prevailing([r.history for r in records], history.DEFAULT_HISTORY)
+
+
+def _prevailing(values: Sequence[T], default: T) -> T:
+    """The most common of ``values`` (the least, in order, of those tied), or ``default``
+    when there are none."""
+    counts = Counter(values)
+    return max(sorted(counts), key=lambda v: counts[v]) if counts else default
 
 
 def default_actor() -> str:
@@ -176,6 +188,7 @@ __all__ = [
     "check_target",
     "default_actor",
     "error_phase",
+    "history_length",
     "id_json",
     "id_json_or_text",
     "live_lease",

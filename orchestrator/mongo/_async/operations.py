@@ -46,6 +46,7 @@ from orchestrator.core.operator import (
     check_target,
     default_actor,
     error_phase,
+    history_length,
     id_json,
     id_json_or_text,
     live_lease,
@@ -290,9 +291,9 @@ class AsyncOperations:
         """
         now = await self.now()
         phase = seen.get("phase")
-        after = await self._act(
-            collection, seen, queries.operator_unlock_update(), Action.UNLOCK, now, by, why, phase
-        )
+        keep = history_length(await self._reports.live_replicas(now, self._replicas))
+        update = queries.operator_unlock_update()
+        after = await self._act(collection, seen, update, Action.UNLOCK, now, by, why, phase, keep)
         await self._record(
             Action.UNLOCK,
             collection,
@@ -336,9 +337,11 @@ class AsyncOperations:
             if to is None:
                 raise NoErrorPhase(collection, seen["_id"])
         check_phase_name(to)
+        live = await self.replicas()
         if not any_phase:
-            check_target(collection, to, await self.replicas(), action=Action.RETRY)
-        return await self._move(Action.RETRY, collection, seen, to, force, by, why)
+            check_target(collection, to, live, action=Action.RETRY)
+        keep = history_length(live)
+        return await self._move(Action.RETRY, collection, seen, to, force, by, why, keep)
 
     async def cancel(
         self,
@@ -366,7 +369,8 @@ class AsyncOperations:
         check_phase_name(target)
         if to is not None and not any_phase:
             check_target(collection, target, live, action=Action.CANCEL)
-        return await self._move(Action.CANCEL, collection, seen, target, True, by, why)
+        keep = history_length(live)
+        return await self._move(Action.CANCEL, collection, seen, target, True, by, why, keep)
 
     async def _move(
         self,
@@ -377,6 +381,7 @@ class AsyncOperations:
         force: bool,
         by: str | None,
         why: str,
+        keep: int,
     ) -> Retried:
         doc_id, source = seen["_id"], seen.get("phase")
         server = await self._reports.server_time()
@@ -386,7 +391,7 @@ class AsyncOperations:
         if held and not force:
             raise LeaseHeld(collection, doc_id, seen.get("lockedBy"), seen.get("lockedUntil"))
         update = queries.operator_move_update(to, now)
-        after = await self._act(collection, seen, update, action, now, by, why, to)
+        after = await self._act(collection, seen, update, action, now, by, why, to, keep)
         scope = {"_id": id_json_or_text(doc_id), "to": to}
         await self._record(action, collection, scope, [doc_id], now, by, why)
         return Retried(after, source, to, now, server is not None, held)
@@ -401,18 +406,19 @@ class AsyncOperations:
         by: str | None,
         why: str,
         to: Any,
+        keep: int,
         extra: Mapping[str, Any] | None = None,
     ) -> Document:
         """Apply an operator's ``update`` to the document as ``seen`` (its phase and lease;
         ``extra``: conditions it must still meet, a bulk action's filter), with its
-        history entry. The entry is pushed onto a history that is a list (or absent), and
-        set whole over any other value, each fenced on that shape: a document whose
-        history a writer changed meanwhile is tried once more, as it is now."""
+        history entry in a history of ``keep`` entries (none: 0). The entry is pushed onto
+        a history that is a list (or absent), and set whole over any other value, each
+        fenced on that shape: a document whose history a writer changed meanwhile is
+        tried once more, as it is now."""
         doc_id = seen["_id"]
         guard = queries.operator_guard(doc_id, seen.get("phase"), seen.get("lockToken"))
         if extra:
             guard = {"$and": [guard, dict(extra)]}
-        keep = await self._history_length()
         entry = history.operator_entry(
             action=action.value,
             by=by or self.actor,
@@ -579,6 +585,7 @@ class AsyncOperations:
                 by,
                 why,
                 to if to is not None else doc.get("phase"),
+                history_length(live),
                 extra=plan.query,
             )
         except (DocumentChanged, DocumentNotFound):
@@ -657,17 +664,6 @@ class AsyncOperations:
                 count=len(ids),
             ),
         )
-
-    async def _history_length(self) -> int:
-        """Entries the live replicas keep (their ``history`` setting, the most common);
-        the default when none is live."""
-        live = await self.replicas()
-        if not live:
-            return history.DEFAULT_HISTORY
-        counts: dict[int, int] = {}
-        for record in live:
-            counts[record.history] = counts.get(record.history, 0) + 1
-        return max(sorted(counts), key=lambda n: counts[n])
 
     async def _keys(
         self, collection: str, live: list[ReplicaRecord] | None = None

@@ -47,6 +47,7 @@ from orchestrator.core.operator import (
     check_target,
     default_actor,
     error_phase,
+    history_length,
     id_json,
     id_json_or_text,
     live_lease,
@@ -291,9 +292,9 @@ class Operations:
         """
         now = self.now()
         phase = seen.get("phase")
-        after = self._act(
-            collection, seen, queries.operator_unlock_update(), Action.UNLOCK, now, by, why, phase
-        )
+        keep = history_length(self._reports.live_replicas(now, self._replicas))
+        update = queries.operator_unlock_update()
+        after = self._act(collection, seen, update, Action.UNLOCK, now, by, why, phase, keep)
         self._record(
             Action.UNLOCK,
             collection,
@@ -337,9 +338,11 @@ class Operations:
             if to is None:
                 raise NoErrorPhase(collection, seen["_id"])
         check_phase_name(to)
+        live = self.replicas()
         if not any_phase:
-            check_target(collection, to, self.replicas(), action=Action.RETRY)
-        return self._move(Action.RETRY, collection, seen, to, force, by, why)
+            check_target(collection, to, live, action=Action.RETRY)
+        keep = history_length(live)
+        return self._move(Action.RETRY, collection, seen, to, force, by, why, keep)
 
     def cancel(
         self,
@@ -367,7 +370,8 @@ class Operations:
         check_phase_name(target)
         if to is not None and not any_phase:
             check_target(collection, target, live, action=Action.CANCEL)
-        return self._move(Action.CANCEL, collection, seen, target, True, by, why)
+        keep = history_length(live)
+        return self._move(Action.CANCEL, collection, seen, target, True, by, why, keep)
 
     def _move(
         self,
@@ -378,6 +382,7 @@ class Operations:
         force: bool,
         by: str | None,
         why: str,
+        keep: int,
     ) -> Retried:
         doc_id, source = seen["_id"], seen.get("phase")
         server = self._reports.server_time()
@@ -387,7 +392,7 @@ class Operations:
         if held and not force:
             raise LeaseHeld(collection, doc_id, seen.get("lockedBy"), seen.get("lockedUntil"))
         update = queries.operator_move_update(to, now)
-        after = self._act(collection, seen, update, action, now, by, why, to)
+        after = self._act(collection, seen, update, action, now, by, why, to, keep)
         scope = {"_id": id_json_or_text(doc_id), "to": to}
         self._record(action, collection, scope, [doc_id], now, by, why)
         return Retried(after, source, to, now, server is not None, held)
@@ -402,18 +407,19 @@ class Operations:
         by: str | None,
         why: str,
         to: Any,
+        keep: int,
         extra: Mapping[str, Any] | None = None,
     ) -> Document:
         """Apply an operator's ``update`` to the document as ``seen`` (its phase and lease;
         ``extra``: conditions it must still meet, a bulk action's filter), with its
-        history entry. The entry is pushed onto a history that is a list (or absent), and
-        set whole over any other value, each fenced on that shape: a document whose
-        history a writer changed meanwhile is tried once more, as it is now."""
+        history entry in a history of ``keep`` entries (none: 0). The entry is pushed onto
+        a history that is a list (or absent), and set whole over any other value, each
+        fenced on that shape: a document whose history a writer changed meanwhile is
+        tried once more, as it is now."""
         doc_id = seen["_id"]
         guard = queries.operator_guard(doc_id, seen.get("phase"), seen.get("lockToken"))
         if extra:
             guard = {"$and": [guard, dict(extra)]}
-        keep = self._history_length()
         entry = history.operator_entry(
             action=action.value,
             by=by or self.actor,
@@ -580,6 +586,7 @@ class Operations:
                 by,
                 why,
                 to if to is not None else doc.get("phase"),
+                history_length(live),
                 extra=plan.query,
             )
         except (DocumentChanged, DocumentNotFound):
@@ -658,17 +665,6 @@ class Operations:
                 count=len(ids),
             ),
         )
-
-    def _history_length(self) -> int:
-        """Entries the live replicas keep (their ``history`` setting, the most common);
-        the default when none is live."""
-        live = self.replicas()
-        if not live:
-            return history.DEFAULT_HISTORY
-        counts: dict[int, int] = {}
-        for record in live:
-            counts[record.history] = counts.get(record.history, 0) + 1
-        return max(sorted(counts), key=lambda n: counts[n])
 
     def _keys(
         self, collection: str, live: list[ReplicaRecord] | None = None
