@@ -265,3 +265,25 @@ def test_a_listener_with_an_async_method_is_refused_where_it_is_added() -> None:
     orch = AsyncOrchestrator(async_memory_database())
     with pytest.raises(ConfigError, match="never awaited"):
         orch.add_listener(_AsyncMethods())
+
+
+@pytest.mark.parametrize(
+    ("history", "chars", "ok"),
+    [
+        (20, 4000, True),
+        (1000, 1600, True),
+        (1000, 100_000, False),
+        (600, 10_000, False),
+        (0, 100_000, True),
+    ],
+)
+def test_a_history_cannot_grow_a_document_past_a_quarter_of_its_limit(
+    history: int, chars: int, ok: bool
+) -> None:
+    """At their limits, history x traceback_chars could keep ~100 MiB on a document: a
+    write refused as too large would leave a step's outcome unwritten. Refused at once."""
+    if ok:
+        Settings.build(history=history, traceback_chars=chars)
+    else:
+        with pytest.raises(ConfigError, match=r"may keep .* MiB on a document"):
+            Settings.build(history=history, traceback_chars=chars)

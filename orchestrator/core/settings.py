@@ -38,6 +38,12 @@ whatever its settings (a wait is at most ``MAX_DURATION``, a lease at most
 ``MAX_LOCK_TIMEOUT``; a day more for clocks that disagree), so it counts as free. One
 constant for every reader: a bound from the reader's own settings (its ``max_wait``) made
 a replica with a shorter one cut short the long waits another wrote."""
+HISTORY_BYTES = 4 * 2**20
+"""Most a document's history may hold, so it never pushes an application's document past
+MongoDB's 16 MiB (a write refused as too large would leave the step's outcome unwritten)."""
+ENTRY_BYTES = 2500
+"""A history entry's size without its traceback, at most (its error message is cut at 2000
+characters)."""
 DEFAULT_DATABASE = "orchestrator"
 """The database every tool uses when none is named (a URI without a path, no ``--db``): the
 CLI, the demo, the worker, the example API server, the in-memory stores and the quickstart
@@ -176,6 +182,13 @@ class Settings(BaseModel):
             )
         if self.step_timeout is not None and self.step_timeout < self.lock_timeout:
             raise ValueError("step_timeout must be at least lock_timeout")
+        if self.history * (self.traceback_chars + ENTRY_BYTES) > HISTORY_BYTES:
+            raise ValueError(
+                f"history ({self.history}) x traceback_chars ({self.traceback_chars}) may keep"
+                f" {self.history * (self.traceback_chars + ENTRY_BYTES) / 2**20:.1f} MiB on a"
+                f" document (MongoDB holds 16 MiB in all); keep it under"
+                f" {HISTORY_BYTES / 2**20:g} MiB: fewer entries or shorter tracebacks"
+            )
         if self.cancelled_phase == self.failed_phase:
             raise ValueError("cancelled_phase must differ from failed_phase")
         if self.min_relock is not None and self.min_relock > self.max_wait:
