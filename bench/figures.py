@@ -168,7 +168,7 @@ def _sync_pair(size: Size, concurrency: int) -> dict[str, Any]:
     orch.run_once()
     wall, cpu = time.perf_counter() - started, time.process_time() - cpu_started
     ops, in_db = db.meter.snapshot()
-    done = orch.stats().get("claimed", 0)
+    done = steps_run(orch.stats())
     orch.stop(timeout=5)
 
     clock = FakeClock()
@@ -206,7 +206,7 @@ async def _async_pair_on_loop(size: Size, concurrency: int) -> dict[str, Any]:
     await orch.run_once()
     wall, cpu = time.perf_counter() - started, time.process_time() - cpu_started
     ops, in_db = db.meter.snapshot()
-    done = orch.stats().get("claimed", 0)
+    done = steps_run(orch.stats())
     await orch.stop(timeout=5)
 
     clock = FakeClock()
@@ -248,37 +248,59 @@ async def _afill(orch: AsyncOrchestrator, docs: int, phase: str, collection: str
         await orch.submit(collection, {"phase": phase, "seq": n})
 
 
+def steps_run(stats: dict[str, int]) -> int:
+    """Steps an orchestrator ran: those it claimed and those a release carried on into."""
+    return stats.get("claimed", 0) + stats.get("carried", 0)
+
+
 def _bare_loop(store: Store, step: Step, clock: FakeClock) -> int:
+    """The least a loop can send per step: a claim for a document's first step, then one
+    write per step, each carrying the lease on into the next (the last releases)."""
     done = 0
     while True:
         token = secrets.token_hex(8)
         now = clock.now()
         update = queries.claim_update(now, now + timedelta(seconds=30), token, "bare")
         doc = store.claim(step.collection, {"phase": step.phase}, now, 3600.0, None, update)
-        if doc is None:
+        while doc is not None:
+            nxt, fields = step.work(doc)
+            fence = queries.fenced(doc["_id"], token, step.phase)
+            done += 1
+            if nxt is not None:  # the last step: released into a phase no loop takes
+                store.write(step.collection, fence, release_update(nxt, fields, clock))
+                break
+            token = secrets.token_hex(8)
+            doc = store.carry(step.collection, fence, _carried(fields, token, clock))
+        else:
             return done
-        nxt, fields = step.work(doc)
-        store.write(
-            step.collection, queries.fenced(doc["_id"], token), release_update(nxt, fields, clock)
-        )
-        done += 1
 
 
 async def _abare_loop(store: AsyncStore, step: Step, clock: FakeClock) -> int:
-    """``_bare_loop`` on the async store: the same two operations, awaited."""
+    """``_bare_loop`` on the async store: the same operations, awaited."""
     done = 0
     while True:
         token = secrets.token_hex(8)
         now = clock.now()
         update = queries.claim_update(now, now + timedelta(seconds=30), token, "bare")
         doc = await store.claim(step.collection, {"phase": step.phase}, now, 3600.0, None, update)
-        if doc is None:
+        while doc is not None:
+            nxt, fields = step.work(doc)
+            fence = queries.fenced(doc["_id"], token, step.phase)
+            done += 1
+            if nxt is not None:
+                await store.write(step.collection, fence, release_update(nxt, fields, clock))
+                break
+            token = secrets.token_hex(8)
+            doc = await store.carry(step.collection, fence, _carried(fields, token, clock))
+        else:
             return done
-        nxt, fields = step.work(doc)
-        await store.write(
-            step.collection, queries.fenced(doc["_id"], token), release_update(nxt, fields, clock)
-        )
-        done += 1
+
+
+def _carried(fields: dict[str, Any], token: str, clock: FakeClock) -> dict[str, Any]:
+    """An unlock that carries the lease on (``queries.carry_update``)."""
+    now = clock.now()
+    until = now + timedelta(seconds=30)
+    return queries.carry_update(release_update(None, fields, clock), now, until, token, "bare")
 
 
 # -- 3: latency of a six-step workflow ---------------------------------------------------------

@@ -670,7 +670,9 @@ RUNNER_ONLY = {
     "release",
     "throttled",
     "taken_from",
-}  # what the runner calls, not a handler
+    "carrier",
+    "carried",
+}  # what the runner calls or sets, not a handler
 
 
 async def test_a_thread_lease_is_not_a_lease_but_offers_a_handler_all_of_the_lease_api(

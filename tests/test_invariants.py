@@ -309,6 +309,15 @@ def free_at(doc: Mapping[str, Any]) -> datetime:
     return as_utc(until) if isinstance(until, datetime) else EPOCH
 
 
+def carried_release(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
+    """The document a carrying write (``queries.carry_update``) would have left had it only
+    released: the next lease's fields as the previous lease left them, free at once."""
+    released = {k: v for k, v in new.items() if k not in LEASE_ONLY}
+    released.update({k: old[k] for k in ("lockedAt", "lockedBy") if k in old})
+    released["lockedUntil"] = EPOCH.replace(tzinfo=None)
+    return released
+
+
 def counter(doc: Mapping[str, Any]) -> int:
     n = doc.get("n")
     return n if isinstance(n, int) and not isinstance(n, bool) else 0
@@ -517,6 +526,7 @@ class Attempt:
     progress_landed: bool = False
     stale_write: bool = False
     streak: int | None = None  # the document's failed-attempt streak when claimed
+    carried_from: Attempt | None = None  # the step whose release carried this lease on
 
 
 @dataclass
@@ -613,10 +623,11 @@ class RecordingCollection:
 
 
 def token_in(query: Any) -> str | None:
-    """The lease token a fenced filter names, if any: ``lockToken``, or ``lastToken`` (an
-    error noted on the document as the step's own release left it)."""
+    """The lease token a fenced filter names, if any: ``lastToken`` (an error noted on the
+    document as the step's own release left it, even while the lease that release carried
+    on holds it: ``lockToken`` then names that one), else ``lockToken``."""
     if isinstance(query, Mapping):
-        for key in ("lockToken", "lastToken"):
+        for key in ("lastToken", "lockToken"):
             token = query.get(key)
             if isinstance(token, str):
                 return token
@@ -825,7 +836,27 @@ class LeaseMachine(RuleBasedStateMachine):
                     self.violate(DocumentLost, f"document {old} was deleted by {actor}")
             else:
                 new_token = new.get("lockToken")
-                if isinstance(new_token, str) and new_token != old.get("lockToken"):
+                carrier = self.attempts.get(token) if token is not None else None
+                if (
+                    isinstance(new_token, str)
+                    and new_token != old.get("lockToken")
+                    and carrier is not None
+                    and old.get("lockToken") == token
+                ):
+                    # A step's release that carried its lease on into the next step, in
+                    # one write: judged as that release, then as a claim of what it freed.
+                    released = carried_release(old, new)
+                    FIGURES["leases carried on"] += 1
+                    self.lease_write(
+                        carrier, result, before, {**after, doc_id: released}, [doc_id], now
+                    )
+                    self.claimed(doc_id, released, new, now)
+                    self.attempts[new_token].carried_from = carrier
+                    self.last_writer[doc_id] = carrier  # the next step has written nothing
+                    claimed.add(doc_id)
+                    if len(changed) == 1:
+                        return
+                elif isinstance(new_token, str) and new_token != old.get("lockToken"):
                     self.claimed(doc_id, old, new, now)
                     self.last_writer[doc_id] = self.attempts.get(new_token)
                     self.outside_since.discard(doc_id)
@@ -1749,11 +1780,15 @@ class LeaseMachine(RuleBasedStateMachine):
     def no_lease_left_held(self) -> None:
         for doc in self.mirror.values():
             attempt = self.attempts.get(doc.get("lockToken", ""))
+            # A lease carried on by a step that has not come back (frozen, crashed) waits
+            # for that step's worker, which runs it next.
+            waiting = attempt.carried_from if attempt is not None else None
             if (
                 attempt is not None
                 and not attempt.crashed
                 and not attempt.stalled
                 and not attempt.left_to_expire
+                and not (waiting is not None and (waiting.stalled or waiting.crashed))
             ):
                 raise LeaseLeftHeld(
                     f"{doc.get('name')} is still held by {attempt.replica.name}'s step "

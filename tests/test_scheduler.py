@@ -10,7 +10,7 @@ import pytest
 
 from orchestrator.core.outcomes import StepOutcome
 from orchestrator.core.registry import Handler
-from orchestrator.core.scheduler import Claim, Probe, Scheduler, heartbeat
+from orchestrator.core.scheduler import Claim, Found, Probe, Scheduler, heartbeat
 from orchestrator.core.settings import Settings
 
 pytestmark = pytest.mark.pure
@@ -37,12 +37,76 @@ def _handler(collection: str, phase: str) -> Handler:
 
 
 def _scheduler(*handlers: Handler, slots: int = 4, budget: int = 100) -> Scheduler:
+    """Ticked, its probe answered: every collection has work."""
     sched = Scheduler(list(handlers), max_concurrency=slots, budget=budget)
-    sched.tick()
+    _tick(sched)
     return sched
 
 
-def test_a_lone_handler_is_claimed_for_directly_and_idles_when_it_finds_nothing() -> None:
+def _tick(sched: Scheduler, found: set[str] | None = None) -> Probe:
+    """A tick, and its probe answered: ``found`` (every probed collection by default)."""
+    sched.tick()
+    probe = sched.next()
+    assert isinstance(probe, Probe)
+    have = set(probe.collections) if found is None else found
+    sched.probed(probe, _found(probe, have))
+    return probe
+
+
+def _found(probe: Probe, collections: set[str]) -> Found:
+    """Every handler of ``collections`` has work."""
+    ready = {n for n, h in enumerate(probe.handlers) if h.collection in collections}
+    return Found(frozenset(ready), None)
+
+
+def test_a_tick_probes_every_collection_once_and_claims_nothing_before_its_answer() -> None:
+    a, b, c = _handler("jobs", "A"), _handler("jobs", "B"), _handler("other", "C")
+    sched = Scheduler([a, b, c], max_concurrency=4, budget=100)
+    sched.tick()
+    probe = sched.next()
+    assert isinstance(probe, Probe) and probe.handlers == (a, b, c)
+    assert probe.collections == ("jobs", "other")
+    assert [name for name, _ in probe.groups()] == ["jobs", "other"]
+    assert Probe.of([c, a, b], 0).handlers == (c, a, b)
+    assert Probe.of([a, c, b], 0).handlers == (a, b, c)  # numbered by collection
+    assert sched.next() is None and not sched.quiet  # the claims wait for the answer
+    sched.probed(probe, _found(probe, {"other"}))
+    claim = sched.next()
+    assert isinstance(claim, Claim) and claim.handler is c  # only where there is work
+    assert sched.next() is None
+    sched.claimed(claim, None)
+    assert sched.quiet
+
+
+def test_an_idle_tick_sends_one_probe_and_no_claim() -> None:
+    handlers = [_handler(f"c{n}", p) for n in range(5) for p in ("A", "B")]
+    sched = Scheduler(handlers, max_concurrency=4, budget=100)
+    for _ in range(3):
+        _tick(sched, found=set())
+        assert sched.next() is None and sched.quiet
+
+
+def test_a_due_time_sends_a_probe_before_the_next_tick_and_keeps_the_budgets() -> None:
+    a = _handler("jobs", "A")
+    sched = _scheduler(a, budget=1)
+    claim = sched.next()
+    assert isinstance(claim, Claim)
+    assert sched.claimed(claim, "doc-1") is False
+    sched.finished(StepOutcome.RELOCKED)
+    nothing = sched.next()
+    assert isinstance(nothing, Claim)
+    sched.claimed(nothing, None)
+    assert sched.quiet
+    sched.due()
+    probe = sched.next()
+    assert isinstance(probe, Probe)
+    sched.probed(probe, _found(probe, {"jobs"}))
+    again = sched.next()
+    assert isinstance(again, Claim)
+    assert sched.claimed(again, "doc-1") is True  # the same tick: its budget is spent
+
+
+def test_a_lone_handler_idles_when_its_claim_finds_nothing() -> None:
     a = _handler("jobs", "A")
     sched = _scheduler(a)
     action = sched.next()
@@ -86,25 +150,10 @@ def test_a_step_that_frees_work_wakes_an_idle_handler_and_no_other_does(
         assert sched.next() is None and sched.quiet, f"{outcome} leaves the handler idle"
 
 
-def test_collections_with_several_handlers_are_probed_once_per_tick() -> None:
-    a, b, c = _handler("jobs", "A"), _handler("jobs", "B"), _handler("other", "C")
-    sched = _scheduler(a, b, c)
-    probe = sched.next()
-    assert isinstance(probe, Probe) and (probe.collection, probe.handlers) == ("jobs", (a, b))
-    other = sched.next()
-    assert isinstance(other, Claim) and other.handler is c  # the probed ones wait
-    assert sched.next() is None
-    sched.probed(probe, False)
-    sched.claimed(other, None)
-    assert sched.quiet
-    sched.tick()
-    again = sched.next()
-    assert isinstance(again, Probe) and (again.collection, again.handlers) == ("jobs", (a, b))
-
-
 def test_a_failed_probe_lets_the_claims_find_out() -> None:
     a, b = _handler("jobs", "A"), _handler("jobs", "B")
-    sched = _scheduler(a, b)
+    sched = Scheduler([a, b], max_concurrency=4, budget=100)
+    sched.tick()
     probe = sched.next()
     assert isinstance(probe, Probe)
     sched.probed(probe, None)
@@ -121,28 +170,43 @@ def test_a_probe_that_raced_with_a_new_tick_idles_no_one() -> None:
     # the next idled its handlers for that whole tick, so work due at the new tick (due
     # relocks, expired leases) waited a tick more, and run_once ended having done nothing.
     a, b = _handler("jobs", "A"), _handler("jobs", "B")
-    sched = _scheduler(a, b)
+    sched = Scheduler([a, b], max_concurrency=4, budget=100)
+    sched.tick()
     probe = sched.next()
     assert isinstance(probe, Probe)
     sched.tick()  # the probe read before this tick began
-    sched.probed(probe, False)
+    sched.probed(probe, Found(frozenset(), None))
     assert not sched.quiet
-    claims = [sched.next(), sched.next()]
-    assert {c.handler.name for c in claims if isinstance(c, Claim)} == {"jobs.A", "jobs.B"}
+    again = sched.next()
+    assert isinstance(again, Probe)  # the new tick's own look
 
 
 def test_a_probe_that_raced_with_freed_work_idles_no_one() -> None:
     a, b, c = _handler("jobs", "A"), _handler("jobs", "B"), _handler("other", "C")
-    sched = _scheduler(a, b, c)
-    probe = sched.next()
-    assert isinstance(probe, Probe)
+    sched = Scheduler([a, b, c], max_concurrency=4, budget=100)
+    _tick(sched, found={"other"})
     step = sched.next()
     assert isinstance(step, Claim) and step.handler is c
     sched.claimed(step, "doc-1")
+    sched.due()
+    probe = sched.next()
+    assert isinstance(probe, Probe)
     sched.finished(StepOutcome.ADVANCED)  # may have made work for jobs.A or jobs.B after the read
-    sched.probed(probe, False)
+    sched.probed(probe, Found(frozenset(), None))
     found = {sched.next(), sched.next()}
     assert {x.handler.name for x in found if isinstance(x, Claim)} >= {"jobs.A", "jobs.B"}
+
+
+def test_a_probe_that_finds_work_wakes_handlers_idle_since_an_earlier_answer() -> None:
+    a = _handler("jobs", "A")
+    sched = Scheduler([a], max_concurrency=4, budget=100)
+    _tick(sched, found=set())
+    assert sched.quiet
+    sched.due()
+    _probe = sched.next()
+    assert isinstance(_probe, Probe)
+    sched.probed(_probe, _found(_probe, {"jobs"}))
+    assert isinstance(sched.next(), Claim)
 
 
 def test_freed_work_and_local_submits_wake_idle_handlers() -> None:
@@ -179,7 +243,7 @@ def test_the_budget_throttles_a_document_claimed_too_often_in_one_tick() -> None
         throttled.append(sched.claimed(claim, "doc-1"))
         sched.finished(StepOutcome.UNLOCKED)
     assert throttled == [False, False, False, True, True]
-    sched.tick()
+    _tick(sched)
     claim = sched.next()
     assert isinstance(claim, Claim)
     assert sched.claimed(claim, "doc-1") is False  # a new tick, a new budget
@@ -190,7 +254,7 @@ def test_each_tick_starts_with_another_handler() -> None:
     sched = Scheduler(handlers, max_concurrency=1, budget=100)
     firsts = []
     for _ in range(3):
-        sched.tick()
+        _tick(sched)
         claim = sched.next()
         assert isinstance(claim, Claim)
         firsts.append(claim.handler.collection)
@@ -213,7 +277,7 @@ def test_a_stop_claims_nothing_more_and_is_quiet_once_steps_end() -> None:
     sched.finished(StepOutcome.RELEASED)
     assert sched.quiet
     sched.resume()
-    sched.tick()
+    _tick(sched)
     assert isinstance(sched.next(), Claim)
 
 
@@ -235,3 +299,15 @@ def test_heartbeat_extends_past_half_the_lease_and_times_out_past_step_timeout()
     assert decide(15, 15, extend=False) is None
     assert decide(200, 5) is None
     assert decide(300, 5) == "time_out"
+
+
+def test_a_probe_tells_which_handlers_of_a_collection_have_work() -> None:
+    a, b = _handler("jobs", "A"), _handler("jobs", "B")
+    sched = Scheduler([a, b], max_concurrency=4, budget=100)
+    sched.tick()
+    probe = sched.next()
+    assert isinstance(probe, Probe)
+    sched.probed(probe, Found(frozenset({probe.handlers.index(b)}), None))
+    claim = sched.next()
+    assert isinstance(claim, Claim) and claim.handler is b
+    assert sched.next() is None  # jobs.A has nothing: no claim in vain

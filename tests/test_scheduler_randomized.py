@@ -21,9 +21,13 @@ Promises checked (``n``: handlers registered):
   (tick, local submit, a step ending in a way that frees work) found nothing; until then it
   is not;
 - one claim at a time for a handler not known to have work (its last claim found nothing);
-- probing: at the start of a tick each collection of several handlers is probed once,
-  before any of its handlers claims, and never again in that tick; no collection of one
-  handler is probed; while its probe is out, none of its handlers claims;
+- probing: a tick (or a due time a probe announced) is followed by one probe of every
+  handler, before any claim; while a probe is out nothing is claimed; a probe's answer
+  idles exactly the handlers of the collections it found nothing on (unless work may have
+  appeared since it was sent);
+- carrying on: a step that frees its document may carry its lease into the next step
+  (``carry``) only while not stopping and within the document's budget, which it uses;
+  its slot stays taken and it frees no work;
 - liveness: ``next()`` answers "nothing to do" only when nothing may be done (stopping,
   capacity full, or no handler eligible); so a tick whose reads are all back never stalls;
 - fairness: a handler that stays eligible is passed over for at most ``n - 1`` claims of
@@ -56,7 +60,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from orchestrator.core.outcomes import StepOutcome
 from orchestrator.core.registry import Handler
-from orchestrator.core.scheduler import Claim, Probe, Scheduler, heartbeat
+from orchestrator.core.scheduler import Claim, Found, Probe, Scheduler, heartbeat
 from orchestrator.core.settings import Settings
 
 pytestmark = pytest.mark.pure
@@ -172,7 +176,7 @@ class Read:
 
     def __repr__(self) -> str:
         what = (
-            self.action.collection if isinstance(self.action, Probe) else self.action.handler.name
+            self.action.collections if isinstance(self.action, Probe) else self.action.handler.name
         )
         return f"<{type(self.action).__name__} {what} at epoch {self.epoch}>"
 
@@ -184,6 +188,8 @@ class Running:
     claimed_at: int
     locked_at: int
     handed_back: bool  # claimed after a stop: the runner hands it back unstarted
+    handler: int = 0
+    doc: str = ""
     held: bool = True  # False once a renewal failed (the lease was lost)
 
 
@@ -199,7 +205,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.epoch = 0  # events that may have made work appear: tick, wake, freeing step
         self.idle: set[int] = set()
         self.hot: set[int] = set()  # handlers whose last claim came back with a document
-        self.unprobed: set[str] = set()
+        self.probe_due = False  # a probe is owed before any claim
         self.claims: Counter[str] = Counter()  # claims per document this tick
         self.passed: Counter[int] = Counter()  # claims of others while eligible
         self.stopping = False
@@ -241,18 +247,17 @@ class SchedulerMachine(RuleBasedStateMachine):
             if isinstance(r.action, Claim) and r.action.handler is self.handlers[index]
         )
 
-    def _probing(self) -> set[str]:
-        return {r.action.collection for r in self.reads if isinstance(r.action, Probe)}
+    def _probing(self) -> bool:
+        return any(isinstance(r.action, Probe) for r in self.reads)
 
     def _busy(self) -> int:
         return sum(1 for r in self.reads if isinstance(r.action, Claim)) + len(self.steps)
 
     def _eligible(self, index: int) -> bool:
-        collection = self.handlers[index].collection
         return (
             index not in self.idle
-            and collection not in self.unprobed
-            and collection not in self._probing()
+            and not self.probe_due
+            and not self._probing()
             and (index in self.hot or not self._claims_out(index))
         )
 
@@ -265,8 +270,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         self._work_may_appear()
         self.claims.clear()
         self.passed.clear()  # the round robin starts elsewhere
-        shared = Counter(h.collection for h in self.handlers)
-        self.unprobed = {c for c, n in shared.items() if n > 1} - self._probing()
+        self.probe_due = True
 
     # -- what happens -------------------------------------------------------------------
 
@@ -281,6 +285,14 @@ class SchedulerMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def tick(self, data: st.DataObject) -> None:
         self._tick()
+        self._work(data)
+
+    @rule(data=st.data())
+    def due(self, data: st.DataObject) -> None:
+        """A due time a probe announced comes: a probe before the next claim."""
+        self.sched.due()
+        self.epoch += 1
+        self.probe_due = True
         self._work(data)
 
     @rule(data=st.data())
@@ -306,28 +318,28 @@ class SchedulerMachine(RuleBasedStateMachine):
     def _ask(self) -> bool:
         eligible = [i for i in range(len(self.handlers)) if self._eligible(i)]
         can_act = not self.stopping and self._busy() < self.slots and self.handlers
+        can_probe = self.probe_due and not self._probing()
         action = self.sched.next()
         if action is None:
-            if can_act and (self.unprobed or eligible):
-                raise Stalled(f"nothing to do, yet {self.unprobed or eligible} could act")
+            if can_act and (can_probe or eligible):
+                raise Stalled(f"nothing to do, yet {'a probe' if can_probe else eligible} could")
             return False
         if self.stopping:
             raise ClaimedWhileStopping(f"{action} after stop()")
         if self._busy() >= self.slots:
             raise OverCapacity(f"{action} with {self._busy()} of {self.slots} slots in use")
         if isinstance(action, Probe):
-            members = tuple(h for h in self.handlers if h.collection == action.collection)
-            if action.collection not in self.unprobed or action.handlers != members:
-                raise ProbeMisplaced(f"probe of {action.collection}; due: {self.unprobed}")
-            self.unprobed.discard(action.collection)
+            if not can_probe or set(action.handlers) != set(self.handlers):
+                raise ProbeMisplaced(f"probe of {action.handlers}; due: {self.probe_due}")
+            self.probe_due = False
         else:
             self._check_claim(action, eligible)
         self.reads.append(Read(action, self.epoch))
         return True
 
     def _check_claim(self, claim: Claim, eligible: list[int]) -> None:
-        if self.unprobed:
-            raise ProbeMisplaced(f"a claim before the probes of {self.unprobed}")
+        if self.probe_due or self._probing():
+            raise ProbeMisplaced("a claim before the probe's answer")
         index = self.handlers.index(claim.handler)
         name = claim.handler.name
         if index in self.idle:
@@ -351,17 +363,27 @@ class SchedulerMachine(RuleBasedStateMachine):
         runners tell the scheduler both alike)."""
         read = self.reads.pop(data.draw(st.integers(0, len(self.reads) - 1), label="read"))
         if isinstance(read.action, Probe):
-            found = data.draw(st.sampled_from([True, None, False]), label="probe found")
+            found = data.draw(
+                st.one_of(st.none(), st.sets(st.sampled_from(COLLECTIONS))), label="probe found"
+            )
             self._probe_returns(read, read.action, found)
         else:
             doc = data.draw(st.sampled_from((*DOCS, None)), label="claimed")
             self._claim_returns(read, read.action, doc)
 
-    def _probe_returns(self, read: Read, probe: Probe, found: bool | None) -> None:
-        self.sched.probed(probe, found)
-        if found is False and read.epoch == self.epoch:
+    def _probe_returns(self, read: Read, probe: Probe, found: set[str] | None) -> None:
+        ready = frozenset(
+            n for n, h in enumerate(probe.handlers) if found is not None and h.collection in found
+        )
+        self.sched.probed(probe, None if found is None else Found(ready, None))
+        if found is not None and read.epoch == self.epoch:
             # those it asked about: a handler registered since was not
-            self.idle.update(self.handlers.index(h) for h in probe.handlers)
+            for handler in probe.handlers:
+                index = self.handlers.index(handler)
+                if handler.collection in found:
+                    self.idle.discard(index)
+                else:
+                    self.idle.add(index)
 
     def _claim_returns(self, read: Read, claim: Claim, doc: str | None) -> None:
         index = self.handlers.index(claim.handler)
@@ -383,7 +405,9 @@ class SchedulerMachine(RuleBasedStateMachine):
             )
         if self.sched.stopping != self.stopping:
             raise ClaimedWhileStopping("the scheduler and the replica disagree on stopping")
-        self.steps.append(Running(self.now, self.now, handed_back=self.stopping))
+        self.steps.append(
+            Running(self.now, self.now, handed_back=self.stopping, handler=index, doc=key)
+        )
 
     def _step_ends(self, data: st.DataObject) -> None:
         """A step ends with an outcome (a lease claimed after a stop is handed back
@@ -395,6 +419,19 @@ class SchedulerMachine(RuleBasedStateMachine):
             ),
             label="outcome",
         )
+        if outcome.frees_work and not step.handed_back:
+            onto = data.draw(st.integers(0, len(self.handlers) - 1), label="carried into")
+            handler = self.handlers[onto]
+            doc = step.doc.split("/", 1)[1]
+            carried = self.sched.carry(handler, doc)
+            key = f"{handler.collection}/{doc}"
+            if carried != (not self.stopping and self.claims[key] < self.budget):
+                raise BudgetMisjudged(f"{key}: carried={carried}, {self.claims[key]} this tick")
+            if carried:
+                self.claims[key] += 1
+                self.sched.finished(outcome, carried=True)
+                self.steps.append(Running(self.now, self.now, False, onto, key))
+                return
         self.sched.finished(outcome)
         if outcome.frees_work:
             self._work_may_appear()
@@ -510,13 +547,19 @@ class SchedulerMachine(RuleBasedStateMachine):
         over = (
             not self.reads
             and not self.steps
-            and (self.stopping or all(i in self.idle for i in range(len(self.handlers))))
+            and (
+                self.stopping
+                or (
+                    all(i in self.idle for i in range(len(self.handlers)))
+                    and not (self.probe_due and self.handlers)
+                )
+            )
         )
         if self.sched.quiet != over:
             raise QuietWrong(
                 f"quiet={self.sched.quiet}: {len(self.reads)} read(s) out, "
                 f"{len(self.steps)} step(s), stopping={self.stopping}, idle {sorted(self.idle)} "
-                f"of {len(self.handlers)}"
+                f"of {len(self.handlers)}, probe due={self.probe_due}"
             )
 
 

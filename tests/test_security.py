@@ -112,7 +112,8 @@ COMMANDS = {
     "update_one": "update: update",
     "insert_one": "insert: insert",
     "find_one": "find: find",
-    "find": "find: find (the operators' pauses, read at start and at each heartbeat)",
+    "find": "find: find (the operators' pauses, at start and when no probe read them)",
+    "aggregate": "aggregate: find (the tick's probe of every collection, pauses included)",
     "create_index": "createIndexes: createIndex",
     "list_indexes": "listIndexes: listIndexes (to reuse an application's equivalent index)",
     "drop_index": "dropIndexes: dropIndex (an earlier version's index of the same name)",
@@ -150,6 +151,7 @@ def test_a_full_lifecycle_sends_only_the_documented_commands(
     orch.stop()
     assert set(faults.operations) <= set(COMMANDS), faults.operations
     assert {
+        "aggregate",
         "find_one_and_update",
         "update_one",
         "create_index",

@@ -289,7 +289,8 @@ async def test_a_handler_does_not_claim_what_it_failed_while_it_stays_failed(
     create = queries.failed_exclusion("create", "app.create", "Failed", {"kind": "w"})
     report = queries.failed_exclusion("report", "app.report", "Failed", {"kind": "w"})
     assert await store.claim("jobs", {"phase": "Failed"}, now, HORIZON, create, update) is None
-    assert await store.has_claimable("jobs", [({"phase": "Failed"}, create)], now, HORIZON) is False
+    found = await store.probe([("jobs", [({"phase": "Failed"}, create)])], now, HORIZON)
+    assert found.ready == frozenset()
     doc = await store.claim("jobs", {"phase": "Failed"}, now, HORIZON, report, update)
     assert doc is not None and doc["_id"] == 1
     # Moved out of the failed phase (by the API, say), it is the marking handler's again.
@@ -335,16 +336,37 @@ async def test_probe_answers_whether_any_handler_could_claim_and_writes_nothing(
         {"_id": 2, "phase": "B", "lockedUntil": EPOCH},
     )
     before = await read(store, "jobs", {"_id": 2})
-    assert await store.has_claimable("jobs", [({"phase": "A"}, None)], now, HORIZON) is False
-    assert (
-        await store.has_claimable(
-            "jobs", [({"phase": "A"}, None), ({"phase": "B"}, None)], now, HORIZON
-        )
-        is True
-    )
+
+    async def found(at: datetime, *phases: str) -> frozenset[int]:
+        answer = await store.probe([("jobs", [({"phase": p}, None) for p in phases])], at, HORIZON)
+        return answer.ready
+
+    assert await found(now, "A") == frozenset()
+    assert await found(now, "A", "B") == {1}
     assert await read(store, "jobs", {"_id": 2}) == before
-    later = now + timedelta(minutes=1)
-    assert await store.has_claimable("jobs", [({"phase": "A"}, None)], later, HORIZON) is True
+    assert await found(now + timedelta(minutes=1), "A") == {0}
+
+
+async def test_one_probe_covers_every_collection_and_says_when_work_comes_due(
+    backend: Backend, clock: FakeClock
+) -> None:
+    store = backend.open()
+    now = clock.now()
+    soon, later = now + timedelta(seconds=3), now + timedelta(seconds=9)
+    await seed(store, "jobs", {"_id": 1, "phase": "A", "lockedUntil": later})
+    await seed(store, "mail", {"_id": 2, "phase": "M", "lockedUntil": soon})
+    await seed(store, "keys", {"_id": 3, "phase": "K", "lockedUntil": EPOCH})
+    groups = [
+        ("jobs", [({"phase": "A"}, None)]),
+        ("mail", [({"phase": "M"}, None), ({"phase": "Other"}, None)]),
+        ("keys", [({"phase": "K"}, None)]),
+    ]
+    answer = await store.probe(groups, now, HORIZON)
+    assert answer.ready == {3}  # keys.K, the fourth handler
+    assert answer.next_due == queries.as_utc(queries.bson_time(soon))
+    idle = await store.probe(groups[:1], now, HORIZON)
+    assert idle.ready == frozenset() and idle.next_due == queries.as_utc(queries.bson_time(later))
+    assert (await store.probe(groups[:1], later, HORIZON)).ready == {0}
 
 
 # -- fenced writes -----------------------------------------------------------------------------
@@ -766,3 +788,35 @@ async def test_connect_gives_the_named_database_of_a_reachable_server(
         assert db.name == "orchestrator_connect"
     finally:
         await resolve(db.client.close())
+
+
+def test_a_server_without_union_with_is_probed_per_collection_from_then_on() -> None:
+    """Before 4.4 (and on servers that lack the stage) the probe falls back to one read per
+    collection, found by the server's refusal once, not at every tick."""
+    from orchestrator.mongo import Store
+    from orchestrator.testing import memory_database
+
+    db = memory_database()
+    db["jobs"].insert_one({"_id": 1, "phase": "A", "lockedUntil": EPOCH})
+    store = Store(db)
+    refused = []
+    original = store.collection
+
+    class NoUnion:
+        def __init__(self, coll: Any) -> None:
+            self._coll = coll
+
+        def aggregate(self, pipeline: Any) -> Any:
+            refused.append(pipeline)
+            raise OperationFailure("Unrecognized pipeline stage name: '$unionWith'", 40324)
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self._coll, name)
+
+    store.collection = lambda name: NoUnion(original(name))  # type: ignore[method-assign]
+    now = datetime.now(UTC)
+    groups = [("jobs", [({"phase": "A"}, None)]), ("mail", [({"phase": "M"}, None)])]
+    for _ in range(3):
+        answer = store.probe(groups, now, HORIZON)
+        assert answer.ready == {0} and answer.next_due is None
+    assert len(refused) == 1

@@ -9,6 +9,7 @@ carries in each state, the update each outcome writes, and the checked policy wa
 from __future__ import annotations
 
 import math
+import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -74,6 +75,28 @@ class Write:
 _RECORDS = frozenset({LeaseWrite.RETRY, LeaseWrite.FAIL, LeaseWrite.NOTE})
 """The writes that record a step's error: once one landed, a second record is refused."""
 
+_CARRIES = frozenset({LeaseWrite.UNLOCK, LeaseWrite.ADVANCE})
+"""The outcomes that free the document for a next step, which may carry the lease on."""
+
+Carrier = Callable[["LeaseCore[Any]", str], "Handler | None"]
+"""Asked by a lease whose step frees its document in ``phase``: the handler of this replica
+that takes the next step at once (its slot and budget reserved), or None: release it."""
+
+
+@dataclass
+class Carry:
+    """A release that took the lease on into the next step (``queries.carry_update``): the
+    handler that runs it, its fresh token and expiry, and (once written) the document as
+    stored."""
+
+    handler: Handler
+    token: str
+    claimed_at: datetime
+    expires_at: datetime
+    update: dict[str, Any]
+    fence: dict[str, Any]
+    doc: dict[str, Any] = field(default_factory=dict)
+
 
 @dataclass(frozen=True)
 class ErrorWrite:
@@ -122,6 +145,11 @@ class LeaseCore(Generic[R]):
         """The step's own outcome, once one landed (a handler's release, or its error
         record): the first one stands, whatever the step does after it."""
         self._recorded = False  # a failed attempt of this step was recorded: only once
+        self.carrier: Carrier | None = None
+        """Set by the engine: whom to ask whether the lease goes on into a next step."""
+        self.carried: Carry | None = None
+        """The next step this step's release carried the lease into, until an error
+        recorded after it released the document after all."""
 
     @property
     def id(self) -> Any:
@@ -319,13 +347,40 @@ class LeaseCore(Generic[R]):
             history.merge(update, history.push(entry, keep, current))
         return Write(update, action, until, phase_change, next_phase)
 
+    def _carry_plan(self, write: Write) -> Carry | None:
+        """The lease carried on into the next step by ``write`` (an unlock or an advance that
+        frees the document at once), when this replica's carrier has a handler for the
+        phase it leaves the document in; None: the write releases. Fenced on the phase
+        whatever the outcome, so an outside writer's change of phase wins."""
+        if self.carrier is None or write.action not in _CARRIES or write.until != EPOCH:
+            return None
+        phase = self.doc.get("phase") if write.next_phase is SAME else write.next_phase
+        if not isinstance(phase, str):
+            return None
+        handler = self.carrier(self, phase)
+        if handler is None:
+            return None
+        now = self._clock.now()
+        until = now + timedelta(seconds=self._settings.lock_timeout)
+        token = secrets.token_hex(8)
+        update = queries.carry_update(write.update, now, until, token, self._settings.replica_id)
+        return Carry(handler, token, now, until, update, self._fence(True))
+
+    def _carried(self, write: Write, outcome: Outcome, carry: Carry) -> None:
+        """``carry``'s write landed: this step's outcome is recorded and the document is held
+        by the next step's lease, which an error noted after it is fenced on."""
+        self._released(write, outcome)
+        self._released_until = carry.expires_at
+        self.carried = carry
+
     def _fence(self, phase_change: bool) -> dict[str, Any]:
         """The filter a write carries: the token (and the claimed phase, for a phase
         change), or, after this step's own release, the document as that release left it."""
         if self._state is State.RELEASED:
             assert self._released_until is not None
+            holder = self.carried.token if self.carried is not None else None
             return queries.released_fence(
-                self.id, self.token, self._released_until, self._released_phase
+                self.id, self.token, self._released_until, self._released_phase, holder
             )
         if phase_change:
             return queries.fenced(self.id, self.token, self.doc.get("phase"))
@@ -351,6 +406,8 @@ class LeaseCore(Generic[R]):
         if self.outcome is None:
             self.outcome = outcome
         if self._state is State.RELEASED:
+            if write is not None and write.action is not LeaseWrite.NOTE:
+                self.carried = None  # a retry or a failure released what was carried on
             return  # a note: the document is as the step's outcome left it
         self._state = State.RELEASED
         if write is not None:

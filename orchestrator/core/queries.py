@@ -7,7 +7,7 @@ UTC truncated to milliseconds, as BSON stores them.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -132,6 +132,72 @@ def probe_filter(
 PROBE_PROJECTION: dict[str, Any] = {"_id": 1}
 """A probe only asks whether work exists: it reads no field of it."""
 
+Matches = Sequence[tuple[Mapping[str, Any], Mapping[str, Any] | None]]
+"""The (match, exclusion) pairs of the handlers a probe covers on one collection."""
+
+
+def due_filter(matches: Matches, now: datetime, horizon: float) -> dict[str, Any]:
+    """What any of these handlers could claim later, and when: documents they select whose
+    ``lockedUntil`` is a date in ``(now, now + horizon]`` (a lease held or a wait under
+    way). The earliest is the next moment work appears without anyone writing."""
+    window = {"$gt": bson_time(now), "$lte": bson_time(now + timedelta(seconds=horizon))}
+    branches = []
+    for match, exclusion in matches:
+        parts = [dict(match), *([dict(exclusion)] if exclusion else [])]
+        parts.append({"lockedUntil": window})
+        branches.append({"$and": parts})
+    return {"$or": branches}
+
+
+PROBE_HANDLER = "h"
+"""The field naming, in a probe's answers, the handler (its position) with work now."""
+PROBE_DUE = "due"
+"""The field holding the next due time of a collection's documents in a probe's answers."""
+
+
+PROBE_PAUSE = "pause"
+"""The field holding, in a probe's answers, one of the operators' pauses."""
+
+
+def probe_pipeline(
+    groups: Sequence[tuple[str, Matches]],
+    now: datetime,
+    horizon: float,
+    pauses: tuple[str, int] | None = None,
+) -> list[dict[str, Any]]:
+    """One read for every handler of every collection: an aggregation over the first
+    collection that adds the others' with ``$unionWith`` (MongoDB 4.4). It answers one
+    document ``{h: n}`` for each handler (numbered across ``groups`` in order) that could
+    claim now, and for each collection the earliest document its handlers could claim
+    later, ``{due: lockedUntil}``. Each branch is an index scan of ``CLAIM_INDEX`` limited
+    to one document, so an idle fleet costs one small read per replica per tick, whatever
+    its handlers and collections, and no handler claims in vain. ``pauses``: (the pauses
+    collection, at most how many): the operators' pauses come with it, ``{pause: doc}``,
+    so reading them costs no round trip of its own."""
+    branches: list[tuple[str, list[dict[str, Any]]]] = []
+    number = 0
+    for name, matches in groups:
+        for match, exclusion in matches:
+            branch: list[dict[str, Any]] = [
+                {"$match": claim_filter(match, now, horizon, exclusion)},
+                {"$limit": 1},
+                {"$project": {"_id": 0, PROBE_HANDLER: {"$literal": number}}},
+            ]
+            branches.append((name, branch))
+            number += 1
+        due: list[dict[str, Any]] = [
+            {"$match": due_filter(matches, now, horizon)},
+            {"$sort": {"lockedUntil": 1}},
+            {"$limit": 1},
+            {"$project": {"_id": 0, PROBE_DUE: "$lockedUntil"}},
+        ]
+        branches.append((name, due))
+    if pauses is not None:
+        name, most = pauses
+        branches.append((name, [{"$limit": most}, {"$project": {"_id": 0, PROBE_PAUSE: "$$ROOT"}}]))
+    (_, stages), *rest = branches
+    return [*stages, *({"$unionWith": {"coll": c, "pipeline": b}} for c, b in rest)]
+
 
 def claim_update(now: datetime, until: datetime, token: str, replica: str) -> dict[str, Any]:
     """Take the lease until ``until`` (the holder's own timeout): a fresh token fences every
@@ -189,19 +255,38 @@ def fenced(doc_id: Any, token: str, phase: Any = _ANY) -> dict[str, Any]:
     return query
 
 
-def released_fence(doc_id: Any, token: str, until: datetime, phase: Any) -> dict[str, Any]:
+def released_fence(
+    doc_id: Any, token: str, until: datetime, phase: Any, holder: str | None = None
+) -> dict[str, Any]:
     """Matches the document while it is as a step's own release left it (free, released
     by this lease: its token as ``lastToken``, the same ``lockedUntil`` and phase): how a
     step that gave an outcome and then failed still notes its error. Any later claim
     and release, by another replica or an operator's retry, changes ``lastToken``, so a
-    stale note never lands on a state another step left."""
+    stale note never lands on a state another step left. ``holder``: the token the
+    release carried on into the next step (``carry_update``), which holds it meanwhile."""
     return {
         "_id": doc_id,
-        "lockToken": {"$exists": False},
+        "lockToken": {"$exists": False} if holder is None else holder,
         "lastToken": token,
         "lockedUntil": bson_time(until),
         "phase": phase,
     }
+
+
+def carry_update(
+    update: Mapping[str, Any], now: datetime, until: datetime, token: str, replica: str
+) -> dict[str, Any]:
+    """A step's releasing ``update`` (an unlock or an advance) that takes the lease on for
+    the next step instead of letting it go: the same outcome, the history entry and
+    ``lastToken`` included, with a fresh ``token`` until ``until``, as a claim would have
+    written it. One write where a release and a claim made two."""
+    carried = {op: dict(fields) for op, fields in update.items()}
+    carried.setdefault("$set", {}).update(claim_update(now, until, token, replica)["$set"])
+    unset = carried.get("$unset", {})
+    unset.pop("lockToken", None)
+    if "$unset" in carried and not unset:
+        del carried["$unset"]
+    return carried
 
 
 def stamp_release(update: dict[str, Any], token: str) -> dict[str, Any]:

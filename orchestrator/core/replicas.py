@@ -49,10 +49,23 @@ def refresh_interval(lock_timeout: float) -> float:
     return min(lock_timeout / 6, MAX_REFRESH)
 
 
+RECORD_INTERVAL = MAX_REFRESH
+"""Seconds between two writes of a replica's record (at the first heartbeat this long
+after the last): an idle replica's one write, whatever its lock timeout; its heartbeats
+renew leases more often."""
+
+
+def record_due(since: float, lock_timeout: float) -> bool:
+    """Whether a heartbeat ``since`` seconds after the record's last write writes it again:
+    at the first heartbeat within half an interval of ``RECORD_INTERVAL``, so records are
+    written every ``RECORD_INTERVAL`` however the heartbeats fall."""
+    return since >= RECORD_INTERVAL - refresh_interval(lock_timeout) / 2
+
+
 def record_ttl(lock_timeout: float) -> float:
-    """How long a record stays live after its last refresh: four refresh intervals (three
-    heartbeats may be missed), and never less than ``MIN_TTL``."""
-    return max(4 * refresh_interval(lock_timeout), MIN_TTL)
+    """How long a record stays live after its last write: four record intervals (three
+    may be missed), and never less than ``MIN_TTL``."""
+    return max(4 * RECORD_INTERVAL, MIN_TTL)
 
 
 @dataclass(frozen=True)
@@ -142,10 +155,10 @@ class ReplicaRecord:
         return max((now - self.last_seen).total_seconds(), 0.0)
 
     def stale(self, now: datetime) -> bool:
-        """Silent past two heartbeats: its record is still live, but it missed refreshes
-        it should have made (it died, stalled or lost the database); its leases expire
-        and other replicas take them over."""
-        return self.seen_ago(now) > 2 * refresh_interval(self.lock_timeout)
+        """Silent past two record intervals: its record is still live, but it missed
+        writes it should have made (it died, stalled or lost the database); its leases
+        expire and other replicas take them over."""
+        return self.seen_ago(now) > 2 * RECORD_INTERVAL
 
     @classmethod
     def from_document(cls, doc: Mapping[str, Any]) -> ReplicaRecord | None:

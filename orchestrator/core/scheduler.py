@@ -21,18 +21,52 @@ from typing import TYPE_CHECKING, Literal
 from orchestrator.core.outcomes import StepOutcome
 
 if TYPE_CHECKING:
+    from orchestrator.core.pauses import Pause
+    from orchestrator.core.queries import Matches
     from orchestrator.core.registry import Handler
 
 
 @dataclass(frozen=True)
 class Probe:
-    """Read once whether any of ``handlers`` (all on ``collection``) could claim now: an idle
-    tick then costs one read per collection, not one claim per handler. ``generation``, as
-    for a claim: a probe that raced with a new tick or newly freed work idles no one."""
+    """Read once which collections any of ``handlers`` could claim on now: an idle tick
+    costs one read in all, not one claim per handler nor a read per collection.
+    ``generation``, as for a claim: a probe that raced with a new tick or newly freed work
+    idles no one."""
 
-    collection: str
     handlers: tuple[Handler, ...]
     generation: int
+
+    @property
+    def collections(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(h.collection for h in self.handlers))
+
+    def groups(self) -> list[tuple[str, Matches]]:
+        """Per collection, the (match, exclusion) pairs of its handlers (what the store's
+        probe reads); ``handlers`` is in that order."""
+        return [
+            (c, [(h.match, h.exclusion) for h in self.handlers if h.collection == c])
+            for c in self.collections
+        ]
+
+    @staticmethod
+    def of(handlers: Sequence[Handler], generation: int) -> Probe:
+        """The probe of ``handlers``, ordered by collection as ``groups`` numbers them."""
+        collections = dict.fromkeys(h.collection for h in handlers)
+        ordered = tuple(h for c in collections for h in handlers if h.collection == c)
+        return Probe(ordered, generation)
+
+
+@dataclass(frozen=True)
+class Found:
+    """A probe's answer: the handlers (positions in the probe's ``handlers``) with a
+    document to claim now, and the earliest time (the server's) a document of the others
+    comes due if nobody writes (a relock's wait, a retry's backoff or a lease running
+    out), or None: none within the horizon."""
+
+    ready: frozenset[int]
+    next_due: datetime | None
+    pauses: list[Pause] | None = None
+    """The operators' pauses, when the probe read them too (None: it did not)."""
 
 
 @dataclass(frozen=True)
@@ -51,8 +85,13 @@ class Scheduler:
     """Slots, per-tick budgets, fairness and idleness for one replica's handlers.
 
     ``max_concurrency`` bounds claims in flight plus steps running; ``budget`` is how many
-    times one document may be claimed in one tick before its releases wait a tick
-    (``max_unlocks_per_tick``), so no handler, or set of handlers, can spin on it.
+    times one document may be claimed (or carried on, ``carry``) in one tick before its
+    releases wait a tick (``max_unlocks_per_tick``), so no handler, or set of handlers,
+    can spin on it.
+
+    A tick starts with one probe of every collection; only handlers whose collection has
+    work then claim. A local submit or a released document (``wake``, ``finished``) sends
+    claims at once, without a probe: work is known to be there.
     """
 
     def __init__(self, handlers: Sequence[Handler], *, max_concurrency: int, budget: int) -> None:
@@ -61,8 +100,8 @@ class Scheduler:
         self._budget = budget
         self._busy = 0
         self._idle: set[int] = set()
-        self._unprobed: list[str] = []
-        self._probing: set[str] = set()
+        self._probe_due = False  # a probe is to be sent before any claim
+        self._probing = False  # a probe is under way: claims wait for its answer
         self._claims: Counter[tuple[str, str]] = Counter()
         self._inflight: Counter[int] = Counter()  # claims under way, by handler
         self._hot: set[int] = set()  # handlers whose last claim found a document
@@ -82,14 +121,16 @@ class Scheduler:
     def tick(self) -> None:
         """A new tick: due relocks and expired leases may be claimable now; budgets reset."""
         self._claims.clear()
-        self._idle.clear()
+        self._idle.clear()  # a failed probe leaves every handler to find out by claiming
         count = len(self._handlers)
         self._start = (self._start + 1) % count if count else 0
         self._cursor = self._start
-        by_collection: Counter[str] = Counter(
-            h.collection for h in self._handlers if h.key not in self._paused
-        )
-        self._unprobed = [c for c, n in by_collection.items() if n > 1 and c not in self._probing]
+        self.due()
+
+    def due(self) -> None:
+        """Work may have come due (a tick, or a due time a probe announced): probe again
+        before claiming."""
+        self._probe_due = True
         self._generation += 1
 
     def wake(self) -> None:
@@ -122,11 +163,21 @@ class Scheduler:
     def paused(self) -> frozenset[str]:
         return self._paused
 
-    def probed(self, probe: Probe, found: bool | None) -> None:
-        """``found`` None: the probe failed; the claims will meet the same trouble and say so."""
-        self._probing.discard(probe.collection)
-        if found is False and probe.generation == self._generation:
-            self._idle.update(i for i, h in enumerate(self._handlers) if h in probe.handlers)
+    def probed(self, probe: Probe, found: Found | None) -> None:
+        """``found`` None: the probe failed; the claims will meet the same trouble and say
+        so. Otherwise the handlers of collections without work are idle until something
+        happens, and those of collections with work claim."""
+        self._probing = False
+        if found is None or probe.generation != self._generation:
+            return
+        for position, handler in enumerate(probe.handlers):
+            if handler not in self._handlers:
+                continue
+            index = self._handlers.index(handler)
+            if position in found.ready:
+                self._idle.discard(index)
+            else:
+                self._idle.add(index)
 
     def claimed(self, claim: Claim, doc_key: str | None) -> bool:
         """A claim came back with a document (``doc_key``) or without one (None, also when
@@ -145,10 +196,28 @@ class Scheduler:
         self._claims[key] += 1
         return self._claims[key] > self._budget
 
-    def finished(self, outcome: StepOutcome) -> None:
-        """A step ended (or a claimed lease was handed back without running)."""
+    def carry(self, handler: Handler, doc_key: str) -> bool:
+        """May the step that is freeing ``doc_key`` carry its lease on into ``handler``'s
+        next step, in the same write, instead of releasing it to be claimed again? Not
+        when stopping, when the handler is paused or not this replica's, or when the
+        document used its budget for the tick (it is released then, and waits if claimed
+        again). A yes counts as a claim of the document; its slot stays taken."""
+        if self._stopping or handler.key in self._paused or handler not in self._handlers:
+            return False
+        key = (handler.collection, doc_key)
+        if self._claims[key] >= self._budget:
+            return False
+        self._claims[key] += 1
+        return True
+
+    def finished(self, outcome: StepOutcome, *, carried: bool = False, wakes: bool = True) -> None:
+        """A step ended (or a claimed lease was handed back without running); ``carried``:
+        its lease went on into the next step, which keeps the slot and frees no work for
+        anyone else; ``wakes`` False: what it freed is nothing these handlers select."""
+        if carried:
+            return
         self._busy -= 1
-        if outcome.frees_work:
+        if outcome.frees_work and wakes:
             self._idle.clear()
             self._generation += 1
 
@@ -156,25 +225,20 @@ class Scheduler:
 
     def next(self) -> Action | None:
         """The next action for a free worker, or None: nothing to do until something
-        happens (capacity full, every handler idle, or stopping)."""
-        if self._stopping or self._busy >= self._max or not self._handlers:
+        happens (capacity full, every handler idle, a probe under way, or stopping)."""
+        if self._stopping or self._busy >= self._max or not self._handlers or self._probing:
             return None
-        if self._unprobed:
-            collection = self._unprobed.pop(0)
-            self._probing.add(collection)
-            members = tuple(
-                h
-                for h in self._handlers
-                if h.collection == collection and h.key not in self._paused
-            )
-            return Probe(collection, members, self._generation)
+        if self._probe_due:
+            self._probe_due = False
+            members = [h for h in self._handlers if h.key not in self._paused]
+            if members:
+                self._probing = True
+                return Probe.of(members, self._generation)
         count = len(self._handlers)
         for step in range(count):
             index = (self._cursor + step) % count
             handler = self._handlers[index]
-            if index in self._idle or handler.collection in self._probing:
-                continue
-            if handler.key in self._paused:
+            if index in self._idle or handler.key in self._paused:
                 continue
             if self._inflight[index] and index not in self._hot:
                 continue  # not known to have work: one claim at a time finds out
@@ -189,6 +253,10 @@ class Scheduler:
         return self._stopping
 
     @property
+    def handlers(self) -> list[Handler]:
+        return self._handlers
+
+    @property
     def busy(self) -> int:
         """Slots in use: claims in flight and steps running."""
         return self._busy
@@ -200,7 +268,10 @@ class Scheduler:
             return False
         if self._stopping:
             return True
-        return all(i in self._idle or h.key in self._paused for i, h in enumerate(self._handlers))
+        active = [i for i, h in enumerate(self._handlers) if h.key not in self._paused]
+        if self._probe_due and active:
+            return False
+        return all(i in self._idle for i in active)
 
 
 HeartbeatDecision = Literal["extend", "time_out"] | None

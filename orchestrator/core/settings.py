@@ -67,6 +67,14 @@ class Settings(BaseModel):
         30.0, gt=0, le=MAX_LOCK_TIMEOUT, description="How long a lease lasts unless extended."
     )
     tick: float = Field(1.0, gt=0, description="Seconds between two ticks of the loop.")
+    tick_jitter: float = Field(
+        0.1,
+        ge=0,
+        le=0.5,
+        description="Each tick comes up to this fraction of a tick late, at random, and a"
+        " replica's first scheduled tick at a random point of its first tick: replicas"
+        " started together do not poll together.",
+    )
     max_concurrency: int = Field(
         4, ge=1, le=1024, strict=True, description="Steps run at once per replica."
     )

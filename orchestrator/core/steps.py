@@ -17,11 +17,14 @@ from typing import Any
 from orchestrator.core.errors import OrchestratorError
 from orchestrator.core.lease import Outcome
 from orchestrator.core.outcomes import StepOutcome
+from orchestrator.core.registry import Handler
 
 __all__ = [
     "StepTimeout",
     "StopReport",
+    "carry_target",
     "claim_latency",
+    "could_take",
     "describe",
     "hand_back_reason",
     "noted_message",
@@ -42,6 +45,32 @@ class StopReport:
 
     released: list[str] = field(default_factory=list)
     still_running: list[str] = field(default_factory=list)
+
+
+def carry_target(handlers: Sequence[Handler], collection: str, phase: str) -> Handler | None:
+    """The handler that would claim a document of ``collection`` left free in ``phase``,
+    when that can be told without the server: one registered for exactly that phase (its
+    filter is ``{"phase": phase}``), with no failed-phase exclusion to judge. Filters of
+    ``when`` handlers are the server's to evaluate: their documents are released."""
+    for handler in handlers:
+        if (
+            handler.collection == collection
+            and handler.exclusion is None
+            and handler.match == {"phase": phase}
+        ):
+            return handler
+    return None
+
+
+def could_take(handlers: Sequence[Handler], collection: str, phase: str) -> bool:
+    """Whether one of ``handlers`` might claim a document of ``collection`` left free in
+    ``phase``: a release into a phase none of them selects (the end of a workflow, a
+    phase another service handles) wakes no idle worker of this replica to claim in vain."""
+    for handler in handlers:
+        pinned = handler.match.get("phase")
+        if handler.collection == collection and not (isinstance(pinned, str) and pinned != phase):
+            return True
+    return False
 
 
 def hand_back_reason(*, stopping: bool, expired: bool) -> str | None:

@@ -141,7 +141,7 @@ class _Tasks:
         return [r.platform for r in self.replicas]
 
     async def steps(self) -> int:
-        return sum(r.orch.stats().get("claimed", 0) for r in self.replicas)
+        return sum(started(r.orch.stats()) for r in self.replicas)
 
     def trouble(self) -> str | None:
         return None
@@ -159,6 +159,11 @@ class _Tasks:
 
     async def relock_waits(self) -> list[float]:
         return sorted(self._waits.snapshot())
+
+
+def started(stats: Mapping[str, int]) -> int:
+    """Steps a replica started: those it claimed, and those a release carried on into."""
+    return stats.get("claimed", 0) + stats.get("carried", 0)
 
 
 @contextmanager
@@ -524,7 +529,7 @@ async def _report(
             + ("every replica stopped cleanly" if not left_wrong else "; ".join(left_wrong)),
         ),
     ]
-    steps = total.get("claimed", 0)
+    steps = started(total)
     relock_waits = await fleet.relock_waits()
     table = Table(
         title=f"Report: {len(kept) + len(deleted)} gateways, {fleet.describe()}",
@@ -536,7 +541,7 @@ async def _report(
     table.add_row("steps", f"{steps} ({steps / max(elapsed, 1e-9):.0f} per second)")
     table.add_row(
         "steps per replica",
-        ", ".join(f"{name} {s.get('claimed', 0)}" for name, s in stats),
+        ", ".join(f"{name} {started(s)}" for name, s in stats),
     )
     table.add_row("relocks", str(total.get("relocked", 0)))
     if relock_waits:

@@ -14,7 +14,7 @@ import math
 from collections.abc import Hashable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import UTC
+from datetime import UTC, datetime
 from typing import Any
 
 from bson.codec_options import CodecOptions, DatetimeConversion
@@ -33,8 +33,10 @@ from pymongo.errors import DocumentTooLarge as DriverDocumentTooLarge
 from pymongo.server_type import SERVER_TYPE
 from pymongo.write_concern import WriteConcern
 
+from orchestrator.core import pauses, queries
 from orchestrator.core.errors import ConfigError, StoreError
 from orchestrator.core.redact import redact
+from orchestrator.core.scheduler import Found
 
 Document = dict[str, Any]
 
@@ -46,6 +48,8 @@ _RELEASES = {6: "3.6", 7: "4.0", 8: "4.2"}
 COMMAND_NOT_FOUND = 59
 """The server's answer to ``hello`` before MongoDB 4.4.2 (and 4.2.10, 4.0.21)."""
 WRITE_CONCERN_FAILED = 64
+UNKNOWN_STAGE_CODES = frozenset({16436, 40324})
+"""The server's answer to an aggregation stage it does not know (``$unionWith`` before 4.4)."""
 TOO_LARGE_CODES = frozenset({10334, 17419, 17420})
 """BSONObjectTooLarge; an update's, an upsert's result over 16 MiB (Location17419/17420)."""
 INDEX_CONFLICT_CODES = frozenset({85, 86})
@@ -360,3 +364,30 @@ def _index_remedy(unique: bool) -> str:
             " and the orchestrator creates its own"
         )
     return "drop it, and the orchestrator creates its own"
+
+
+def unknown_stage(exc: OperationFailure) -> bool:
+    """The server refused a pipeline stage it does not know (so the probe asks per
+    collection)."""
+    return exc.code in UNKNOWN_STAGE_CODES or "Unrecognized pipeline stage" in str(exc)
+
+
+def found(rows: Sequence[Mapping[str, Any]], with_pauses: bool = False) -> Found:
+    """A probe's answer (``queries.probe_pipeline``): the handlers with work now, and the
+    earliest due time among the documents of the others, and (``with_pauses``) the
+    operators' pauses it read too. A row that is none of those is skipped: the probe only
+    ever narrows what is claimed."""
+    ready: set[int] = set()
+    due: datetime | None = None
+    paused: list[Mapping[str, Any]] = []
+    for row in rows:
+        number = row.get(queries.PROBE_HANDLER)
+        when = row.get(queries.PROBE_DUE)
+        if isinstance(number, int) and not isinstance(number, bool):
+            ready.add(number)
+        elif isinstance(when, datetime):
+            when = queries.as_utc(when)
+            due = when if due is None or when < due else due
+        elif isinstance(row.get(queries.PROBE_PAUSE), Mapping):
+            paused.append(row[queries.PROBE_PAUSE])
+    return Found(frozenset(ready), due, pauses.read_all(paused) if with_pauses else None)

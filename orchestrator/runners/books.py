@@ -13,14 +13,16 @@ import itertools
 import threading
 from collections import Counter
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from enum import Enum
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from apscheduler.schedulers.base import BaseScheduler
 
+from orchestrator.core import steps
 from orchestrator.core.lease import LeaseCore
 from orchestrator.core.outcomes import StepOutcome
-from orchestrator.core.scheduler import Action, Claim, Probe, Scheduler
+from orchestrator.core.scheduler import Action, Claim, Found, Probe, Scheduler
 from orchestrator.core.steps import StopReport
 from orchestrator.runners.step import Step
 
@@ -30,6 +32,10 @@ if TYPE_CHECKING:
 __all__ = ["LEAVE", "Books", "Crew", "Leave"]
 
 L = TypeVar("L", bound=LeaseCore[Any])
+
+
+_UNKNOWN_PHASE = frozenset({StepOutcome.LOST, StepOutcome.DONE, StepOutcome.TIMED_OUT})
+"""Outcomes after which the document's phase is not known here: they wake the workers."""
 
 
 class Leave(Enum):
@@ -104,6 +110,11 @@ class Books(Generic[L]):
     def stats(self) -> dict[str, int]:
         with self.lock:
             return dict(self._stats)
+
+    @property
+    def stopping(self) -> bool:
+        with self.lock:
+            return self._sched.stopping
 
     def once_over(self) -> bool:
         """The tick is over, or every worker failed (their errors are raised by run_once)."""
@@ -197,10 +208,26 @@ class Books(Generic[L]):
                 self._sched.claimed(action, None)
             self._notify(more_work=False)
 
-    def probed(self, probe: Probe, found: bool | None) -> None:
+    def probed(self, probe: Probe, found: Found | None) -> None:
         with self.lock:
             self._sched.probed(probe, found)
-            self._notify(more_work=found is not False)
+            self._notify(more_work=found is None or bool(found.ready))
+
+    def due(self) -> None:
+        """A due time a probe announced has come (the timer's): probe again now, not at
+        the next tick."""
+        with self.lock:
+            self._sched.due()
+            self._notify(more_work=True, everyone=True)
+
+    def due_in(self, seconds: float, job: Callable[[], object]) -> None:
+        """Call ``job`` (which calls ``due``) in ``seconds``, before the next tick, while
+        serving: one such wake at a time, the latest asked replacing the one before."""
+        with self.lock:
+            timer = self._timer if self._serving else None
+        if timer is not None:  # outside the lock: the timer has its own
+            when = datetime.now(UTC) + timedelta(seconds=seconds)
+            timer.add_job(job, "date", run_date=when, id="due", replace_existing=True)
 
     def claim_broke(self, claim: Claim) -> None:
         """A claim ended in something unexpected: its slot is freed."""
@@ -220,14 +247,33 @@ class Books(Generic[L]):
             self._notify(more_work=step is not None)
             return self._sched.stopping
 
-    def finished(self, step: Step[L], outcome: StepOutcome) -> bool:
-        """A step is over; False when step_timeout had counted it already (not again)."""
+    def reserve(self, lease: LeaseCore[Any], phase: str) -> Handler | None:
+        """A ``Carrier``: the handler that takes ``lease``'s document on in ``phase`` at
+        once, its budget counted (``Scheduler.carry``), or None: release it."""
+        with self.lock:
+            handler = steps.carry_target(self._sched.handlers, lease.collection, phase)
+            if handler is None or not self._sched.carry(handler, str(lease.id)):
+                return None
+            return handler
+
+    def finished(self, step: Step[L], outcome: StepOutcome, carried: Step[L] | None = None) -> bool:
+        """A step is over; False when step_timeout had counted it already (not again).
+        ``carried``: the next step its release took the lease on into, which keeps its
+        slot and is running from now on."""
         with self.lock:
             if step.abandoned:
                 return False
             self._stats[outcome.value] += 1  # plain names: stats() prints and serialises as before
             del self._running[step.lease.token]
-            self._sched.finished(outcome)
+            left = step.lease.outcome
+            wakes = left is None or not isinstance(left.phase, str) or outcome in _UNKNOWN_PHASE
+            if not wakes:
+                assert left is not None and isinstance(left.phase, str)
+                wakes = steps.could_take(self._sched.handlers, step.lease.collection, left.phase)
+            self._sched.finished(outcome, carried=carried is not None, wakes=wakes)
+            if carried is not None:
+                self._stats["carried"] += 1
+                self._running[carried.lease.token] = carried
             self._notify(more_work=False)  # its worker takes the next action itself
             return True
 

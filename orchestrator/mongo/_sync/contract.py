@@ -15,7 +15,9 @@ from datetime import datetime
 from typing import Any, Protocol
 
 from orchestrator.core.pauses import Pause
+from orchestrator.core.queries import Matches
 from orchestrator.core.replicas import ReplicaRecord
+from orchestrator.core.scheduler import Found
 from orchestrator.mongo.common import Document
 
 __all__ = ["LeaseStore"]
@@ -48,15 +50,27 @@ class LeaseStore(Protocol):
         claiming at once exactly one gets each document. ``seen`` gets the document as it
         was before the claim. A lost reply may leave a claim applied: that lease expires."""
 
-    def has_claimable(
+    def probe(
         self,
-        name: str,
-        matches: Sequence[tuple[Mapping[str, Any], Mapping[str, Any] | None]],
+        groups: Sequence[tuple[str, Matches]],
         now: datetime,
         horizon: float,
-    ) -> bool:
-        """Whether any of these (match, exclusion) pairs would claim a document now; one
-        read, no write."""
+        pauses_collection: str | None = None,
+    ) -> Found:
+        """For (collection, its handlers' (match, exclusion) pairs) groups: the handlers
+        (numbered across the groups in order) that would claim a document now (where the
+        server cannot tell them apart, every handler of a collection with work), and the
+        earliest time a document they select comes due after ``now`` (None when the
+        server cannot say), and with ``pauses_collection`` the operators' pauses (None
+        when it cannot read them with the rest); one read if the server can
+        (``$unionWith``), else one per collection; never a write."""
+
+    def carry(
+        self, name: str, query: Mapping[str, Any], update: Mapping[str, Any]
+    ) -> Document | None:
+        """A fenced update that takes the lease on for the next step: the document as it
+        left it, or None when ``query`` matched nothing. A lost reply may leave it applied
+        (that lease expires unused)."""
 
     def write(self, name: str, query: Mapping[str, Any], update: Mapping[str, Any]) -> bool:
         """A fenced update; False when ``query`` matched nothing (the lease is not the

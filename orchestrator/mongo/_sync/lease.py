@@ -163,9 +163,20 @@ class Lease(LeaseCore[R]):
     # -- internals -------------------------------------------------------------------------
 
     def _write(self, write: Write, outcome: Outcome) -> Outcome:
-        """A releasing write by the handler, serialised with the heartbeat's extends."""
+        """A releasing write by the handler, serialised with the heartbeat's extends. An
+        unlock or advance into work this replica does next carries the lease on in the
+        same write (``_carry_plan``); if that finds the document changed from outside
+        (or the lease lost), the plain write decides, as it would have alone."""
         with self._lock:
             self._check_allowed(write.action)
+            carry = self._carry_plan(write)
+            if carry is not None:
+                doc = self._store.carry(self.collection, carry.fence, carry.update)
+                if doc is not None:
+                    carry.doc = doc
+                    self._carried(write, outcome, carry)
+                    assert self.outcome is not None
+                    return self.outcome
             return self._apply(write, outcome)
 
     def _apply(self, write: Write, outcome: Outcome) -> Outcome:

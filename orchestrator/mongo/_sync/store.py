@@ -43,6 +43,7 @@ from orchestrator.core.errors import ConfigError, StoreError
 from orchestrator.core.queries import as_utc
 from orchestrator.core.redact import redact
 from orchestrator.core.replicas import REPLICAS_COLLECTION, ReplicaRecord
+from orchestrator.core.scheduler import Found
 from orchestrator.core.settings import DEFAULT_DATABASE
 from orchestrator.mongo import common
 from orchestrator.mongo.common import COMMAND_NOT_FOUND, Document, driver_errors
@@ -82,6 +83,7 @@ class Store:
         self._audit_indexed: set[str] = set()
         self._lock = threading.Lock()
         self._legacy_hello = False
+        self._no_union = False  # the server lacks $unionWith: a probe per collection
 
     @property
     def database(self) -> Database[Document]:
@@ -166,23 +168,63 @@ class Store:
             seen(before)
         return queries.claimed(before, update)
 
-    def has_claimable(
+    def probe(
         self,
-        name: str,
-        matches: Sequence[tuple[Mapping[str, Any], Mapping[str, Any] | None]],
+        groups: Sequence[tuple[str, queries.Matches]],
         now: datetime,
         horizon: float,
-    ) -> bool:
-        """One read: could any of these handlers' claims find a document now?
+        pauses_collection: str | None = None,
+    ) -> Found:
+        """One read: which handlers (numbered across ``groups`` in order) could claim a
+        document now, and when the next one comes due (a lease or a wait running out) if
+        nobody writes; with ``pauses_collection``, the operators' pauses too.
 
-        An idle replica asks this once per collection instead of trying one claim per
-        handler, and it writes nothing, so idling costs the server one indexed read.
+        An idle replica asks this once per tick for all its collections (one
+        aggregation joined by ``$unionWith``) instead of a claim per handler, so idling
+        writes nothing. A server without ``$unionWith`` (before 4.4) is asked with one
+        read per collection from then on, without the due time or the pauses.
         """
-        with driver_errors(f"probe {name}"):
-            found = self.collection(name).find_one(
-                queries.probe_filter(matches, now, horizon), queries.PROBE_PROJECTION
+        if not groups:
+            return Found(frozenset(), None)
+        if not self._no_union:
+            with driver_errors("probe"):
+                try:
+                    read = (
+                        None if pauses_collection is None else (pauses_collection, self.MAX_PAUSES)
+                    )
+                    cursor = self.collection(groups[0][0]).aggregate(
+                        queries.probe_pipeline(groups, now, horizon, read)
+                    )
+                    return common.found(cursor.to_list(), read is not None)
+                except OperationFailure as exc:
+                    if not common.unknown_stage(exc):
+                        raise
+                    self._no_union = True
+        ready: set[int] = set()
+        first = 0
+        for name, matches in groups:
+            with driver_errors(f"probe {name}"):
+                doc = self.collection(name).find_one(
+                    queries.probe_filter(matches, now, horizon), queries.PROBE_PROJECTION
+                )
+            if doc is not None:  # one of them: each claims to find out which
+                ready.update(range(first, first + len(matches)))
+            first += len(matches)
+        return Found(frozenset(ready), None)
+
+    def carry(
+        self, name: str, query: Mapping[str, Any], update: Mapping[str, Any]
+    ) -> Document | None:
+        """A fenced write that also takes the lease on (``queries.carry_update``): the
+        document as it stored it (its history cut as a claim reads it), or None when
+        ``query`` matched nothing. One command, as the release alone was."""
+        with driver_errors(f"write to {name}/{query.get('_id')}"):
+            return self.collection(name).find_one_and_update(
+                dict(query),
+                dict(update),
+                projection=history.CLAIM_PROJECTION,
+                return_document=ReturnDocument.AFTER,
             )
-        return found is not None
 
     def write(self, name: str, query: Mapping[str, Any], update: Mapping[str, Any]) -> bool:
         """A fenced write (``query`` from ``queries.fenced``); False when it matched nothing,

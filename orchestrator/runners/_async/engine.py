@@ -12,8 +12,10 @@ places ``_IS_SYNC`` marks. A step's life is ``steps``'s, the replica's record
 from __future__ import annotations
 
 import logging
+import random
 import time
 from collections.abc import Callable, Iterable, Mapping
+from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 from pymongo.asynchronous.database import AsyncDatabase
@@ -109,6 +111,7 @@ class AsyncOrchestrator:
             settings=self.settings,
             report=self._report,
             apply=self._books.pause,
+            clock=local,
         )
         self._registration = Registration(
             Registry(self.settings), self._calls.check, self._registered
@@ -123,6 +126,8 @@ class AsyncOrchestrator:
             report=self._report,
             crew=self._crew,
             calls=self._calls,
+            on_due=self._come_due,
+            on_pauses=self._pauses.seen,
         )
         self._record = AsyncReplicaRecorder(
             store=self._store,
@@ -285,7 +290,7 @@ class AsyncOrchestrator:
         extended."""
         self._crew.enter()
         extended = await self._steps.heartbeat()
-        await self._pauses.read()
+        await self._pauses.read(unless_fresh=True)
         await self._record.refresh()
         return extended
 
@@ -309,7 +314,15 @@ class AsyncOrchestrator:
         await self._pauses.read()  # a replica starting never claims paused work
         await self._record.begin()
         timer = self._crew.timer()
-        timer.add_job(self._background_tick, "interval", seconds=self.settings.tick, id="tick")
+        tick = self.settings.tick
+        timer.add_job(
+            self._background_tick,
+            "interval",
+            seconds=tick,
+            jitter=tick * self.settings.tick_jitter,
+            start_date=datetime.now(UTC) + timedelta(seconds=random.uniform(0, tick)),
+            id="tick",
+        )
         timer.add_job(
             self._safe_heartbeat,
             "interval",
@@ -325,6 +338,10 @@ class AsyncOrchestrator:
     async def _background_tick(self) -> None:
         self._tick_clock()
         self._books.tick()
+
+    async def _come_due(self) -> None:
+        """A due time a probe announced has come: look now rather than at the next tick."""
+        self._books.due()
 
     def request_stop(self) -> None:
         """Stop claiming now, without waiting (safe from a signal handler; in the async

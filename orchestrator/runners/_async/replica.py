@@ -1,6 +1,7 @@
 """This replica's record in the replicas collection, for operators: who runs, since when,
-with which settings and which steps. Written at ``start()``, at every heartbeat while
-started, and removed at ``stop()``; the sync twin is generated (``scripts/synchro.py``).
+with which settings and which steps. Written at ``start()``, then at a heartbeat every
+``replicas.RECORD_INTERVAL`` while started (an idle replica's only write), and removed at
+``stop()``; the sync twin is generated (``scripts/synchro.py``).
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ class AsyncReplicaRecorder:
         self._recorded = False  # the record was written since start()
         self._started_at: datetime | None = None
         self._indexed = False  # the records' TTL index was made
+        self._written: datetime | None = None  # when the record was last written
 
     def record(self, now: datetime) -> replicas.ReplicaRecord:
         """This replica as it records itself at ``now``, with the steps it runs."""
@@ -108,21 +110,32 @@ class AsyncReplicaRecorder:
         with self._lock:
             self._recording = True
             self._recorded = False
+            self._written = None
             self._started_at = self._clock.now()
         await self.refresh()
 
     async def refresh(self) -> None:
-        """Write the record (while started)."""
+        """Write the record (while started), if ``RECORD_INTERVAL`` has passed since the
+        last write: a heartbeat's other work comes more often."""
         with self._lock:
             recording = self._recording
+            last = self._written
         if not recording or not self._clock.measured:
             return
+        now = self._clock.now()
+        since = None if last is None else (now - last).total_seconds()
+        if (
+            since is not None
+            and since >= 0
+            and not replicas.record_due(since, self._settings.lock_timeout)
+        ):
+            return  # a clock gone back (since < 0) writes at once: it cannot wait for it
         name = self._settings.replicas_collection
         try:
             if not self._indexed:
                 await self._store.ensure_replica_index(name)
                 self._indexed = True
-            previous = await self._store.record_replica(self.record(self._clock.now()), name)
+            previous = await self._store.record_replica(self.record(now), name)
         except OrchestratorError as exc:
             self._books.count("replica_errors")
             self._report.line(
@@ -133,6 +146,7 @@ class AsyncReplicaRecorder:
             return
         self._books.count("replica_records")
         with self._lock:
+            self._written = now
             stopped = not self._recording
             # Another process wrote under this replica id since this one's last record
             # (a dead namesake cannot: its record is only there before the first write).

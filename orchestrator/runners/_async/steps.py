@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -22,8 +23,9 @@ from orchestrator.core.errors import LeaseLost, StoreError
 from orchestrator.core.lease import Outcome
 from orchestrator.core.operator import id_json_or_text
 from orchestrator.core.outcomes import StepOutcome
+from orchestrator.core.pauses import Pause
 from orchestrator.core.registry import Handler
-from orchestrator.core.scheduler import Action, Claim, Probe
+from orchestrator.core.scheduler import Action, Claim, Found, Probe
 from orchestrator.core.settings import Settings
 from orchestrator.core.steps import StepTimeout, describe
 from orchestrator.core.validation import explain
@@ -41,6 +43,9 @@ __all__ = ["AsyncSteps"]
 Held = AsyncLease[Any]
 """A step's lease (its resource type is the handler's business)."""
 
+_CARRYING = (StepOutcome.UNLOCKED, StepOutcome.ADVANCED)
+"""The outcomes of a step whose release may have carried its lease into the next step."""
+
 
 class AsyncSteps:
     """One replica's steps, carried out on its ``store`` under its ``books``."""
@@ -57,6 +62,8 @@ class AsyncSteps:
         report: Reporter,
         crew: AsyncWorkers,
         calls: AsyncHandlerCalls,
+        on_due: Callable[[], object],
+        on_pauses: Callable[[list[Pause]], None],
     ) -> None:
         self._engine = engine  # what a step's context names (``IN_STEP``)
         self._store = store
@@ -67,6 +74,8 @@ class AsyncSteps:
         self._report = report
         self._crew = crew
         self._calls = calls
+        self._on_due = on_due  # the timer's job when a due time comes (``_wake_when_due``)
+        self._on_pauses = on_pauses  # told the pauses a probe read with its answer
 
     # -- the server's clock -------------------------------------------------------------
 
@@ -107,21 +116,38 @@ class AsyncSteps:
         return await self._claim_and_run(action)
 
     async def _probe(self, probe: Probe) -> None:
-        found: bool | None = None  # on a StoreError the claims meet it too and report it
+        found: Found | None = None  # on a StoreError the claims meet it too and report it
         started = self._local.monotonic()
         try:
-            found = await self._store.has_claimable(
-                probe.collection,
-                [(h.match, h.exclusion) for h in probe.handlers],
+            found = await self._store.probe(
+                probe.groups(),
                 self._judgement_time(),
                 self._settings.horizon,
+                self._settings.pauses_collection,
             )
+            if found.pauses is not None:
+                self._on_pauses(found.pauses)  # before its answer: no paused handler claims
         except StoreError:
             pass
         finally:
             self._books.probed(probe, found)
         took = self._local.monotonic() - started
-        self._report.probed(probe.collection, probe.handlers, found, took)
+        if found is not None and found.next_due is not None:
+            self._wake_when_due(found.next_due)
+        for collection in probe.collections:
+            members = tuple(h for h in probe.handlers if h.collection == collection)
+            ready = None
+            if found is not None:
+                ready = any(probe.handlers.index(h) in found.ready for h in members)
+            self._report.probed(collection, members, ready, took)
+
+    def _wake_when_due(self, due: datetime) -> None:
+        """Probe again when the earliest document the probe saw comes due, if that is
+        before the next tick: an idle replica asks once per tick, yet a short wait ends
+        on time. Judged as the probe judged it (``_judgement_time``)."""
+        delay = (due - self._judgement_time()).total_seconds()
+        if 0 < delay < self._settings.tick:
+            self._books.due_in(delay, self._on_due)
 
     async def _claim_and_run(self, claim: Claim) -> bool:
         try:
@@ -132,12 +158,54 @@ class AsyncSteps:
         stopping = self._books.claimed(claim, step)
         if step is None:
             return True
-        self._report.claimed(step)
-        outcome = await self._run(step, stopping)
-        if outcome is None or not self._books.finished(step, outcome):
-            return False  # step_timeout counted it and freed its slot: not counted again
-        self._report.finished(step, outcome)
-        return True
+        while True:
+            self._report.claimed(step)
+            outcome = await self._run(step, stopping)
+            carried = self._carried(step, outcome)
+            if carried is not None and outcome not in _CARRYING:
+                # The step ended otherwise (its error could not be recorded): what its
+                # release carried on is handed back, not run.
+                await self._hand_back(carried.lease, f"its previous step ended {outcome}")
+                carried = None
+            if outcome is None or not self._books.finished(step, outcome, carried):
+                # step_timeout counted it and freed its slot: not counted again; a lease
+                # its release carried on is handed back, not run by a worker let go.
+                if carried is not None:
+                    await self._hand_back(carried.lease, "its step was taken back")
+                return False
+            self._report.finished(step, outcome)
+            if carried is None:
+                return True
+            step, stopping = carried, self._books.stopping
+
+    def _carried(self, step: Step[Held], outcome: StepOutcome | None) -> Step[Held] | None:
+        """The next step ``step``'s release carried its lease on into (one write instead of
+        a release and a claim), or None. Its document is as that write left it; it is due
+        since it was carried, so its claim latency is nil."""
+        carry = step.lease.carried
+        if carry is None:
+            return None
+        lease = self._lease(carry.handler, carry.doc, carry.token, carry.claimed_at)
+        return Step(lease, self._books.next_number(), self._local.monotonic(), 0.0)
+
+    def _lease(
+        self, handler: Handler, doc: dict[str, Any], token: str, now: datetime, **more: Any
+    ) -> Held:
+        """A lease this replica holds on ``doc`` from ``now`` for ``handler``'s step, which
+        may carry itself on into the next step (``Books.reserve``)."""
+        lease: Held = AsyncLease(
+            store=self._store,
+            clock=self._clock,
+            settings=self._settings,
+            handler=handler,
+            doc=doc,
+            token=token,
+            claimed_at=now,
+            expires_at=now + timedelta(seconds=self._settings.lock_timeout),
+            **more,
+        )
+        lease.carrier = self._books.reserve
+        return lease
 
     async def _claim(self, handler: Handler) -> Step[Held] | None:
         """Claim a document for ``handler``: its step, not started, or None."""
@@ -179,17 +247,7 @@ class AsyncSteps:
             return None
         if doc is None:
             return None
-        lease: Held = AsyncLease(
-            store=self._store,
-            clock=self._clock,
-            settings=self._settings,
-            handler=handler,
-            doc=doc,
-            token=token,
-            claimed_at=now,
-            expires_at=until,
-            taken_from=taken[0] if taken else None,
-        )
+        lease = self._lease(handler, doc, token, now, taken_from=taken[0] if taken else None)
         if lease.taken_from is not None:
             await self._taken_over(lease, now)
         latency = steps.claim_latency(now, due[0] if due else None)

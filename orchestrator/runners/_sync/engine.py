@@ -13,8 +13,10 @@ places ``_IS_SYNC`` marks. A step's life is ``steps``'s, the replica's record
 from __future__ import annotations
 
 import logging
+import random
 import time
 from collections.abc import Callable, Iterable, Mapping
+from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 from pymongo.synchronous.database import Database
@@ -110,6 +112,7 @@ class Orchestrator:
             settings=self.settings,
             report=self._report,
             apply=self._books.pause,
+            clock=local,
         )
         self._registration = Registration(
             Registry(self.settings), self._calls.check, self._registered
@@ -124,6 +127,8 @@ class Orchestrator:
             report=self._report,
             crew=self._crew,
             calls=self._calls,
+            on_due=self._come_due,
+            on_pauses=self._pauses.seen,
         )
         self._record = ReplicaRecorder(
             store=self._store,
@@ -284,7 +289,7 @@ class Orchestrator:
         extended."""
         self._crew.enter()
         extended = self._steps.heartbeat()
-        self._pauses.read()
+        self._pauses.read(unless_fresh=True)
         self._record.refresh()
         return extended
 
@@ -308,7 +313,15 @@ class Orchestrator:
         self._pauses.read()  # a replica starting never claims paused work
         self._record.begin()
         timer = self._crew.timer()
-        timer.add_job(self._background_tick, "interval", seconds=self.settings.tick, id="tick")
+        tick = self.settings.tick
+        timer.add_job(
+            self._background_tick,
+            "interval",
+            seconds=tick,
+            jitter=tick * self.settings.tick_jitter,
+            start_date=datetime.now(UTC) + timedelta(seconds=random.uniform(0, tick)),
+            id="tick",
+        )
         timer.add_job(
             self._safe_heartbeat,
             "interval",
@@ -324,6 +337,10 @@ class Orchestrator:
     def _background_tick(self) -> None:
         self._tick_clock()
         self._books.tick()
+
+    def _come_due(self) -> None:
+        """A due time a probe announced has come: look now rather than at the next tick."""
+        self._books.due()
 
     def request_stop(self) -> None:
         """Stop claiming now, without waiting (safe from a signal handler; in the async

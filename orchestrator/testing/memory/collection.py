@@ -29,6 +29,7 @@ from orchestrator.testing.memory.server_rules import (
     expire_by_server_clock,
     limit_document_size,
     missing_through_scalars,
+    union_with,
 )
 
 if TYPE_CHECKING:
@@ -60,6 +61,7 @@ class MemoryCollection:
             accelerate(collection)
             limit_document_size(collection)
             missing_through_scalars()
+            union_with()
 
     @property
     def name(self) -> str:

@@ -1,7 +1,8 @@
 """What a server does to stored documents that mongomock does differently or not at all.
 
 (A dotted path through a value that is no document reads as missing on a server, as
-``missing_through_scalars`` makes it in mongomock's filtering.)
+``missing_through_scalars`` makes it in mongomock's filtering; ``union_with`` adds the
+``$unionWith`` stage mongomock's aggregation lacks.)
 
 Two rules are grafted onto each mongomock collection the proxies reach: a TTL index
 expires documents by the server's clock, once a minute, as a server's TTL monitor does
@@ -17,6 +18,7 @@ from typing import Any, cast
 
 import bson
 from bson import ObjectId
+from mongomock import aggregate as mongomock_aggregate
 from mongomock import filtering
 from pymongo.errors import DocumentTooLarge, DuplicateKeyError, OperationFailure, WriteError
 
@@ -32,6 +34,7 @@ __all__ = [
     "missing_through_scalars",
     "refuse_push_onto_non_arrays",
     "slice_projection",
+    "union_with",
 ]
 
 MAX_BSON_SIZE = 16 * 1024 * 1024
@@ -175,6 +178,30 @@ def missing_through_scalars() -> None:
 
     candidates._server_rules = True  # type: ignore[attr-defined]
     filtering.iter_key_candidates = candidates
+
+
+def union_with() -> None:
+    """Teach mongomock's aggregation ``$unionWith`` (MongoDB 4.4): the documents so far,
+    then those of the named collection through its own pipeline, as a server answers the
+    orchestrator's probe of every collection in one read (once, for the process:
+    mongomock's pipeline stages are module-wide)."""
+    handlers: dict[str, Any] = vars(mongomock_aggregate)["_PIPELINE_HANDLERS"]
+    if handlers.get("$unionWith") is not None:
+        return
+
+    def union(collection: Any, database: Any, options: Any) -> list[Any]:
+        if isinstance(options, str):
+            name, pipeline = options, []
+        elif isinstance(options, Mapping) and isinstance(options.get("coll"), str):
+            name, pipeline = options["coll"], list(options.get("pipeline", []))
+        else:
+            raise OperationFailure("$unionWith needs a collection name", 40414)
+        other = [dict(doc) for doc in database.get_collection(name).find()]
+        process: Any = mongomock_aggregate.process_pipeline
+        added = process(other, database, pipeline, None)
+        return [*collection, *added]
+
+    handlers["$unionWith"] = union
 
 
 def slice_projection(kwargs: dict[str, Any]) -> Any:
