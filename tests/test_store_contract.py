@@ -793,9 +793,6 @@ async def test_connect_gives_the_named_database_of_a_reachable_server(
 def test_a_server_without_union_with_is_probed_per_collection_from_then_on() -> None:
     """Before 4.4 (and on servers that lack the stage) the probe falls back to one read per
     collection, found by the server's refusal once, not at every tick."""
-    from orchestrator.mongo import Store
-    from orchestrator.testing import memory_database
-
     db = memory_database()
     db["jobs"].insert_one({"_id": 1, "phase": "A", "lockedUntil": EPOCH})
     store = Store(db)
