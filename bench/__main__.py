@@ -6,6 +6,9 @@ Markdown table. Only with ``--out`` does it write files: the table there, the JS
 and the PNG plot next to it (the committed ones are ``--size full --out docs/benchmarks.md``,
 run on a quiet machine). ``full`` (the default) takes a few minutes; set MONGODB_URI to add
 the real-server figure (7).
+
+``uv run python -m bench contention`` is the contention benchmark on your own MongoDB
+(``bench/contention.py``: its options with ``--help``).
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench import figures, report
+from bench import contention, figures, report
 
 
 def run(size_name: str) -> dict[str, Any]:
@@ -101,6 +104,9 @@ NOTES = [
 
 
 def main(argv: list[str] | None = None) -> int:
+    given = sys.argv[1:] if argv is None else argv
+    if given[:1] == ["contention"]:
+        return contention.main(given[1:])
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     parser.add_argument("--size", choices=sorted(figures.SIZES), default="full")
     parser.add_argument(
@@ -109,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="write the table here and the .json/.png beside it (default: print only)",
     )
-    args = parser.parse_args(argv)
+    args = parser.parse_args(given)
     results = run(args.size)
     text = report.markdown(results, NOTES)
     out: Path | None = args.out
