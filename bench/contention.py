@@ -13,7 +13,7 @@ fenced on the claim's token (``queries.fenced``), both at the library's default 
 release keeps ``updatedAt``, as an unlock does, so the released document is the head of the
 queue again: every client aims at the same few documents, the regime where MongoDB retries
 conflicting writes inside the server (issue 19). Before the sweep one client measures each
-command kind alone (``ping``, the idle probe's ``find``, an aggregate, sorted and targeted
+command kind alone (``ping``, a probe's ``find``, the tick's probe aggregate, sorted and targeted
 claims, releases; writes at "majority" and at w:1): the calibration's sources.
 
 The clients are asyncio tasks on one ``AsyncMongoClient`` whose pool holds one connection
@@ -89,8 +89,8 @@ the dynamic adjustment from 7.0)."""
 
 PROBES: dict[str, str] = {
     "ping": "`ping`: the round trip",
-    "read": "`AsyncStore.has_claimable`: the idle probe's `find` (limit 1, `_id` only)",
-    "aggregate": "the idle probe's filter as a pipeline (`$match`, `$limit` 1, `$project`)",
+    "read": "a `find` of the claim filter (limit 1, `_id` only): the probe per collection",
+    "aggregate": "`AsyncStore.probe`: the tick's one probe (`$unionWith` of its branches)",
     "claim_sorted": "`AsyncStore.claim`: the sorted `find_one_and_update`, w: majority",
     "claim_sorted_w1": "the same claim, w: 1",
     "claim_targeted": "`AsyncStore.claim` of one `_id` (a targeted claim), w: majority",
@@ -232,12 +232,6 @@ class Bench:
         machine's mood spreads over all of them alike. ``target``: the targeted claims'
         document, at the tail of the queue (the sorted claims take its head)."""
         times: dict[str, list[float]] = {kind: [] for kind in PROBES}
-        probe = queries.probe_filter([(MATCH, None)], self.clock.now(), self.settings.horizon)
-        pipeline: list[dict[str, Any]] = [
-            {"$match": probe},
-            {"$limit": 1},
-            {"$project": queries.PROBE_PROJECTION},
-        ]
         coll = self.store.collection(self.name)
 
         async def timed(kind: str, command: Callable[..., Awaitable[T]], *args: Any) -> T:
@@ -246,14 +240,14 @@ class Bench:
             times[kind].append(time.perf_counter() - began)
             return result
 
-        async def aggregate() -> list[Any]:
-            return await (await coll.aggregate(pipeline)).to_list()
-
-        async def read() -> bool:
+        async def aggregate() -> Any:
             now = self.clock.now()
-            return await self.store.has_claimable(
-                self.name, [(MATCH, None)], now, self.settings.horizon
-            )
+            groups = [(self.name, [(MATCH, None)])]
+            return await self.store.probe(groups, now, self.settings.horizon)
+
+        async def read() -> Any:
+            probe = queries.probe_filter([(MATCH, None)], self.clock.now(), self.settings.horizon)
+            return await coll.find_one(probe, queries.PROBE_PROJECTION)
 
         for _ in range(samples):
             await timed("ping", self.db.command, "ping")
