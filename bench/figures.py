@@ -38,7 +38,7 @@ from bench.workloads import (
     release_update,
 )
 from orchestrator import AsyncLease, AsyncOrchestrator, Lease, Orchestrator, Outcome
-from orchestrator.core import queries
+from orchestrator.core import queries, replicas
 from orchestrator.core.clock import SystemClock
 from orchestrator.core.settings import Settings
 from orchestrator.mongo import AsyncStore, Store
@@ -180,7 +180,7 @@ def _sync_pair(size: Size, concurrency: int) -> dict[str, Any]:
     bare_db.meter.reset()
     started, cpu_started = time.perf_counter(), time.process_time()
     with ThreadPoolExecutor(concurrency) as pool:
-        bare_counts = list(pool.map(lambda _: _bare_loop(store, work, clock), range(concurrency)))
+        bare_counts = list(pool.map(lambda _: bare_loop(store, work, clock), range(concurrency)))
     bare_wall, bare_cpu = time.perf_counter() - started, time.process_time() - cpu_started
     bare_ops, bare_in_db = bare_db.meter.snapshot()
     bare = (bare_wall, bare_cpu, sum(bare_counts), bare_in_db, sum(bare_ops.values()))
@@ -217,7 +217,7 @@ async def _async_pair_on_loop(size: Size, concurrency: int) -> dict[str, Any]:
     await seeder.ensure_indexes()
     bare_db.meter.reset()
     started, cpu_started = time.perf_counter(), time.process_time()
-    loops = [_abare_loop(store, work, clock) for _ in range(concurrency)]
+    loops = [abare_loop(store, work, clock) for _ in range(concurrency)]
     bare_counts = await asyncio.gather(*loops)
     bare_wall, bare_cpu = time.perf_counter() - started, time.process_time() - cpu_started
     bare_ops, bare_in_db = bare_db.meter.snapshot()
@@ -253,7 +253,7 @@ def steps_run(stats: dict[str, int]) -> int:
     return stats.get("claimed", 0) + stats.get("carried", 0)
 
 
-def _bare_loop(store: Store, step: Step, clock: FakeClock) -> int:
+def bare_loop(store: Store, step: Step, clock: FakeClock) -> int:
     """The least a loop can send per step: a claim for a document's first step, then one
     write per step, each carrying the lease on into the next (the last releases)."""
     done = 0
@@ -275,8 +275,8 @@ def _bare_loop(store: Store, step: Step, clock: FakeClock) -> int:
             return done
 
 
-async def _abare_loop(store: AsyncStore, step: Step, clock: FakeClock) -> int:
-    """``_bare_loop`` on the async store: the same operations, awaited."""
+async def abare_loop(store: AsyncStore, step: Step, clock: FakeClock) -> int:
+    """``bare_loop`` on the async store: the same operations, awaited."""
     done = 0
     while True:
         token = secrets.token_hex(8)
@@ -433,15 +433,61 @@ def batch(size: Size, replicas: int = 3) -> dict[str, Any]:
     return results
 
 
+# -- 10: commands per completed step --------------------------------------------------------------
+
+
+def commands_per_step(size: Size, replicas_n: int = 3) -> dict[str, Any]:
+    """Every command the library sends (claims, carried writes, releases, probes, the
+    clock's ``hello``; not the submits), per completed step, while ``replicas_n`` replicas
+    drain workflows of 3 and of 5 steps; beside it, the classic pattern's."""
+    docs = min(size.batch_docs, 300)
+    rows = []
+    for length in (3, 5):
+        phases = [f"S{n}" for n in range(1, length + 1)]
+        row: dict[str, Any] = {"documents": docs, "steps": length, "replicas": replicas_n}
+        for side in ("orchestrator", "baseline"):
+            clock = FakeClock()
+            db = fresh(clock)
+            tally = Tally()
+            steps = finishing(chain("work", phases), tally)
+            seeder = replica(db, clock, "seed", clock_refresh=1e6)
+            _fill(seeder, docs, phases[0], "work")
+            runs: list[Callable[[], Any]] = []
+            for n in range(replicas_n):
+                if side == "orchestrator":
+                    orch = replica(db, clock, f"pod-{n}")
+                    register(orch, steps)
+                    orch.ensure_indexes()
+                    orch.measure_clock()
+                    runs.append(orch.run_once)
+                else:
+                    runs.append(ClassicReplica(db, steps, clock, f"pod-{n}").tick)
+            db.meter.reset()
+            _simulate(runs, clock, partial(_drained, tally, docs))
+            counts, _seconds = db.meter.snapshot()
+            row[side] = sum(counts.values()) / (docs * length)
+            row[f"{side}_by_kind"] = counts
+        rows.append(row)
+    return {"rows": rows}
+
+
 # -- 5: idle cost -----------------------------------------------------------------------------
 
 
+IDLE_SHAPES = ((1, 1), (10, 1), (50, 1), (5, 5), (10, 5), (50, 5))
+"""Figure 5's rows: handlers, collections (the handlers spread evenly over them)."""
+
+_READS = frozenset({"find", "find_one", "aggregate", "count_documents", "list_indexes"})
+
+
 def idle_cost(size: Size) -> dict[str, Any]:
-    """Operations per idle replica per second, with 1, 10 and 50 handlers on one
-    collection, and 10 handlers spread over 5 collections; the clock refresh (one
-    ``hello`` a minute) is counted too."""
+    """Commands per idle replica per tick, every command counted, for 1 to 50 handlers on
+    1 and 5 collections: the orchestrator ``start()``-ed (its ticks, heartbeats and
+    record writes included), driven on a fake clock, against the classic pattern's tick.
+    Reads and writes are counted apart; the clock's ``hello`` (one a minute) is shown
+    apart too."""
     rows = []
-    for handlers, collections in ((1, 1), (10, 1), (50, 1), (10, 5)):
+    for handlers, collections in IDLE_SHAPES:
         row: dict[str, Any] = {"handlers": handlers, "collections": collections}
         for side in ("orchestrator", "baseline"):
             clock = FakeClock()
@@ -454,23 +500,62 @@ def idle_cost(size: Size) -> dict[str, Any]:
             for c in range(collections):
                 _fill(seeder, 20, "Done", f"idle{c}")
             if side == "orchestrator":
-                orch = replica(db, clock, "idle")  # default clock_refresh: 60 s
-                register(orch, steps)
-                orch.ensure_indexes()
-                run: Callable[[], Any] = orch.run_once
+                counts = _started_idle(db, clock, steps, size.idle_ticks)
             else:
-                run = ClassicReplica(db, steps, clock, "idle").tick
-            run()  # the first tick measures the clock and builds indexes: not idle cost
-            db.meter.reset()
-            for _ in range(size.idle_ticks):
-                clock.advance(TICK)
-                run()
-            ops, _seconds = db.meter.snapshot()
-            clock_ops = ops.pop("command:hello", 0)
-            row[side] = sum(ops.values()) / (size.idle_ticks * TICK)
-            row[f"{side}_clock"] = clock_ops / (size.idle_ticks * TICK)
+                classic = ClassicReplica(db, steps, clock, "idle")
+                classic.tick()
+                db.meter.reset()
+                for _ in range(size.idle_ticks):
+                    clock.advance(TICK)
+                    classic.tick()
+                counts, _seconds = db.meter.snapshot()
+            ticks = size.idle_ticks
+            hello = counts.pop("command:hello", 0)
+            reads = sum(v for k, v in counts.items() if k in _READS)
+            writes = sum(v for k, v in counts.items() if k not in _READS)
+            row[side] = (reads + writes) / ticks
+            row[f"{side}_reads"] = reads / ticks
+            row[f"{side}_writes_per_10s"] = writes / (ticks * TICK) * 10
+            row[f"{side}_clock"] = hello / (ticks * TICK)
         rows.append(row)
     return {"tick_s": TICK, "ticks": size.idle_ticks, "rows": rows}
+
+
+def _quiet(orch: Orchestrator) -> None:
+    """Wait (in real time, on the workers' threads) until the tick is over."""
+    deadline = time.monotonic() + 10
+    while not orch._books.once_over():
+        if time.monotonic() > deadline:
+            raise RuntimeError("the idle tick did not end within 10 s")
+        time.sleep(0.001)
+
+
+def _started_idle(
+    db: CountingDatabase, clock: FakeClock, steps: Sequence[Step], ticks: int
+) -> dict[str, int]:
+    """A started replica's commands over ``ticks`` idle ticks: its timer is paused and its
+    jobs run here on the fake clock (a tick every second, a heartbeat every
+    ``refresh_interval``), so the count covers all it sends, in no real time."""
+    orch = replica(db, clock, "idle")  # default clock_refresh: 60 s
+    register(orch, steps)
+    orch.start()
+    timer = orch._books.timer
+    assert timer is not None
+    timer.pause()
+    _quiet(orch)
+    interval = replicas.refresh_interval(orch.settings.lock_timeout)
+    db.meter.reset()
+    beats = 0
+    for n in range(1, ticks + 1):
+        clock.advance(TICK)
+        orch._background_tick()
+        _quiet(orch)
+        if n * TICK >= (beats + 1) * interval:
+            beats += 1
+            orch.heartbeat()
+    counts, _seconds = db.meter.snapshot()
+    orch.stop(timeout=5)
+    return counts
 
 
 # -- 6: pickup latency ---------------------------------------------------------------------------

@@ -19,6 +19,7 @@ from typing import Any
 _OPERATIONS = frozenset(
     {
         "find_one_and_update",
+        "find_one_and_replace",
         "find_one",
         "find",
         "update_one",
@@ -30,6 +31,7 @@ _OPERATIONS = frozenset(
         "count_documents",
         "aggregate",
         "create_index",
+        "list_indexes",
     }
 )
 

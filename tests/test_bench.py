@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from pymongo import MongoClient
 
-from bench import figures, report
+from bench import figures, instructions, report
 from bench.__main__ import main
 from orchestrator import Settings
 from tests.conftest import MONGODB_URI
@@ -34,6 +34,7 @@ def test_the_benchmark_writes_its_table_results_and_plot(
         "overhead",
         "latency",
         "batch",
+        "commands",
         "idle",
         "pickup",
         "intake",
@@ -61,11 +62,7 @@ def test_the_benchmark_writes_its_table_results_and_plot(
         assert overhead["engine"] == engine
         # The async database's calls are timed too: its steps spend time in the database.
         assert overhead["orchestrator_db_us"] > 0
-    assert [r["handlers"] for r in figures["idle"]["rows"]] == [1, 10, 50, 10]
-    for row in figures["idle"]["rows"]:
-        # The classic pattern sends one claim per handler per tick, by construction.
-        assert row["baseline"] == row["handlers"]
-        assert row["orchestrator"] <= row["collections"]
+    _check_idle_and_commands(results["figures"])
     batch = figures["batch"]
     assert batch["orchestrator"]["ticks"] >= 1
     # 30 documents x 3 steps at 9 claims a tick (3 replicas x 3 jobs) take 10+ ticks.
@@ -135,3 +132,32 @@ def test_figure_7_names_its_server_and_judges_the_plan_only_where_there_is_one(
         )
     assert row["index_scan"] and not row["in_memory_sort"], row["stages"]
     assert rendered["met"] == "yes"
+
+
+def _check_idle_and_commands(results: dict[str, Any]) -> None:
+    shapes = [(r["handlers"], r["collections"]) for r in results["idle"]["rows"]]
+    assert shapes == list(figures.IDLE_SHAPES)
+    for row in results["idle"]["rows"]:
+        # The classic pattern sends one claim per handler per tick, by construction; a
+        # started replica one read per tick, and its record every 10 s.
+        assert row["baseline"] == row["handlers"]
+        assert row["orchestrator_reads"] == 1
+        assert row["orchestrator_writes_per_10s"] <= 1
+    for row in results["commands"]["rows"]:
+        docs, steps = row["documents"], row["documents"] * row["steps"]
+        kinds = row["orchestrator_by_kind"]
+        # A claim per document, then one write per step: the last one releases.
+        assert kinds["update_one"] == docs
+        sent = kinds["find_one_and_update"] + kinds["update_one"]
+        assert docs + steps <= sent <= docs + steps + 10
+        assert row["baseline"] >= 2
+
+
+def test_the_instruction_count_reads_callgrinds_total_and_its_target_runs() -> None:
+    assert instructions.total("events: Ir\nsummary: 123456\n") == 123456
+    assert instructions.total("events: Ir\ntotals: 42\n") == 42
+    with pytest.raises(ValueError, match="no summary"):
+        instructions.total("events: Ir\n")
+    for side in instructions.SIDES:  # what runs under valgrind, run here without it
+        assert instructions.target(side, 2, True) == 2 * instructions.STEPS_PER_DOC
+        assert instructions.target(side, 2, False) == 0

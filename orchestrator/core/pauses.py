@@ -1,11 +1,12 @@
 """Operators' pauses: a collection, a phase of it, or one handler, paused on every replica.
 
 A pause is a document in ``Settings.pauses_collection`` (``orchestrator pause``, the page,
-``orchestrator.operations``). Every replica reads them all at each heartbeat (one read per
-refresh interval, never one per tick: an idle tick costs what it did) and claims nothing
-for a paused handler from then on; steps already running finish. So a pause takes hold
-within one heartbeat interval (``replicas.refresh_interval``), and each replica publishes
-the pauses it honours in its record, for operators to see it has.
+``orchestrator.operations``). Every replica reads them all with each tick's probe (in its
+one round trip: no read of their own), or at a heartbeat when no probe read them in the
+last interval, and claims nothing for a paused handler from then on; steps already
+running finish. So a pause takes hold within a tick, at most one heartbeat interval
+(``replicas.refresh_interval``), and each replica publishes the pauses it honours in its
+record, for operators to see it has.
 
 Everything here is pure; the store reads and writes them, the scheduler skips what they
 cover.

@@ -43,9 +43,9 @@ honours each)."""
 
 
 def refresh_interval(lock_timeout: float) -> float:
-    """Seconds between two heartbeats, and so between two refreshes of the record: often
-    enough to renew a lease in time (a sixth of the lock timeout), and at most
-    ``MAX_REFRESH``."""
+    """Seconds between two heartbeats: often enough to renew a lease in time (a sixth of
+    the lock timeout), and at most ``MAX_REFRESH`` (the record is written every
+    ``RECORD_INTERVAL``, at the heartbeat due then)."""
     return min(lock_timeout / 6, MAX_REFRESH)
 
 

@@ -14,7 +14,7 @@ The pages:
 
 - ``/``: documents per collection and phase (every count a link to its list), the
   handlers the live replicas run (each phase, handler and collection can be paused), the
-  replicas (a stale marker on one silent past two heartbeats), the latest leases taken
+  replicas (a stale marker on one silent past two record intervals), the latest leases taken
   over from dead replicas, the latest errors;
 - ``/documents``: the documents a filter selects, a page at a time (``browse.py``), and
   the bulk actions on them;

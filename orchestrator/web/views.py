@@ -149,7 +149,7 @@ class Fleet:
         return records.handler_names(self.replicas)
 
     def stale(self, record: ReplicaRecord) -> bool:
-        """Silent past two heartbeats (``ReplicaRecord.stale``), as of the report."""
+        """Silent past two record intervals (``ReplicaRecord.stale``), as of the report."""
         return record.stale(self.at)
 
     def honour(self, pause: Pause) -> tuple[list[str], list[str]]:
