@@ -121,6 +121,8 @@ def test_a_record_as_json_for_the_status_command_and_the_page() -> None:
         "cancelled_phase": "",
         "history": 0,
         "paused": [],
+        "claim_strategy": "",
+        "claim_candidates": 0,
     }
     assert json.loads(json.dumps(shown)) == shown
 

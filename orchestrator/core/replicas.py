@@ -84,6 +84,8 @@ class HandlerInfo:
     name: str
     key: str
     failed_phase: str
+    shard_key: tuple[str, ...] = ()
+    """The collection's shard key as the handler declares it (operators' changes name it)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -92,6 +94,7 @@ class HandlerInfo:
             "name": self.name,
             "key": self.key,
             "failedPhase": self.failed_phase,
+            "shardKey": list(self.shard_key),
         }
 
     @classmethod
@@ -103,6 +106,7 @@ class HandlerInfo:
             name=str(doc.get("name", "")),
             key=str(doc.get("key", "")),
             failed_phase=str(doc.get("failedPhase", "")),
+            shard_key=tuple(str(k) for k in doc.get("shardKey") or ()),
         )
 
 
@@ -132,6 +136,10 @@ class ReplicaRecord:
     history: int = 0
     paused: tuple[str, ...] = ()
     """The pauses this replica honours (their scopes, as ``Scope.describe`` says them)."""
+    claim_strategy: str = ""
+    """How its claims find documents (``Settings.claim_strategy``; "" from versions
+    before it was recorded), and how many candidates a peek reads."""
+    claim_candidates: int = 0
 
     def live(self, now: datetime) -> bool:
         """Whether the record is still live at ``now`` (the server's time)."""
@@ -183,6 +191,8 @@ class ReplicaRecord:
                 cancelled_phase=str(doc.get("cancelledPhase", "")),
                 history=_int(doc.get("history", 0)),
                 paused=tuple(str(p) for p in doc.get("paused") or ()),
+                claim_strategy=str(doc.get("claimStrategy", "")),
+                claim_candidates=_int(doc.get("claimCandidates", 0)),
             )
         except (KeyError, TypeError, ValueError, AttributeError):
             return None
@@ -208,6 +218,8 @@ class ReplicaRecord:
             "cancelled_phase": self.cancelled_phase,
             "history": self.history,
             "paused": list(self.paused),
+            "claim_strategy": self.claim_strategy,
+            "claim_candidates": self.claim_candidates,
         }
 
 
@@ -230,6 +242,8 @@ def new_record(
     cancelled_phase: str = "",
     history: int = 0,
     paused: Iterable[str] = (),
+    claim_strategy: str = "",
+    claim_candidates: int = 0,
 ) -> ReplicaRecord:
     """A replica's record as of ``now`` (its estimate of the server's time), live for
     ``record_ttl(lock_timeout)``."""
@@ -252,6 +266,8 @@ def new_record(
         cancelled_phase=cancelled_phase,
         history=history,
         paused=tuple(paused),
+        claim_strategy=claim_strategy,
+        claim_candidates=claim_candidates,
     )
 
 
@@ -364,6 +380,17 @@ def business_keys(records: Iterable[ReplicaRecord], collection: str) -> list[tup
             if name == collection:
                 seen[keys] = seen.get(keys, 0) + 1
     return sorted(seen, key=lambda keys: (-seen[keys], keys))
+
+
+def shard_key(records: Iterable[ReplicaRecord], collection: str) -> tuple[str, ...]:
+    """The shard key the live replicas' handlers declare for ``collection``, most handlers
+    first; () when none declares one."""
+    seen: dict[tuple[str, ...], int] = {}
+    for record in records:
+        for handler in record.handlers:
+            if handler.collection == collection and handler.shard_key:
+                seen[handler.shard_key] = seen.get(handler.shard_key, 0) + 1
+    return min(seen, key=lambda key: (-seen[key], key)) if seen else ()
 
 
 def handler_names(records: Iterable[ReplicaRecord]) -> dict[str, str]:

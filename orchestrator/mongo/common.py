@@ -33,6 +33,7 @@ from pymongo.errors import DocumentTooLarge as DriverDocumentTooLarge
 from pymongo.server_type import SERVER_TYPE
 from pymongo.write_concern import WriteConcern
 
+from orchestrator.core import sharding
 from orchestrator.core.errors import ConfigError, StoreError
 from orchestrator.core.redact import redact
 
@@ -50,6 +51,12 @@ TOO_LARGE_CODES = frozenset({10334, 17419, 17420})
 """BSONObjectTooLarge; an update's, an upsert's result over 16 MiB (Location17419/17420)."""
 INDEX_CONFLICT_CODES = frozenset({85, 86})
 """IndexOptionsConflict, IndexKeySpecsConflict: an index of that name or keys exists."""
+SHARD_KEY_NOT_FOUND = 61
+"""A sharded collection's refusal, before MongoDB 8.0 (7.1 on Atlas), of a findAndModify,
+a single delete or an upsert whose filter does not name the whole shard key."""
+INVALID_OPTIONS = 72
+"""InvalidOptions: among others, a sharded collection's refusal of a single update that
+names neither its ``_id`` nor its shard key."""
 
 
 class DocumentTooLarge(StoreError):
@@ -84,6 +91,30 @@ def _too_large(exc: Exception) -> bool:
     if isinstance(exc, DriverDocumentTooLarge):
         return True
     return isinstance(exc, OperationFailure) and exc.code in TOO_LARGE_CODES
+
+
+def untargeted(exc: PyMongoError) -> bool:
+    """The server refused a write because it names no shard key of a sharded collection."""
+    if not isinstance(exc, OperationFailure):
+        return False
+    if exc.code == SHARD_KEY_NOT_FOUND:
+        return True
+    return exc.code == INVALID_OPTIONS and "sharded collection" in str(exc)
+
+
+@contextmanager
+def shard_key_refusals(collection: str, declared: Sequence[str] | None) -> Iterator[None]:
+    """A server's refusal of a write naming no shard key leaves as ``ShardKeyRequired`` (a
+    ``ConfigError`` naming the fix), never as a ``StoreError`` to retry: retrying cannot
+    help. Used inside ``driver_errors``, which it passes its own error through."""
+    try:
+        yield
+    except PyMongoError as exc:
+        if untargeted(exc):
+            details = exc.details if isinstance(exc, OperationFailure) else None
+            said = (details or {}).get("errmsg") or str(exc)
+            raise sharding.refused(collection, declared, redact(str(said))) from exc
+        raise
 
 
 @contextmanager

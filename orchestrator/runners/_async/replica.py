@@ -89,7 +89,9 @@ class AsyncReplicaRecorder:
             max_concurrency=settings.max_concurrency,
             steps=steps,
             handlers=[
-                replicas.HandlerInfo(h.collection, h.phase, h.name, h.key, h.failed_phase)
+                replicas.HandlerInfo(
+                    h.collection, h.phase, h.name, h.key, h.failed_phase, h.shard_key
+                )
                 for h in self._registry.handlers
             ],
             unique=[
@@ -100,6 +102,8 @@ class AsyncReplicaRecorder:
             cancelled_phase=settings.cancelled_phase,
             history=settings.history,
             paused=self._paused(),
+            claim_strategy=settings.claim_strategy,
+            claim_candidates=settings.claim_candidates,
         )
 
     async def begin(self) -> None:

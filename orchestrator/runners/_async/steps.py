@@ -164,6 +164,7 @@ class AsyncSteps:
                 handler.exclusion,
                 queries.claim_update(now, until, token, self._settings.replica_id),
                 seen,
+                handler.plan,
             )
         except StoreError as exc:
             # The database is unreachable (or the reply was lost after the claim applied:

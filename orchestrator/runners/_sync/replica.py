@@ -90,7 +90,9 @@ class ReplicaRecorder:
             max_concurrency=settings.max_concurrency,
             steps=steps,
             handlers=[
-                replicas.HandlerInfo(h.collection, h.phase, h.name, h.key, h.failed_phase)
+                replicas.HandlerInfo(
+                    h.collection, h.phase, h.name, h.key, h.failed_phase, h.shard_key
+                )
                 for h in self._registry.handlers
             ],
             unique=[
@@ -101,6 +103,8 @@ class ReplicaRecorder:
             cancelled_phase=settings.cancelled_phase,
             history=settings.history,
             paused=self._paused(),
+            claim_strategy=settings.claim_strategy,
+            claim_candidates=settings.claim_candidates,
         )
 
     def begin(self) -> None:

@@ -165,6 +165,7 @@ class Steps:
                 handler.exclusion,
                 queries.claim_update(now, until, token, self._settings.replica_id),
                 seen,
+                handler.plan,
             )
         except StoreError as exc:
             # The database is unreachable (or the reply was lost after the claim applied:
