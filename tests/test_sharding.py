@@ -12,6 +12,7 @@ import logging
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from typing import Any, ClassVar
 
 import pytest
@@ -139,7 +140,8 @@ async def test_every_claim_fenced_write_and_delete_targets_one_shard(cluster: Cl
 async def test_the_peek_strategy_takes_a_lost_race_and_moves_on(cluster: Cluster) -> None:
     """Replica B peeks both documents and claims one; while its step runs, A claims the
     other (its one candidate); B's next claim aims at that one from its list, finds it
-    taken, peeks again and finds nothing: each step runs once, and B's tick ends."""
+    taken, drops the list, peeks again and finds nothing: each step runs once, and B's
+    tick ends."""
     db = cluster.db
     db.shard_collection("jobs", ("tenant",))
     meter = Meter()
@@ -432,6 +434,32 @@ def test_each_replica_goes_round_the_candidates_from_its_own_place() -> None:
     starts = {sharding.spread(docs, sharding.seed(f"pod-{n}"))[0] for n in range(20)}
     assert len(starts) > 1
     assert sharding.seed("pod-1") == sharding.seed("pod-1")
+
+
+@pytest.mark.pure
+def test_a_list_leaves_out_what_this_replica_claims_and_goes_on_a_lost_race() -> None:
+    t0 = datetime(2026, 1, 1, tzinfo=UTC)
+    docs = [{"_id": n} for n in range(4)]
+    queue = sharding.Candidates()
+    assert queue.take(t0, 1.0) is None  # nothing peeked yet
+    assert queue.refill(docs, 1, t0)
+    first = queue.take(t0, 1.0)
+    assert first == {"_id": 1}
+    # A new peek still sees the document being claimed (free until its claim lands).
+    assert queue.refill(docs, 1, t0)
+    assert [queue.take(t0, 1.0) for _ in range(3)] == [{"_id": 2}, {"_id": 3}, {"_id": 0}]
+    assert queue.take(t0, 1.0) is None
+    queue.done(first, lost=False)
+    assert queue.refill(docs, 0, t0)
+    assert queue.take(t0 + timedelta(seconds=2), 1.0) is None  # older than a tick
+    assert queue.refill(docs, 0, t0)
+    taken = queue.take(t0, 1.0)
+    assert taken is not None
+    queue.done(taken, lost=True)  # another replica had it: the rest is dropped
+    assert queue.take(t0, 1.0) is None
+    assert not queue.refill([{"_id": 2}], 0, t0)  # still being claimed here: left out
+    assert queue.refill([{"_id": 5}], 0, t0)
+    assert queue.take(t0, 1.0) == {"_id": 5}
 
 
 @pytest.mark.pure

@@ -171,7 +171,7 @@ class Settings(BaseModel):
         " at its own place in the list). A collection with a declared shard key always peeks.",
     )
     claim_candidates: int = Field(
-        8,
+        32,
         ge=1,
         le=1000,
         strict=True,

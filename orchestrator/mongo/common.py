@@ -102,28 +102,25 @@ def untargeted(exc: PyMongoError) -> bool:
     return exc.code == INVALID_OPTIONS and "sharded collection" in str(exc)
 
 
+Sharded = tuple[str, Sequence[str] | None]
+"""A write's collection, and the shard key it names (None: not known where it is sent)."""
+
+
 @contextmanager
-def shard_key_refusals(collection: str, declared: Sequence[str] | None) -> Iterator[None]:
-    """A server's refusal of a write naming no shard key leaves as ``ShardKeyRequired`` (a
-    ``ConfigError`` naming the fix), never as a ``StoreError`` to retry: retrying cannot
-    help. Used inside ``driver_errors``, which it passes its own error through."""
+def driver_errors(action: str, sharded: Sharded | None = None) -> Iterator[None]:
+    """Driver errors raised inside leave as ``StoreError`` saying what ``action`` failed,
+    with ``transient`` set when retrying may help, so no layer above sees pymongo's.
+
+    ``sharded``: a write to that collection, naming that shard key; the server's refusal
+    of it for want of the shard key leaves as ``ShardKeyRequired`` (a ``ConfigError``
+    naming the fix), never as a ``StoreError`` to retry: retrying cannot help."""
     try:
         yield
     except PyMongoError as exc:
-        if untargeted(exc):
+        if sharded is not None and untargeted(exc):
             details = exc.details if isinstance(exc, OperationFailure) else None
             said = (details or {}).get("errmsg") or str(exc)
-            raise sharding.refused(collection, declared, redact(str(said))) from exc
-        raise
-
-
-@contextmanager
-def driver_errors(action: str) -> Iterator[None]:
-    """Driver errors raised inside leave as ``StoreError`` saying what ``action`` failed,
-    with ``transient`` set when retrying may help, so no layer above sees pymongo's."""
-    try:
-        yield
-    except PyMongoError as exc:
+            raise sharding.refused(sharded[0], sharded[1], redact(str(said))) from exc
         if _too_large(exc):
             raise DocumentTooLarge(
                 f"{action} refused: the document would exceed MongoDB's 16 MiB limit"

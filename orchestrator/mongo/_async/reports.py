@@ -28,7 +28,6 @@ from orchestrator.core.queries import UNIQUE_PREFIX
 from orchestrator.core.replicas import REPLICAS_COLLECTION, ReplicaRecord
 from orchestrator.core.sharding import ShardState
 from orchestrator.core.status import PhaseCount, RecentError
-from orchestrator.mongo import common
 from orchestrator.mongo._async.store import AsyncStore
 from orchestrator.mongo.common import Document, driver_errors
 
@@ -370,7 +369,7 @@ class AsyncReports:
     async def operator_update(
         self, name: str, query: Mapping[str, Any], update: Mapping[str, Any]
     ) -> Document | None:
-        with driver_errors(f"update {name}"), common.shard_key_refusals(name, None):
+        with driver_errors(f"update {name}", (name, None)):
             return await self._store.collection(name).find_one_and_update(
                 dict(query), dict(update), return_document=ReturnDocument.AFTER
             )

@@ -175,7 +175,7 @@ class Store:
                 raise problem
         query = queries.claim_filter(match, judged_at, horizon, exclusion)
         try:
-            with driver_errors(f"claim on {name}"), common.shard_key_refusals(name, plan.shard_key):
+            with driver_errors(f"claim on {name}", (name, plan.shard_key)):
                 if plan.peeks:
                     before = self._peek_and_claim(name, query, update, judged_at, plan)
                 else:
@@ -207,35 +207,37 @@ class Store:
         shard key (a read may go to every shard), then claim them one at a time in the
         replica's order (``sharding.spread``), each by a find-and-modify naming its ``_id``
         and shard key (one shard) and re-checking ``query``. One that matches nothing was
-        taken by another replica meanwhile: the next is tried. A list serves this handler's
-        next claims until it runs out or is older than ``plan.max_age``; a claim reads at
-        most ``PEEKS_PER_CLAIM`` lists. The document as it was, or None."""
+        taken by another replica meanwhile (a lost race): the others of its list likely
+        were too, so the list is dropped and a fresh peek (where documents claimed since
+        are no longer free) gives the next candidates. A list serves this handler's next
+        claims until then, until it runs out, or until it is older than ``plan.max_age``;
+        a claim reads at most ``PEEKS_PER_CLAIM`` lists. The document as it was, or None."""
         coll = self.collection(name)
-        slot = (name, plan.key)
-        queue = self._candidates.get(slot)
-        if queue is not None and not queue.fresh(judged_at, plan.max_age):
-            queue = None
+        queue = self._candidates.get((name, plan.key))
+        if queue is None:
+            queue = self._candidates.setdefault((name, plan.key), sharding.Candidates())
         peeks = 0
         while True:
-            candidate = queue.pop() if queue is not None else None
+            candidate = queue.take(judged_at, plan.max_age)
             if candidate is None:
                 if peeks == sharding.PEEKS_PER_CLAIM:
                     return None
                 peeks += 1
                 cursor = coll.find(dict(query), queries.peek_projection(plan.shard_key))
                 docs = cursor.sort(queries.CLAIM_SORT).limit(plan.candidates).to_list()
-                if not docs:
-                    self._candidates.pop(slot, None)
+                if not queue.refill(docs, plan.seed, judged_at):
                     return None
-                queue = sharding.Candidates(sharding.spread(docs, plan.seed), judged_at)
-                self._candidates[slot] = queue
                 continue
-            before = coll.find_one_and_update(
-                queries.targeted_claim(candidate, plan.shard_key, query),
-                dict(update),
-                projection=history.CLAIM_PROJECTION,
-                return_document=ReturnDocument.BEFORE,
-            )
+            before: Document | None = None
+            try:
+                before = coll.find_one_and_update(
+                    queries.targeted_claim(candidate, plan.shard_key, query),
+                    dict(update),
+                    projection=history.CLAIM_PROJECTION,
+                    return_document=ReturnDocument.BEFORE,
+                )
+            finally:
+                queue.done(candidate, lost=before is None)
             if before is not None:
                 return before
 
@@ -324,7 +326,7 @@ class Store:
             self.ensure_unique(name, unique)
         on_insert = {k: v for k, v in doc.items() if k not in key}
         for _ in range(3):
-            with driver_errors(f"submit to {name}"), common.shard_key_refusals(name, None):
+            with driver_errors(f"submit to {name}", (name, None)):
                 try:
                     stored = coll.find_one_and_update(
                         key,

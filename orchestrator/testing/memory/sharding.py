@@ -57,6 +57,11 @@ class Sharding:
         """Whether the server stands for a mongos: once any collection is sharded."""
         return bool(self._keys)
 
+    @property
+    def active(self) -> bool:
+        """Whether any call may be judged here (else the proxies skip it: their hot path)."""
+        return bool(self._keys) or not self.config_readable
+
     def shard(self, namespace: str, key: Sequence[str]) -> tuple[str, ...]:
         fields = (key,) if isinstance(key, str) else tuple(key)
         if not fields or not all(isinstance(f, str) and f for f in fields):
