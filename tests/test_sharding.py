@@ -26,6 +26,7 @@ from orchestrator.core.errors import ShardKeyRequired
 from orchestrator.core.sharding import ShardState
 from orchestrator.operations import Action, Filter, Operations
 from orchestrator.testing import FakeClock, async_view, memory_database
+from tests.conftest import MakeEither
 from tests.engines import Replica, new_replica, wait
 
 pytestmark = pytest.mark.anyio
@@ -175,17 +176,25 @@ async def test_the_peek_strategy_takes_a_lost_race_and_moves_on(cluster: Cluster
     assert db.sharding.broadcasts == []
 
 
-async def test_the_peek_strategy_drains_an_unsharded_collection(cluster: Cluster) -> None:
-    replica = await cluster.make(claim_strategy="peek", claim_candidates=3)
+@pytest.mark.parametrize("shard_key", [None, "tenant"])
+async def test_the_peek_strategy_drains_an_unsharded_collection(
+    replicas: MakeEither, db: Database[Any], shard_key: str | None
+) -> None:
+    """On any server (the MONGODB_URI tier too): peek-then-claim, by choice or with a
+    declared shard key on a collection that is not sharded."""
+    replica = await replicas(claim_strategy="peek", claim_candidates=3)
+    options = {} if shard_key is None else {"shard_key": shard_key}
 
-    @replica.phase("jobs", "Run")
+    @replica.phase("jobs", "Run", **options)
     async def run(lease: Any) -> Any:
+        if not lease.doc.get("again"):
+            return await lease.unlock(again=True)
         return await lease.advance("Done")
 
     for n in range(10):
-        await replica.submit("jobs", {"_id": n, "phase": "Run"})
+        await replica.submit("jobs", {"_id": n, "tenant": f"t{n % 3}", "phase": "Run"})
     assert (await replica.run_once())["advanced"] == 10
-    assert cluster.db.jobs.count_documents({"phase": "Done"}) == 10
+    assert db.jobs.count_documents({"phase": "Done"}) == 10
 
 
 # -- without the shard key: one ConfigError, not a loop -----------------------------------
