@@ -20,9 +20,8 @@ from pymongo.database import Database
 from pymongo.errors import OperationFailure, WriteError
 
 from bench.instrument import CountingDatabase, Meter
-from orchestrator import ConfigError, Orchestrator, Resource
+from orchestrator import ConfigError, Orchestrator, Resource, ShardKeyRequired
 from orchestrator.core import queries, sharding
-from orchestrator.core.errors import ShardKeyRequired
 from orchestrator.core.sharding import ShardState
 from orchestrator.operations import Action, Filter, Operations
 from orchestrator.testing import FakeClock, async_view, memory_database
