@@ -535,7 +535,8 @@ def _started_idle(
 ) -> dict[str, int]:
     """A started replica's commands over ``ticks`` idle ticks: its timer is paused and its
     jobs run here on the fake clock (a tick every second, a heartbeat every
-    ``refresh_interval``), so the count covers all it sends, in no real time."""
+    ``refresh_interval``, as its timer calls them), so the count covers all it sends, in
+    no real time."""
     orch = replica(db, clock, "idle")  # default clock_refresh: 60 s
     register(orch, steps)
     orch.start()
@@ -552,7 +553,7 @@ def _started_idle(
         _quiet(orch)
         if n * TICK >= (beats + 1) * interval:
             beats += 1
-            orch.heartbeat()
+            orch._safe_heartbeat()  # as its timer calls it
     counts, _seconds = db.meter.snapshot()
     orch.stop(timeout=5)
     return counts

@@ -12,6 +12,7 @@ from orchestrator.core.errors import (
     LeaseLost,
     OperatorError,
     OrchestratorError,
+    ShardKeyRequired,
     StoreError,
 )
 from orchestrator.core.events import (
@@ -68,6 +69,7 @@ __all__ = [
     "ProgressiveBackoff",
     "Resource",
     "Settings",
+    "ShardKeyRequired",
     "Status",
     "StepClaimedEvent",
     "StepFinishedEvent",

@@ -65,7 +65,7 @@ def test_the_same_seed_injects_the_same_faults(figures: Figures) -> None:
 
 def test_the_suite_fails_when_fencing_is_broken(monkeypatch: pytest.MonkeyPatch) -> None:
     """The invariants can fail: writes that ignore the lease token land from stale holders."""
-    monkeypatch.setattr(queries, "fenced", lambda doc_id, token, *phase: {"_id": doc_id})
+    monkeypatch.setattr(queries, "fenced", lambda doc_id, token, *_, **__: {"_id": doc_id})
     broken = Chaos(CI).run()
     assert not broken.ok
     assert broken.stale_writes_landed > 0

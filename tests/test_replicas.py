@@ -24,6 +24,7 @@ from orchestrator.core.extras import library_version
 from orchestrator.core.replicas import (
     MAX_REFRESH,
     MIN_TTL,
+    RECORD_INTERVAL,
     REPLICAS_COLLECTION,
     ReplicaRecord,
     RunningStep,
@@ -121,6 +122,8 @@ def test_a_record_as_json_for_the_status_command_and_the_page() -> None:
         "cancelled_phase": "",
         "history": 0,
         "paused": [],
+        "claim_strategy": "",
+        "claim_candidates": 0,
     }
     assert json.loads(json.dumps(shown)) == shown
 
@@ -220,11 +223,11 @@ def test_memory_ttl_index_expires_by_the_server_clock_once_a_minute(clock: FakeC
     db = memory_database(clock=clock)
     store = Store(db)
     store.ensure_replica_index()
-    store.record_replica(record("pod-1", now=clock.now() + timedelta(seconds=10)))  # expires :40
-    clock.advance(45)
+    store.record_replica(record("pod-1", now=clock.now() + timedelta(seconds=10)))  # expires :50
+    clock.advance(55)
     assert db[REPLICAS_COLLECTION].find_one({"_id": "pod-1"}) is not None  # no pass since :00
     assert Reports(db).live_replicas(clock.now()) == []  # but no reader lists it
-    clock.advance(15)  # the monitor's pass at 00:01:00
+    clock.advance(5)  # the monitor's pass at 00:01:00
     assert db[REPLICAS_COLLECTION].find_one({"_id": "pod-1"}) is None
 
 
@@ -372,21 +375,24 @@ def _pause(orch: Orchestrator) -> None:
 
 
 def test_two_processes_with_one_replica_id_are_told(
-    make: MakeReplica, db: Database[Any], caplog: pytest.LogCaptureFixture
+    make: MakeReplica, db: Database[Any], caplog: pytest.LogCaptureFixture, clock: FakeClock
 ) -> None:
     """Leases name their holder by replica id: two live processes sharing one is a
     mistake each of them logs, the first time the other's record replaced its own."""
     first, second = make("pod-1"), make("pod-1")
     first.start()
     _pause(first)  # only this test's heartbeats: the counts below are exact
+    clock.advance(RECORD_INTERVAL)  # an idle replica writes its record this often
     first.heartbeat()
     second.start()  # replaces a record of its namesake's: its own first, nothing to tell
     _pause(second)
     assert "replica_namesakes" not in second.stats()
+    clock.advance(RECORD_INTERVAL)
     with caplog.at_level(logging.WARNING, logger="orchestrator"):
         first.heartbeat()
     assert first.stats()["replica_namesakes"] == 1
     assert "another live process records itself as replica 'pod-1'" in caplog.text
+    clock.advance(RECORD_INTERVAL)
     first.heartbeat()  # its own record this time
     assert first.stats()["replica_namesakes"] == 1
     second.heartbeat()
@@ -513,11 +519,11 @@ def test_the_replicas_collection_must_be_a_usable_name(name: str) -> None:
 
 
 @pytest.mark.pure
-def test_a_replica_silent_past_two_heartbeats_is_stale() -> None:
-    """Its record lives four heartbeats (``record_ttl``); past two missed, operators are
-    told: it died, stalled or lost the database, and its leases will be taken over."""
+def test_a_replica_silent_past_two_record_intervals_is_stale() -> None:
+    """Its record lives four record intervals (``record_ttl``); past two missed, operators
+    are told: it died, stalled or lost the database, and its leases will be taken over."""
     seen = record("pod-1", now=T0)
-    beat = refresh_interval(30)
+    beat = RECORD_INTERVAL
     assert not seen.stale(T0 + timedelta(seconds=2 * beat))
     assert seen.stale(T0 + timedelta(seconds=2 * beat + 0.001))
     assert seen.live(T0 + timedelta(seconds=2 * beat + 0.001))

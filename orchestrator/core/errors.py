@@ -15,6 +15,13 @@ class ConfigError(OrchestratorError, ValueError):
     """Invalid settings, handler registration or call arguments, found before any work."""
 
 
+class ShardKeyRequired(ConfigError):
+    """A sharded collection the orchestrator was not told the shard key of (or was told a
+    wrong one): its claims would be refused on MongoDB before 8.0, or sent to every shard
+    after. The message names the fix. A store that raised it for a collection claims
+    nothing more there: the error is said once, not at every tick."""
+
+
 class StoreError(OrchestratorError):
     """The database failed an operation; ``transient`` says whether a retry may succeed."""
 

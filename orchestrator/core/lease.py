@@ -375,16 +375,23 @@ class LeaseCore(Generic[R]):
 
     def _fence(self, phase_change: bool) -> dict[str, Any]:
         """The filter a write carries: the token (and the claimed phase, for a phase
-        change), or, after this step's own release, the document as that release left it."""
+        change), or, after this step's own release, the document as that release left it;
+        with the document's shard key, so the write targets its shard."""
+        pins = queries.shard_filter(self.doc, self.handler.shard_key)
         if self._state is State.RELEASED:
             assert self._released_until is not None
             holder = self.carried.token if self.carried is not None else None
             return queries.released_fence(
-                self.id, self.token, self._released_until, self._released_phase, holder
+                self.id,
+                self.token,
+                self._released_until,
+                self._released_phase,
+                pins,
+                holder,
             )
         if phase_change:
-            return queries.fenced(self.id, self.token, self.doc.get("phase"))
-        return queries.fenced(self.id, self.token)
+            return queries.fenced(self.id, self.token, self.doc.get("phase"), pins)
+        return queries.fenced(self.id, self.token, pins=pins)
 
     def _lost(self, action: LeaseWrite, reason: str | None = None) -> LeaseLost:
         """The write matched nothing (or, ``reason``, could not be confirmed in time): the

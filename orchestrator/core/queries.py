@@ -18,6 +18,7 @@ from bson.errors import BSONError
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.redact import redact
 from orchestrator.core.resource import EPOCH, LEASE_FIELDS
+from orchestrator.core.sharding import shard_values
 
 if TYPE_CHECKING:
     from orchestrator.core.replicas import ReplicaRecord
@@ -199,6 +200,43 @@ def probe_pipeline(
     return [*stages, *({"$unionWith": {"coll": c, "pipeline": b}} for c, b in rest)]
 
 
+def peek_projection(shard_key: Iterable[str]) -> dict[str, Any]:
+    """What a peek reads of each candidate: what a targeted claim names it by."""
+    return {"_id": 1, **dict.fromkeys(shard_key, 1)}
+
+
+def shard_filter(doc: Mapping[str, Any], shard_key: Iterable[str]) -> dict[str, Any]:
+    """Equality on ``doc``'s shard key values (null where it has none, as the server files
+    it): what makes a write target one shard. A document value is matched with ``$eq``, so
+    it is never read as operators."""
+    if not shard_key:
+        return {}
+    return {
+        name: {"$eq": value} if isinstance(value, Mapping) else value
+        for name, value in shard_values(doc, tuple(shard_key)).items()
+    }
+
+
+def pinned(query: Mapping[str, Any], pins: Mapping[str, Any]) -> dict[str, Any]:
+    """``query`` narrowed to the equalities ``pins`` (a document's ``_id`` and shard key),
+    at the top level, where the server looks for a shard key."""
+    extra = {k: v for k, v in pins.items() if k not in query or query[k] != v}
+    if not extra:
+        return dict(query)
+    if extra.keys() & query.keys():
+        return {**extra, "$and": [dict(query)]}
+    return {**extra, **query}
+
+
+def targeted_claim(
+    candidate: Mapping[str, Any], shard_key: Iterable[str], query: Mapping[str, Any]
+) -> dict[str, Any]:
+    """A claim of one peeked ``candidate`` by its ``_id`` and shard key: ``query`` (the
+    claim filter) re-checks that it is still free, so a candidate another replica took
+    meanwhile matches nothing."""
+    return pinned(query, {"_id": candidate["_id"], **shard_filter(candidate, shard_key)})
+
+
 def claim_update(now: datetime, until: datetime, token: str, replica: str) -> dict[str, Any]:
     """Take the lease until ``until`` (the holder's own timeout): a fresh token fences every
     later write to this holder."""
@@ -246,31 +284,41 @@ def due_since(before: Mapping[str, Any]) -> datetime | None:
 _ANY = object()
 
 
-def fenced(doc_id: Any, token: str, phase: Any = _ANY) -> dict[str, Any]:
+def fenced(
+    doc_id: Any, token: str, phase: Any = _ANY, pins: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
     """Matches the document only while this lease holds it (and, for writes that change the
-    phase, only while it is still in ``phase``: an outside writer's phase change wins)."""
+    phase, only while it is still in ``phase``: an outside writer's phase change wins).
+    ``pins``: its shard key (``shard_filter``), so the write targets its shard."""
     query: dict[str, Any] = {"_id": doc_id, "lockToken": token}
     if phase is not _ANY:
         query["phase"] = phase
-    return query
+    return pinned(query, pins) if pins else query
 
 
 def released_fence(
-    doc_id: Any, token: str, until: datetime, phase: Any, holder: str | None = None
+    doc_id: Any,
+    token: str,
+    until: datetime,
+    phase: Any,
+    pins: Mapping[str, Any] | None = None,
+    holder: str | None = None,
 ) -> dict[str, Any]:
     """Matches the document while it is as a step's own release left it (free, released
     by this lease: its token as ``lastToken``, the same ``lockedUntil`` and phase): how a
     step that gave an outcome and then failed still notes its error. Any later claim
     and release, by another replica or an operator's retry, changes ``lastToken``, so a
-    stale note never lands on a state another step left. ``holder``: the token the
-    release carried on into the next step (``carry_update``), which holds it meanwhile."""
-    return {
+    stale note never lands on a state another step left. ``pins`` as for ``fenced``;
+    ``holder``: the token the release carried on into the next step (``carry_update``),
+    which holds it meanwhile."""
+    query = {
         "_id": doc_id,
         "lockToken": {"$exists": False} if holder is None else holder,
         "lastToken": token,
         "lockedUntil": bson_time(until),
         "phase": phase,
     }
+    return pinned(query, pins) if pins else query
 
 
 def carry_update(
@@ -538,14 +586,19 @@ def id_filter(raw: str) -> dict[str, Any]:
     return {"_id": raw}
 
 
-def operator_guard(doc_id: Any, phase: Any, token: Any = _ANY) -> dict[str, Any]:
+def operator_guard(
+    doc_id: Any, phase: Any, token: Any = _ANY, shard: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
     """Matches the document only while it is as the operator saw it: in ``phase`` (and,
     when ``token`` is given, held by that lease, or by none for None), so an action
     confirmed on one state is not applied to another. ``$eq``: the values were read from
-    a document (or a form), and a value is never taken for an operator."""
+    a document (or a form), and a value is never taken for an operator. ``shard``: the
+    document's shard key values, so the change targets its shard."""
     query: dict[str, Any] = {**exact_id_filter(doc_id), "phase": {"$eq": phase}}
     if token is not _ANY:
         query["lockToken"] = {"$eq": token}
+    for name, value in (shard or {}).items():
+        query.setdefault(name, {"$eq": value})
     return query
 
 
@@ -613,6 +666,8 @@ def replica_document(record: ReplicaRecord) -> dict[str, Any]:
         "cancelledPhase": record.cancelled_phase,
         "history": record.history,
         "paused": list(record.paused),
+        "claimStrategy": record.claim_strategy,
+        "claimCandidates": record.claim_candidates,
     }
 
 

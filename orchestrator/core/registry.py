@@ -10,7 +10,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from orchestrator.core import queries
+from orchestrator.core import queries, sharding
 from orchestrator.core.backoff import BackoffPolicy
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.resource import Resource
@@ -44,6 +44,10 @@ class Handler:
     made by one helper function, lambdas) and every replica of the same code agrees on."""
     exclusion: Mapping[str, Any] | None = None
     """The claim's condition that keeps it off what it failed (``queries.failed_exclusion``)."""
+    shard_key: tuple[str, ...] = ()
+    """The fields its collection is sharded on, as declared (every write names them)."""
+    plan: sharding.ClaimPlan = sharding.SORTED
+    """How its claim finds a document (the replica's strategy; peeking with a shard key)."""
 
 
 def resolve(target: Target) -> tuple[str, type[Resource] | None]:
@@ -75,6 +79,8 @@ class Registry:
         self.models: dict[str, type[Resource]] = {}
         self.unique: dict[str, set[tuple[str, ...]]] = {}
         self._keys: dict[tuple[str, str], Handler] = {}
+        self._shard_keys: dict[str, tuple[tuple[str, ...], str]] = {}
+        """Per collection: its shard key, and the handler (or model) that set it first."""
 
     @property
     def collections(self) -> list[str]:
@@ -105,6 +111,8 @@ class Registry:
         name = _describe(func)
         failed_phase = opts.failed_phase or self._settings.failed_phase
         handler_key = f"{collection} {key[1]}"
+        shard_key = self._agreed(collection, self._declared(name, model, opts.shard_key), name)
+        settings = self._settings
         handler = Handler(
             func=func,
             collection=collection,
@@ -121,25 +129,93 @@ class Registry:
             exclusion=queries.failed_exclusion(
                 handler_key, _describe(func, "."), failed_phase, match
             ),
+            shard_key=shard_key,
+            plan=sharding.plan(
+                strategy=settings.claim_strategy,
+                shard_key=shard_key,
+                candidates=settings.claim_candidates,
+                replica_id=settings.replica_id,
+                tick=settings.tick,
+                key=handler_key,
+            ),
         )
-        self._keys[key] = handler
-        self.handlers.append(handler)
         if model is not None:
             self.add_model(model)
+        self._shard_keys.setdefault(collection, (shard_key, name))
+        self._keys[key] = handler
+        self.handlers.append(handler)
         return handler
 
     def add_model(self, model: type[Resource]) -> None:
         collection, _ = resolve(model)
+        keys = tuple(model.field_name(k) for k in model.unique)
+        if keys:
+            sharding.check_unique(keys, model_shard_key(model), model.__name__)
         self.models.setdefault(collection, model)
-        if model.unique:
-            self.add_unique(collection, tuple(model.field_name(k) for k in model.unique))
+        if keys:
+            self.add_unique(collection, keys)
 
     def add_unique(self, collection: str, keys: tuple[str, ...]) -> None:
-        if keys != ("_id",):
+        """Keys that hold ``_id`` need no index of their own: the ``_id`` index keeps them
+        unique (on a sharded collection, within the one shard their shard key prefix
+        names)."""
+        sharding.check_unique(keys, self.shard_key_for(collection), f"unique keys of {collection}")
+        if "_id" not in keys:
             self.unique.setdefault(collection, set()).add(keys)
+
+    def shard_key_for(self, collection: str) -> tuple[str, ...]:
+        """The shard key the handlers of ``collection`` declare (() if none)."""
+        known = self._shard_keys.get(collection)
+        return known[0] if known is not None else ()
+
+    def _declared(
+        self, name: str, model: type[Resource] | None, option: tuple[str, ...] | None
+    ) -> tuple[str, ...] | None:
+        """The shard key a registration declares (its option, or its model's), checked;
+        None when it declares none."""
+        own = model_shard_key(model) if model is not None else ()
+        if option is None:
+            return own or None
+        given = sharding.check_shard_key(option, name)
+        if model is not None:
+            given = tuple(model.field_name(k) for k in given)
+            if own and own != given:
+                raise ConfigError(
+                    f"{name}: shard_key={given!r}, but {model.__name__}.shard_key is {own!r}"
+                )
+        return given
+
+    def _agreed(
+        self, collection: str, declared: tuple[str, ...] | None, who: str
+    ) -> tuple[str, ...]:
+        """One shard key per collection: a registration that declares none takes the one
+        declared before it; one that declares another is refused, naming both."""
+        known = self._shard_keys.get(collection)
+        if known is None:
+            key = declared or ()
+            for keys in self.unique.get(collection, ()):
+                sharding.check_unique(keys, key, f"unique keys of {collection}")
+            return key
+        key, first = known
+        if declared is None or declared == key:
+            return key
+        said = f"shard_key={key!r}" if key else "no shard key"
+        raise ConfigError(
+            f"{who} declares shard_key={declared!r} for {collection!r}, but {first} was"
+            f" registered on it with {said}: a collection has one shard key (declare it on"
+            " its model, or alike on every handler)"
+        )
 
     def model_for(self, collection: str) -> type[Resource] | None:
         return self.models.get(collection)
+
+
+def model_shard_key(model: type[Resource]) -> tuple[str, ...]:
+    """A model's declared shard key, checked, in stored field names (() if none)."""
+    if not model.shard_key:
+        return ()
+    fields = sharding.check_shard_key(model.shard_key, f"{model.__name__}.shard_key")
+    return tuple(model.field_name(k) for k in fields)
 
 
 def _canonical(match: Mapping[str, Any]) -> str:

@@ -17,7 +17,7 @@ Everything here is pure; the store reads and writes, the runners decide when.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -62,6 +62,13 @@ def record_due(since: float, lock_timeout: float) -> bool:
     return since >= RECORD_INTERVAL - refresh_interval(lock_timeout) / 2
 
 
+def same_content(record: ReplicaRecord, before: ReplicaRecord | None) -> bool:
+    """Whether ``record`` says what ``before`` said, but for when it was written."""
+    if before is None:
+        return False
+    return replace(record, last_seen=before.last_seen, expires_at=before.expires_at) == before
+
+
 def record_ttl(lock_timeout: float) -> float:
     """How long a record stays live after its last write: four record intervals (three
     may be missed), and never less than ``MIN_TTL``."""
@@ -97,6 +104,8 @@ class HandlerInfo:
     name: str
     key: str
     failed_phase: str
+    shard_key: tuple[str, ...] = ()
+    """The collection's shard key as the handler declares it (operators' changes name it)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -105,6 +114,7 @@ class HandlerInfo:
             "name": self.name,
             "key": self.key,
             "failedPhase": self.failed_phase,
+            "shardKey": list(self.shard_key),
         }
 
     @classmethod
@@ -116,6 +126,7 @@ class HandlerInfo:
             name=str(doc.get("name", "")),
             key=str(doc.get("key", "")),
             failed_phase=str(doc.get("failedPhase", "")),
+            shard_key=tuple(str(k) for k in doc.get("shardKey") or ()),
         )
 
 
@@ -145,6 +156,10 @@ class ReplicaRecord:
     history: int = 0
     paused: tuple[str, ...] = ()
     """The pauses this replica honours (their scopes, as ``Scope.describe`` says them)."""
+    claim_strategy: str = ""
+    """How its claims find documents (``Settings.claim_strategy``; "" from versions
+    before it was recorded), and how many candidates a peek reads."""
+    claim_candidates: int = 0
 
     def live(self, now: datetime) -> bool:
         """Whether the record is still live at ``now`` (the server's time)."""
@@ -196,6 +211,8 @@ class ReplicaRecord:
                 cancelled_phase=str(doc.get("cancelledPhase", "")),
                 history=_int(doc.get("history", 0)),
                 paused=tuple(str(p) for p in doc.get("paused") or ()),
+                claim_strategy=str(doc.get("claimStrategy", "")),
+                claim_candidates=_int(doc.get("claimCandidates", 0)),
             )
         except (KeyError, TypeError, ValueError, AttributeError):
             return None
@@ -221,6 +238,8 @@ class ReplicaRecord:
             "cancelled_phase": self.cancelled_phase,
             "history": self.history,
             "paused": list(self.paused),
+            "claim_strategy": self.claim_strategy,
+            "claim_candidates": self.claim_candidates,
         }
 
 
@@ -243,6 +262,8 @@ def new_record(
     cancelled_phase: str = "",
     history: int = 0,
     paused: Iterable[str] = (),
+    claim_strategy: str = "",
+    claim_candidates: int = 0,
 ) -> ReplicaRecord:
     """A replica's record as of ``now`` (its estimate of the server's time), live for
     ``record_ttl(lock_timeout)``."""
@@ -265,6 +286,8 @@ def new_record(
         cancelled_phase=cancelled_phase,
         history=history,
         paused=tuple(paused),
+        claim_strategy=claim_strategy,
+        claim_candidates=claim_candidates,
     )
 
 
@@ -377,6 +400,17 @@ def business_keys(records: Iterable[ReplicaRecord], collection: str) -> list[tup
             if name == collection:
                 seen[keys] = seen.get(keys, 0) + 1
     return sorted(seen, key=lambda keys: (-seen[keys], keys))
+
+
+def shard_key(records: Iterable[ReplicaRecord], collection: str) -> tuple[str, ...]:
+    """The shard key the live replicas' handlers declare for ``collection``, most handlers
+    first; () when none declares one."""
+    seen: dict[tuple[str, ...], int] = {}
+    for record in records:
+        for handler in record.handlers:
+            if handler.collection == collection and handler.shard_key:
+                seen[handler.shard_key] = seen.get(handler.shard_key, 0) + 1
+    return min(seen, key=lambda key: (-seen[key], key)) if seen else ()
 
 
 def handler_names(records: Iterable[ReplicaRecord]) -> dict[str, str]:

@@ -48,13 +48,16 @@ class Resource(BaseModel):
     """Base model of an orchestrated document; subclasses set ``collection``.
 
     ``unique`` names fields that identify a document: ``ensure_indexes`` makes them unique
-    and ``submit`` uses them for idempotent creation.
+    and ``submit`` uses them for idempotent creation. ``shard_key`` names the fields the
+    collection is sharded on: every claim, write and delete then names them, so each
+    targets one shard (and ``unique`` must start with them).
     """
 
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="allow")
 
     collection: ClassVar[str]
     unique: ClassVar[tuple[str, ...]] = ()
+    shard_key: ClassVar[tuple[str, ...]] = ()
 
     id: Any = Field(default=None, alias="_id")
     phase: str

@@ -171,6 +171,21 @@ class Settings(BaseModel):
         description="The audit trail (operators' actions, leases taken over from dead"
         " replicas), each entry deleted 90 days on by a TTL index.",
     )
+    claim_strategy: Literal["sorted", "peek"] = Field(
+        "sorted",
+        description="How a claim finds its document: sorted (one findAndModify takes the"
+        " longest-free document; every replica aims at the same one) or peek (read the"
+        " claim_candidates longest-free, then claim one by its _id, each replica starting"
+        " at its own place in the list). A collection with a declared shard key always peeks.",
+    )
+    claim_candidates: int = Field(
+        32,
+        ge=1,
+        le=1000,
+        strict=True,
+        description="Documents one peek reads (their _id and shard key); they serve the"
+        " claims of up to one tick.",
+    )
     relock_policy: BackoffPolicy = Field(default_factory=ProgressiveBackoff)
     retry_policy: BackoffPolicy = Field(default_factory=ExponentialBackoff)
 
@@ -237,8 +252,14 @@ class HandlerOptions(BaseModel):
         description="Phases the handler may advance to: drawn by `orchestrator graph`,"
         " and any other advance is refused.",
     )
+    shard_key: tuple[str, ...] | None = Field(
+        None,
+        description="The fields the collection is sharded on (a handler registered on a"
+        " collection name; a model says it as `shard_key`): every claim, write and delete"
+        " then names them and targets one shard.",
+    )
 
-    @field_validator("to", mode="before")
+    @field_validator("to", "shard_key", mode="before")
     @classmethod
     def _one_phase(cls, value: Any) -> Any:
         return (value,) if isinstance(value, str) else value

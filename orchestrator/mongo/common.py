@@ -33,7 +33,7 @@ from pymongo.errors import DocumentTooLarge as DriverDocumentTooLarge
 from pymongo.server_type import SERVER_TYPE
 from pymongo.write_concern import WriteConcern
 
-from orchestrator.core import pauses, queries
+from orchestrator.core import pauses, queries, sharding
 from orchestrator.core.errors import ConfigError, StoreError
 from orchestrator.core.redact import redact
 from orchestrator.core.scheduler import Found
@@ -54,6 +54,12 @@ TOO_LARGE_CODES = frozenset({10334, 17419, 17420})
 """BSONObjectTooLarge; an update's, an upsert's result over 16 MiB (Location17419/17420)."""
 INDEX_CONFLICT_CODES = frozenset({85, 86})
 """IndexOptionsConflict, IndexKeySpecsConflict: an index of that name or keys exists."""
+SHARD_KEY_NOT_FOUND = 61
+"""A sharded collection's refusal, before MongoDB 8.0 (7.1 on Atlas), of a findAndModify,
+a single delete or an upsert whose filter does not name the whole shard key."""
+INVALID_OPTIONS = 72
+"""InvalidOptions: among others, a sharded collection's refusal of a single update that
+names neither its ``_id`` nor its shard key."""
 
 
 class DocumentTooLarge(StoreError):
@@ -90,13 +96,34 @@ def _too_large(exc: Exception) -> bool:
     return isinstance(exc, OperationFailure) and exc.code in TOO_LARGE_CODES
 
 
+def untargeted(exc: PyMongoError) -> bool:
+    """The server refused a write because it names no shard key of a sharded collection."""
+    if not isinstance(exc, OperationFailure):
+        return False
+    if exc.code == SHARD_KEY_NOT_FOUND:
+        return True
+    return exc.code == INVALID_OPTIONS and "sharded collection" in str(exc)
+
+
+Sharded = tuple[str, Sequence[str] | None]
+"""A write's collection, and the shard key it names (None: not known where it is sent)."""
+
+
 @contextmanager
-def driver_errors(action: str) -> Iterator[None]:
+def driver_errors(action: str, sharded: Sharded | None = None) -> Iterator[None]:
     """Driver errors raised inside leave as ``StoreError`` saying what ``action`` failed,
-    with ``transient`` set when retrying may help, so no layer above sees pymongo's."""
+    with ``transient`` set when retrying may help, so no layer above sees pymongo's.
+
+    ``sharded``: a write to that collection, naming that shard key; the server's refusal
+    of it for want of the shard key leaves as ``ShardKeyRequired`` (a ``ConfigError``
+    naming the fix), never as a ``StoreError`` to retry: retrying cannot help."""
     try:
         yield
     except PyMongoError as exc:
+        if sharded is not None and untargeted(exc):
+            details = exc.details if isinstance(exc, OperationFailure) else None
+            said = (details or {}).get("errmsg") or str(exc)
+            raise sharding.refused(sharded[0], sharded[1], redact(str(said))) from exc
         if _too_large(exc):
             raise DocumentTooLarge(
                 f"{action} refused: the document would exceed MongoDB's 16 MiB limit"

@@ -74,6 +74,8 @@ class Books(Generic[L]):
         self._timer: BaseScheduler | None = None  # ticks and heartbeats, while started
         self._numbers = itertools.count(1)
         self._has_handlers = False
+        self._operator_paused: frozenset[str] = frozenset()
+        self._refused: frozenset[str] = frozenset()  # handlers set aside (``refuse``)
 
     def hire(self, crew: Crew) -> None:
         """The workers these books wake and spawn (set once, by the engine)."""
@@ -135,12 +137,22 @@ class Books(Generic[L]):
         """The handlers operators paused (their keys) are these now: claim nothing for
         them; a handler resumed may have work waiting, so the workers look again."""
         with self.lock:
-            if self._sched.pause(keys) and self._serving:
+            self._operator_paused = keys
+            if self._sched.pause(keys | self._refused) and self._serving:
                 self._top_up()
+
+    def refuse(self, collection: str) -> None:
+        """The server refuses this replica's claims on ``collection`` until its settings
+        change (``ShardKeyRequired``): its handlers are set aside, as if paused, so no
+        probe or claim goes there again and no error is logged at every tick."""
+        with self.lock:
+            keys = {h.key for h in self._sched.handlers if h.collection == collection}
+            self._refused = self._refused | keys
+            self._sched.pause(self._operator_paused | self._refused)
 
     def paused(self) -> frozenset[str]:
         with self.lock:
-            return self._sched.paused
+            return self._operator_paused
 
     def count(self, name: str, by: int = 1) -> None:
         with self.lock:

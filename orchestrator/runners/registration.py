@@ -9,9 +9,16 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from orchestrator.core import queries
+from orchestrator.core import queries, sharding
 from orchestrator.core.errors import ConfigError
-from orchestrator.core.registry import Handler, Registry, Target, options, resolve
+from orchestrator.core.registry import (
+    Handler,
+    Registry,
+    Target,
+    model_shard_key,
+    options,
+    resolve,
+)
 from orchestrator.core.resource import Resource
 from orchestrator.core.validation import explain
 
@@ -77,7 +84,9 @@ class Registration:
     ) -> Submission:
         """What submitting ``doc`` writes, checked; ``unique`` defaults to the keys the
         model declares (``Resource.unique``; for a collection name, those of the model
-        registered on it), else to ``_id`` when the document has one."""
+        registered on it), else to ``_id`` when the document has one. With a shard key
+        declared, the document must carry it and the unique keys must start with it
+        (``_id`` alone is taken as the shard key and ``_id``)."""
         collection, model = resolve(target)
         fields = _document_fields(doc, model)
         phase = fields.get("phase")
@@ -88,9 +97,18 @@ class Registration:
         )
         keys: tuple[str, ...]
         declared = model or self.registry.model_for(collection)
+        shard_key = self.registry.shard_key_for(collection) or (
+            model_shard_key(declared) if declared is not None else ()
+        )
+        absent = [k for k in sharding.missing_fields(fields, shard_key) if k != "_id"]
+        if absent:
+            raise ConfigError(
+                f"submit: the document has no value for {absent}, of {collection!r}'s shard"
+                f" key {shard_key!r}"
+            )
+        named = unique is not None or (declared is not None and bool(declared.unique))
         if unique is None and declared is not None and declared.unique:
             keys = tuple(declared.field_name(k) for k in declared.unique)
-            self.registry.add_unique(collection, keys)
         elif unique is None:
             keys = ("_id",) if "_id" in fields else ()
         else:
@@ -98,6 +116,11 @@ class Registration:
             keys = tuple(model.field_name(k) if model else k for k in raw)
             if not keys:
                 raise ConfigError("submit: unique names no field")
+        if shard_key and keys == ("_id",):
+            keys = tuple(dict.fromkeys((*shard_key, "_id")))
+        if keys:
+            sharding.check_unique(keys, shard_key, "submit")
+        if named:
             self.registry.add_unique(collection, keys)
         return Submission(collection, fields, keys)
 

@@ -104,7 +104,7 @@ class AsyncLease(LeaseCore[R]):
             left = self._seconds_left()
             if left <= 0:
                 raise self._lost(LeaseWrite.EXTEND, "it expired before its extension was sent")
-            fence = queries.fenced(self.id, self.token)
+            fence = self._fence(False)  # held: the token, and the shard key if declared
             try:
                 with pymongo.timeout(left):
                     matched = await self._store.write(self.collection, fence, update)
@@ -197,6 +197,4 @@ class AsyncLease(LeaseCore[R]):
         """The phase-fenced write matched nothing: if the token still matches, the phase was
         changed from outside while the step ran; let the document go at once."""
         with contextlib.suppress(StoreError):  # if it fails, the lease expires on its own
-            await self._store.write(
-                self.collection, queries.fenced(self.id, self.token), queries.release_update()
-            )
+            await self._store.write(self.collection, self._fence(False), queries.release_update())

@@ -23,7 +23,7 @@ from typing import Any
 from pymongo.asynchronous.database import AsyncDatabase
 
 from orchestrator.core import browse as browsing
-from orchestrator.core import history, queries, replicas
+from orchestrator.core import history, queries, replicas, sharding
 from orchestrator.core.audit import AUDIT_COLLECTION, AuditEntry, AuditKind, operator_record
 from orchestrator.core.browse import Filter, LeaseState, Page, Plan, Row
 from orchestrator.core.errors import (
@@ -291,9 +291,13 @@ class AsyncOperations:
         """
         now = await self.now()
         phase = seen.get("phase")
-        keep = history_length(await self._reports.live_replicas(now, self._replicas))
+        live = await self._reports.live_replicas(now, self._replicas)
+        keep = history_length(live)
+        shard = await self._shard(collection, seen, live)
         update = queries.operator_unlock_update()
-        after = await self._act(collection, seen, update, Action.UNLOCK, now, by, why, phase, keep)
+        after = await self._act(
+            collection, seen, update, Action.UNLOCK, now, by, why, phase, keep, shard=shard
+        )
         await self._record(
             Action.UNLOCK,
             collection,
@@ -341,7 +345,8 @@ class AsyncOperations:
         if not any_phase:
             check_target(collection, to, live, action=Action.RETRY)
         keep = history_length(live)
-        return await self._move(Action.RETRY, collection, seen, to, force, by, why, keep)
+        shard = await self._shard(collection, seen, live)
+        return await self._move(Action.RETRY, collection, seen, to, force, by, why, keep, shard)
 
     async def cancel(
         self,
@@ -370,7 +375,8 @@ class AsyncOperations:
         if to is not None and not any_phase:
             check_target(collection, target, live, action=Action.CANCEL)
         keep = history_length(live)
-        return await self._move(Action.CANCEL, collection, seen, target, True, by, why, keep)
+        shard = await self._shard(collection, seen, live)
+        return await self._move(Action.CANCEL, collection, seen, target, True, by, why, keep, shard)
 
     async def _move(
         self,
@@ -382,6 +388,7 @@ class AsyncOperations:
         by: str | None,
         why: str,
         keep: int,
+        shard: Mapping[str, Any],
     ) -> Retried:
         doc_id, source = seen["_id"], seen.get("phase")
         server = await self._reports.server_time()
@@ -391,7 +398,9 @@ class AsyncOperations:
         if held and not force:
             raise LeaseHeld(collection, doc_id, seen.get("lockedBy"), seen.get("lockedUntil"))
         update = queries.operator_move_update(to, now)
-        after = await self._act(collection, seen, update, action, now, by, why, to, keep)
+        after = await self._act(
+            collection, seen, update, action, now, by, why, to, keep, shard=shard
+        )
         scope = {"_id": id_json_or_text(doc_id), "to": to}
         await self._record(action, collection, scope, [doc_id], now, by, why)
         return Retried(after, source, to, now, server is not None, held)
@@ -408,15 +417,17 @@ class AsyncOperations:
         to: Any,
         keep: int,
         extra: Mapping[str, Any] | None = None,
+        shard: Mapping[str, Any] | None = None,
     ) -> Document:
         """Apply an operator's ``update`` to the document as ``seen`` (its phase and lease;
-        ``extra``: conditions it must still meet, a bulk action's filter), with its
-        history entry in a history of ``keep`` entries (none: 0). The entry is pushed onto
-        a history that is a list (or absent), and set whole over any other value, each
-        fenced on that shape: a document whose history a writer changed meanwhile is
-        tried once more, as it is now."""
+        ``extra``: conditions it must still meet, a bulk action's filter; ``shard``: its
+        shard key values, so the change targets its shard), with its history entry in a
+        history of ``keep`` entries (none: 0). The entry is pushed onto a history that is
+        a list (or absent), and set whole over any other value, each fenced on that
+        shape: a document whose history a writer changed meanwhile is tried once more, as
+        it is now."""
         doc_id = seen["_id"]
-        guard = queries.operator_guard(doc_id, seen.get("phase"), seen.get("lockToken"))
+        guard = queries.operator_guard(doc_id, seen.get("phase"), seen.get("lockToken"), shard)
         if extra:
             guard = {"$and": [guard, dict(extra)]}
         entry = history.operator_entry(
@@ -481,6 +492,7 @@ class AsyncOperations:
                 f"the filter selects more than {limit} documents: narrow it, or act in turns"
             )
         result = Bulk(action, query, dry_run, target)
+        shard_key = await self._shard_key(query.collection, live)
         now = await self.now()
         plan = await self._plan(query, now, None)
         if plan is None:
@@ -508,6 +520,7 @@ class AsyncOperations:
                     by,
                     why,
                     dry_run,
+                    shard_key,
                 )
                 if why_not is None:
                     result.changed.append(row)
@@ -551,6 +564,7 @@ class AsyncOperations:
         by: str | None,
         why: str,
         dry_run: bool,
+        shard_key: tuple[str, ...] = (),
     ) -> str | None:
         """One document of a bulk action; why it was left alone, or None when it was
         changed (or, ``dry_run``, would be)."""
@@ -587,6 +601,7 @@ class AsyncOperations:
                 to if to is not None else doc.get("phase"),
                 history_length(live),
                 extra=plan.query,
+                shard=sharding.shard_values(doc, shard_key),
             )
         except (DocumentChanged, DocumentNotFound):
             return "changed meanwhile (no longer as read, or no longer matching the filter)"
@@ -677,6 +692,30 @@ class AsyncOperations:
             if keys not in found:
                 found.append(keys)
         return found
+
+    async def _shard_key(self, collection: str, live: list[ReplicaRecord]) -> tuple[str, ...]:
+        """The shard key of ``collection``: as its live replicas' handlers declare it, else
+        as the server tells (``config.collections``, where this user may read it)."""
+        declared = replicas.shard_key(live, collection)
+        if declared:
+            return declared
+        return (await self._reports.shard_state(collection)).key or ()
+
+    async def _shard(
+        self, collection: str, seen: Mapping[str, Any], live: list[ReplicaRecord]
+    ) -> dict[str, Any]:
+        """The shard key values of the document ``seen`` names: from ``seen`` when it holds
+        them, else read from the document (a page's form carries only its id, phase and
+        lease); none for an unsharded collection."""
+        key = await self._shard_key(collection, live)
+        if not key:
+            return {}
+        if not sharding.missing_fields(seen, key):
+            return sharding.shard_values(seen, key)
+        doc = await self._reports.find_one(collection, queries.exact_id_filter(seen["_id"]))
+        if doc is None:
+            raise DocumentNotFound(collection, id_json(seen["_id"]))
+        return sharding.shard_values(doc, key)
 
     async def _work_collections(self, collections: Sequence[str] | None) -> list[str]:
         present = await self._reports.collection_names()

@@ -26,6 +26,7 @@ from orchestrator.core.browse import Plan
 from orchestrator.core.pauses import Pause, Scope
 from orchestrator.core.queries import UNIQUE_PREFIX
 from orchestrator.core.replicas import REPLICAS_COLLECTION, ReplicaRecord
+from orchestrator.core.sharding import ShardState
 from orchestrator.core.status import PhaseCount, RecentError
 from orchestrator.mongo._async.store import AsyncStore
 from orchestrator.mongo.common import Document, driver_errors
@@ -205,6 +206,14 @@ class AsyncReportStore(Protocol):
         """
         ...
 
+    async def shard_state(self, name: str) -> ShardState:
+        """Whether ``name`` is sharded, and on what, as the server tells (asked once per
+        collection; ``UNKNOWN`` when this user may not read it).
+
+        :raises StoreError: never for a refusal to tell; only as the store's reads do
+        """
+        ...
+
     async def operator_update(
         self, name: str, query: Mapping[str, Any], update: Mapping[str, Any]
     ) -> Document | None:
@@ -220,6 +229,8 @@ class AsyncReportStore(Protocol):
             (the document is gone, or no longer as the operator saw it)
         :raises StoreError: the write failed, or no majority acknowledged it within the
             write timeout (``transient``: it may have applied)
+        :raises ShardKeyRequired: the collection is sharded and ``query`` does not name its
+            shard key (a server before 8.0 refuses such a change)
         """
         ...
 
@@ -352,10 +363,13 @@ class AsyncReports:
         with driver_errors(f"read from {name}"):
             return await self._store.collection(name).find_one(dict(query))
 
+    async def shard_state(self, name: str) -> ShardState:
+        return await self._store.shard_state(name)
+
     async def operator_update(
         self, name: str, query: Mapping[str, Any], update: Mapping[str, Any]
     ) -> Document | None:
-        with driver_errors(f"update {name}"):
+        with driver_errors(f"update {name}", (name, None)):
             return await self._store.collection(name).find_one_and_update(
                 dict(query), dict(update), return_document=ReturnDocument.AFTER
             )

@@ -37,8 +37,8 @@ from pymongo.errors import (
     ServerSelectionTimeoutError,
 )
 
-from orchestrator.core import audit, history, pauses, queries
-from orchestrator.core.errors import ConfigError, StoreError
+from orchestrator.core import audit, history, pauses, queries, sharding
+from orchestrator.core.errors import ConfigError, ShardKeyRequired, StoreError
 from orchestrator.core.queries import as_utc
 from orchestrator.core.redact import redact
 from orchestrator.core.replicas import REPLICAS_COLLECTION, ReplicaRecord
@@ -83,6 +83,11 @@ class AsyncStore:
         self._lock = asyncio.Lock()
         self._legacy_hello = False
         self._no_union = False  # the server lacks $unionWith: a probe per collection
+        self._sharding: dict[str, sharding.ShardState] = {}
+        self._refused: dict[str, ShardKeyRequired] = {}
+        """Collections whose claims were refused for want of their shard key: said once,
+        then nothing more is claimed there (no server round trip either)."""
+        self._candidates: dict[tuple[str, str], sharding.Candidates] = {}
 
     @property
     def database(self) -> AsyncDatabase[Document]:
@@ -142,6 +147,7 @@ class AsyncStore:
         exclusion: Mapping[str, Any] | None,
         update: Mapping[str, Any],
         seen: Callable[[Document], None] | None = None,
+        plan: sharding.ClaimPlan | None = None,
     ) -> Document | None:
         """One atomic find-and-modify: the longest-free document ``match`` selects whose
         lease is free at ``judged_at`` (and that ``exclusion`` lets through), taken with
@@ -152,20 +158,119 @@ class AsyncStore:
         starves behind fresher ones. The server returns the document as it was, and the
         claim's ``$set`` is applied here: ``seen``, when given, gets that document first
         (its lease fields say how long it was due: the events' claim latency).
+
+        ``plan`` (the handler's; by default sorted, no shard key): a peeking plan reads
+        the longest-free candidates first and claims one by its ``_id`` and shard key
+        (``_peek_and_claim``). The first claim on a collection asks the server whether it
+        is sharded, and on what; a collection sharded on another key than the declared one,
+        or a server refusing a claim for want of its shard key, raises ``ShardKeyRequired``
+        once, and from then on nothing is claimed there (None, no round trip).
         """
-        with driver_errors(f"claim on {name}"):
-            before = await self.collection(name).find_one_and_update(
-                queries.claim_filter(match, judged_at, horizon, exclusion),
-                dict(update),
-                projection=history.CLAIM_PROJECTION,
-                sort=queries.CLAIM_SORT,
-                return_document=ReturnDocument.BEFORE,
-            )
+        plan = plan or sharding.SORTED
+        if name in self._refused:
+            return None
+        if name not in self._sharding:
+            problem = sharding.problem(name, plan.shard_key, await self.shard_state(name))
+            if problem is not None:
+                self._refused[name] = problem
+                raise problem
+        query = queries.claim_filter(match, judged_at, horizon, exclusion)
+        try:
+            with driver_errors(f"claim on {name}", (name, plan.shard_key)):
+                if plan.peeks:
+                    before = await self._peek_and_claim(name, query, update, judged_at, plan)
+                else:
+                    before = await self.collection(name).find_one_and_update(
+                        query,
+                        dict(update),
+                        projection=history.CLAIM_PROJECTION,
+                        sort=queries.CLAIM_SORT,
+                        return_document=ReturnDocument.BEFORE,
+                    )
+        except ShardKeyRequired as exc:
+            self._refused[name] = exc
+            raise
         if before is None:
             return None
         if seen is not None:
             seen(before)
         return queries.claimed(before, update)
+
+    async def _peek_and_claim(
+        self,
+        name: str,
+        query: Mapping[str, Any],
+        update: Mapping[str, Any],
+        judged_at: datetime,
+        plan: sharding.ClaimPlan,
+    ) -> Document | None:
+        """Peek-then-claim: read the ``plan.candidates`` longest-free documents' ``_id`` and
+        shard key (a read may go to every shard), then claim them one at a time in the
+        replica's order (``sharding.spread``), each by a find-and-modify naming its ``_id``
+        and shard key (one shard) and re-checking ``query``. One that matches nothing was
+        taken by another replica meanwhile (a lost race): the others of its list likely
+        were too, so the list is dropped and a fresh peek (where documents claimed since
+        are no longer free) gives the next candidates. A list serves this handler's next
+        claims until then, until it runs out, or until it is older than ``plan.max_age``;
+        a claim reads at most ``PEEKS_PER_CLAIM`` lists. The document as it was, or None."""
+        coll = self.collection(name)
+        queue = self._candidates.get((name, plan.key))
+        if queue is None:
+            queue = self._candidates.setdefault((name, plan.key), sharding.Candidates())
+        peeks = 0
+        while True:
+            candidate = queue.take(judged_at, plan.max_age)
+            if candidate is None:
+                if peeks == sharding.PEEKS_PER_CLAIM:
+                    return None
+                peeks += 1
+                cursor = coll.find(dict(query), queries.peek_projection(plan.shard_key))
+                docs = await cursor.sort(queries.CLAIM_SORT).limit(plan.candidates).to_list()
+                if not queue.refill(docs, plan.seed, judged_at):
+                    return None
+                continue
+            before: Document | None = None
+            try:
+                before = await coll.find_one_and_update(
+                    queries.targeted_claim(candidate, plan.shard_key, query),
+                    dict(update),
+                    projection=history.CLAIM_PROJECTION,
+                    return_document=ReturnDocument.BEFORE,
+                )
+            finally:
+                queue.done(candidate, lost=before is None)
+            if before is not None:
+                return before
+
+    async def shard_state(self, name: str) -> sharding.ShardState:
+        """Whether ``name`` is sharded, and on which key, as the server tells (asked once
+        per collection): ``config.collections`` (which a user with ``readWrite`` on its own
+        database only may not read), else ``collStats``'s ``sharded`` (a mongos says it);
+        ``UNKNOWN`` when neither answers."""
+        known = self._sharding.get(name)
+        if known is not None:
+            return known
+        found, settled = await self._read_sharding(name)
+        if settled:
+            self._sharding[name] = found
+        return found
+
+    async def _read_sharding(self, name: str) -> tuple[sharding.ShardState, bool]:
+        """What the server tells, and whether that is settled (not a passing failure)."""
+        try:
+            config = self._db.client.get_database("config", codec_options=self._codec)
+            entry = await config.get_collection("collections").find_one(
+                {"_id": f"{self._db.name}.{name}"}, {"key": 1, "dropped": 1}
+            )
+            return sharding.from_config(entry), True
+        except PyMongoError as exc:  # not allowed to read config, most often
+            if common.is_transient(exc):
+                return sharding.UNKNOWN, False
+        try:
+            reply = await self._db.command({"collStats": name}, codec_options=self._codec)
+            return sharding.from_collstats(reply), True
+        except PyMongoError as exc:
+            return sharding.UNKNOWN, not common.is_transient(exc)
 
     async def probe(
         self,
@@ -258,11 +363,11 @@ class AsyncStore:
                 await coll.insert_one(doc)
             return doc
         key = queries.unique_filter(doc, unique)
-        if tuple(unique) != ("_id",):
+        if "_id" not in unique:  # the _id index keeps those unique (``Registry.add_unique``)
             await self.ensure_unique(name, unique)
         on_insert = {k: v for k, v in doc.items() if k not in key}
         for _ in range(3):
-            with driver_errors(f"submit to {name}"):
+            with driver_errors(f"submit to {name}", (name, None)):
                 try:
                     stored = await coll.find_one_and_update(
                         key,
@@ -452,6 +557,9 @@ class AsyncStore:
         with driver_errors(f"drop {name}"):
             await self._db.drop_collection(name)
         self._unique_done = {done for done in self._unique_done if done[0] != name}
+        self._sharding.pop(name, None)
+        self._refused.pop(name, None)
+        self._candidates = {k: v for k, v in self._candidates.items() if k[0] != name}
 
 
 async def connect_async(

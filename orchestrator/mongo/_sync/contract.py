@@ -18,6 +18,7 @@ from orchestrator.core.pauses import Pause
 from orchestrator.core.queries import Matches
 from orchestrator.core.replicas import ReplicaRecord
 from orchestrator.core.scheduler import Found
+from orchestrator.core.sharding import ClaimPlan, ShardState
 from orchestrator.mongo.common import Document
 
 __all__ = ["LeaseStore"]
@@ -43,12 +44,19 @@ class LeaseStore(Protocol):
         exclusion: Mapping[str, Any] | None,
         update: Mapping[str, Any],
         seen: Callable[[Document], None] | None = None,
+        plan: ClaimPlan | None = None,
     ) -> Document | None:
         """Atomically take the longest-free document of ``name`` that ``match`` selects,
         whose lease is free at ``judged_at`` and that ``exclusion`` lets through, applying
         ``update``; the document as claimed, or None when there is none. Of replicas
         claiming at once exactly one gets each document. ``seen`` gets the document as it
-        was before the claim. A lost reply may leave a claim applied: that lease expires."""
+        was before the claim. A lost reply may leave a claim applied: that lease expires.
+        ``plan``: sorted, or peek-then-claim (with the shard key, targeted); raises
+        ``ShardKeyRequired`` once for a sharded collection whose key is not declared (or
+        not the one declared), and then claims nothing more there."""
+
+    def shard_state(self, name: str) -> ShardState:
+        """Whether ``name`` is sharded, and on what, as the server tells (asked once)."""
 
     def probe(
         self,

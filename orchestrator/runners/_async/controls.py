@@ -13,8 +13,7 @@ import logging
 import threading
 from collections.abc import Callable
 
-from orchestrator.core import pauses, replicas
-from orchestrator.core.clock import Clock
+from orchestrator.core import pauses
 from orchestrator.core.errors import StoreError
 from orchestrator.core.registry import Handler
 from orchestrator.core.settings import Settings
@@ -34,17 +33,15 @@ class AsyncPauseWatch:
         settings: Settings,
         report: Reporter,
         apply: Callable[[frozenset[str]], None],
-        clock: Clock,
     ) -> None:
         self._store = store
-        self._clock = clock  # local monotonic time: when the pauses were last read
         self._settings = settings
         self._report = report
         self._apply = apply
         self._lock = threading.Lock()  # the fields below, from any worker or the timer
         self._pauses: list[pauses.Pause] = []
         self._handlers: list[Handler] = []
-        self._read_at: float | None = None
+        self._probed = False  # a probe read them since the last heartbeat
 
     @property
     def scopes(self) -> list[str]:
@@ -59,10 +56,13 @@ class AsyncPauseWatch:
             found = self._pauses
         self._apply(pauses.paused(found, handlers))
 
-    async def read(self, *, unless_fresh: bool = False) -> None:
-        """Read the pauses now and apply them; ``unless_fresh`` (a heartbeat's): not if a
-        probe read them within the last heartbeat interval."""
-        if unless_fresh and self._fresh():
+    async def read(self, *, unless_probed: bool = False) -> None:
+        """Read the pauses now and apply them; ``unless_probed`` (a heartbeat's): not if a
+        tick's probe read them since the last heartbeat (a replica whose handlers are all
+        paused sends no probe: its heartbeats read them)."""
+        with self._lock:
+            probed, self._probed = self._probed, False
+        if unless_probed and probed:
             return
         name = self._settings.pauses_collection
         try:
@@ -76,16 +76,15 @@ class AsyncPauseWatch:
             return
         self.seen(found)
 
-    def _fresh(self) -> bool:
-        interval = replicas.refresh_interval(self._settings.lock_timeout)
+    def probed(self, found: list[pauses.Pause]) -> None:
+        """A tick's probe read the pauses in force: ``found``."""
         with self._lock:
-            read_at = self._read_at
-        return read_at is not None and 0 <= self._clock.monotonic() - read_at < interval
+            self._probed = True
+        self.seen(found)
 
     def seen(self, found: list[pauses.Pause]) -> None:
-        """The pauses in force are ``found`` (read now, by a probe or ``read``)."""
+        """The pauses in force are ``found`` (read now)."""
         with self._lock:
-            self._read_at = self._clock.monotonic()
             changed = [p.scope for p in found] != [p.scope for p in self._pauses]
             self._pauses = found
             handlers = self._handlers

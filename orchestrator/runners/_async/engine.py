@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 
 from pymongo.asynchronous.database import AsyncDatabase
 
-from orchestrator.core import queries, replicas
+from orchestrator.core import queries, replicas, sharding
 from orchestrator.core.clock import Clock, ServerClock, SystemClock
 from orchestrator.core.errors import ConfigError, OrchestratorError
 from orchestrator.core.events import Listener, Listeners
@@ -111,7 +111,6 @@ class AsyncOrchestrator:
             settings=self.settings,
             report=self._report,
             apply=self._books.pause,
-            clock=local,
         )
         self._registration = Registration(
             Registry(self.settings), self._calls.check, self._registered
@@ -127,7 +126,7 @@ class AsyncOrchestrator:
             crew=self._crew,
             calls=self._calls,
             on_due=self._come_due,
-            on_pauses=self._pauses.seen,
+            on_pauses=self._pauses.probed,
         )
         self._record = AsyncReplicaRecorder(
             store=self._store,
@@ -162,7 +161,9 @@ class AsyncOrchestrator:
         """Register the decorated function for documents of ``target`` in ``phase``.
 
         Options: ``max_attempts``, ``failed_phase``, ``relock_policy``, ``retry_policy``,
-        ``to`` (the phases it may advance to; any other advance is refused).
+        ``to`` (the phases it may advance to; any other advance is refused), ``shard_key``
+        (the collection's shard key, on a sharded cluster: every claim and write then
+        targets one shard).
         """
         return self._registration.phase(target, phase, **opts)
 
@@ -200,7 +201,15 @@ class AsyncOrchestrator:
         """The claim index on every registered collection, and the unique keys of submit."""
         self._crew.enter()
         collections, unique = self._registration.indexes()
+        registry = self._registration.registry
         for collection in collections:
+            refusal = sharding.problem(
+                collection,
+                registry.shard_key_for(collection),
+                await self._store.shard_state(collection),
+            )
+            if refusal is not None:
+                raise refusal  # at start(), before any claim: a sharded collection's key
             await self._store.ensure_claim_index(collection)
             await self._store.ensure_errors_index(collection)
         for collection, keys in unique:
@@ -285,18 +294,24 @@ class AsyncOrchestrator:
 
     async def heartbeat(self) -> int:
         """Extend the leases of steps running past half the lock timeout, take back those
-        past ``step_timeout``, read the operators' pauses, and refresh this replica's
-        record while it is started. The loop calls this on its own; returns leases
-        extended."""
+        past ``step_timeout``, read the operators' pauses, and write this replica's record
+        while it is started (when it changed, or every ``RECORD_INTERVAL``). The loop
+        calls this on its own; returns leases extended."""
+        return await self._heartbeat(unless_probed=False)
+
+    async def _heartbeat(self, *, unless_probed: bool) -> int:
+        """``heartbeat``; ``unless_probed`` (the loop's): the pauses are not read again if a
+        tick's probe read them since the last heartbeat."""
         self._crew.enter()
         extended = await self._steps.heartbeat()
-        await self._pauses.read(unless_fresh=True)
+        await self._pauses.read(unless_probed=unless_probed)
         await self._record.refresh()
         return extended
 
     async def _safe_heartbeat(self) -> None:
+        """The loop's heartbeat (its timer's job, and ``run_once``'s while it waits)."""
         try:
-            await self.heartbeat()
+            await self._heartbeat(unless_probed=True)
         except Exception:
             logger.exception("heartbeat failed", extra={**self._report.base, "outcome": "error"})
 

@@ -62,6 +62,7 @@ class AsyncReplicaRecorder:
         self._started_at: datetime | None = None
         self._indexed = False  # the records' TTL index was made
         self._written: datetime | None = None  # when the record was last written
+        self._content: replicas.ReplicaRecord | None = None  # what it said then
 
     def record(self, now: datetime) -> replicas.ReplicaRecord:
         """This replica as it records itself at ``now``, with the steps it runs."""
@@ -91,7 +92,9 @@ class AsyncReplicaRecorder:
             max_concurrency=settings.max_concurrency,
             steps=steps,
             handlers=[
-                replicas.HandlerInfo(h.collection, h.phase, h.name, h.key, h.failed_phase)
+                replicas.HandlerInfo(
+                    h.collection, h.phase, h.name, h.key, h.failed_phase, h.shard_key
+                )
                 for h in self._registry.handlers
             ],
             unique=[
@@ -102,6 +105,8 @@ class AsyncReplicaRecorder:
             cancelled_phase=settings.cancelled_phase,
             history=settings.history,
             paused=self._paused(),
+            claim_strategy=settings.claim_strategy,
+            claim_candidates=settings.claim_candidates,
         )
 
     async def begin(self) -> None:
@@ -111,31 +116,35 @@ class AsyncReplicaRecorder:
             self._recording = True
             self._recorded = False
             self._written = None
+            self._content = None
             self._started_at = self._clock.now()
         await self.refresh()
 
     async def refresh(self) -> None:
-        """Write the record (while started), if ``RECORD_INTERVAL`` has passed since the
-        last write: a heartbeat's other work comes more often."""
+        """Write the record (while started), when what it says changed (the steps running,
+        the pauses honoured...) or ``RECORD_INTERVAL`` has passed since the last write: an
+        idle replica writes it every ``RECORD_INTERVAL``, a busy one as its steps change."""
         with self._lock:
             recording = self._recording
             last = self._written
         if not recording or not self._clock.measured:
             return
         now = self._clock.now()
+        record = self.record(now)
         since = None if last is None else (now - last).total_seconds()
         if (
             since is not None
-            and since >= 0
+            and since >= 0  # a clock gone back writes at once: it cannot wait for it
             and not replicas.record_due(since, self._settings.lock_timeout)
+            and replicas.same_content(record, self._content)
         ):
-            return  # a clock gone back (since < 0) writes at once: it cannot wait for it
+            return  # nothing new to say (an idle replica): written every RECORD_INTERVAL
         name = self._settings.replicas_collection
         try:
             if not self._indexed:
                 await self._store.ensure_replica_index(name)
                 self._indexed = True
-            previous = await self._store.record_replica(self.record(now), name)
+            previous = await self._store.record_replica(record, name)
         except OrchestratorError as exc:
             self._books.count("replica_errors")
             self._report.line(
@@ -147,6 +156,7 @@ class AsyncReplicaRecorder:
         self._books.count("replica_records")
         with self._lock:
             self._written = now
+            self._content = record
             stopped = not self._recording
             # Another process wrote under this replica id since this one's last record
             # (a dead namesake cannot: its record is only there before the first write).

@@ -20,7 +20,7 @@ from pydantic import ValidationError
 
 from orchestrator.core import audit, history, queries, scheduler, steps
 from orchestrator.core.clock import Clock, ServerClock
-from orchestrator.core.errors import LeaseLost, StoreError
+from orchestrator.core.errors import LeaseLost, ShardKeyRequired, StoreError
 from orchestrator.core.lease import Outcome
 from orchestrator.core.operator import id_json_or_text
 from orchestrator.core.outcomes import StepOutcome
@@ -233,7 +233,16 @@ class Steps:
                 handler.exclusion,
                 queries.claim_update(now, until, token, self._settings.replica_id),
                 seen,
+                handler.plan,
             )
+        except ShardKeyRequired as exc:
+            # Said once: the collection's handlers are set aside, so no loop of errors.
+            self._books.refuse(handler.collection)
+            self._books.count("shard_key_required")
+            self._report.line(
+                logging.ERROR, str(exc), "shard-key-required", collection=handler.collection
+            )
+            return None
         except StoreError as exc:
             # The database is unreachable (or the reply was lost after the claim applied:
             # that lease then expires unused). This handler sits the tick out; the others,

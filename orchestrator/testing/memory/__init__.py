@@ -36,6 +36,7 @@ from orchestrator.testing.memory.locked import DOCUMENT_WRITES, INDEX_WRITES
 from orchestrator.testing.memory.replication import Replication
 from orchestrator.testing.memory.server import Server
 from orchestrator.testing.memory.server_rules import MAX_BSON_SIZE
+from orchestrator.testing.memory.sharding import Sharding
 
 if TYPE_CHECKING:
     from pymongo.database import Database
@@ -49,6 +50,7 @@ __all__ = [
     "MemoryCursor",
     "MemoryDatabase",
     "Replication",
+    "Sharding",
     "memory_database",
 ]
 
@@ -86,6 +88,9 @@ def memory_database(
       ``WriteError`` from ``update_one``, an ``OperationFailure`` from
       ``find_one_and_update``); an insert that large raises pymongo's ``DocumentTooLarge``.
     - Writes wait for their write concern: see ``Replication`` (``db.replication``).
+    - ``db.shard_collection(name, key)`` makes it answer as a 7.0 mongos with ``name``
+      sharded on ``key``: writes naming no shard key are refused as a cluster refuses them
+      (see ``Sharding``, ``db.sharding``).
     """
     _check_options(name, clock, server_time, hello, wire_version)
     if codec_options is not None and not isinstance(codec_options, CodecOptions):
@@ -99,6 +104,7 @@ def memory_database(
         wire_version=wire_version,
         codec_options=codec_options if codec_options is not None else DEFAULT_CODEC_OPTIONS,
         replication=Replication(),
+        sharding=Sharding(),
     )
     return cast("Database[dict[str, Any]]", MemoryClient(server)[name])
 

@@ -103,6 +103,8 @@ class MemoryCollection:
     def find(self, *args: Any, **kwargs: Any) -> MemoryCursor:
         """A cursor read in full, under the lock, when it is first iterated."""
         with self._server.lock:
+            if self._server.sharding.active:
+                self._server.sharding.check_access(self._database.name)
             # Building a mongomock cursor validates the arguments; it reads no document.
             cursor = self._mongomock.find(*args, **kwargs)
         return MemoryCursor(self._server, cursor, self._codec_options)
@@ -125,6 +127,8 @@ class MemoryCollection:
         """As pymongo's, with a hint checked as the server checks it (``check_hint``)."""
         hint = options.pop("hint", None)
         with self._server.lock:
+            if self._server.sharding.active:
+                self._server.sharding.check_access(self._database.name)
             check_hint(hint, list(self._mongomock.list_indexes()))
             return int(self._server.call(self._mongomock.count_documents, (filter,), options))
 

@@ -8,7 +8,7 @@ client. Methods written out here are those where mongomock answers unlike a serv
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn, cast
 
 from bson.codec_options import DEFAULT_CODEC_OPTIONS, CodecOptions
@@ -24,6 +24,7 @@ from orchestrator.testing.memory.locked import locked_attribute
 if TYPE_CHECKING:
     from orchestrator.testing.memory.replication import Replication
     from orchestrator.testing.memory.server import Server
+    from orchestrator.testing.memory.sharding import Sharding
 
 __all__ = ["MemoryClient", "MemoryDatabase"]
 
@@ -115,6 +116,28 @@ class MemoryDatabase:
     def replication(self) -> Replication:
         """Whether a majority acknowledges writes; a test can take it away."""
         return self._server.replication
+
+    @property
+    def sharding(self) -> Sharding:
+        """The sharded collections of its server, and the writes sent to every shard."""
+        return self._server.sharding
+
+    def shard_collection(
+        self, name: str, key: str | Sequence[str], *, listed: bool = True
+    ) -> MemoryCollection:
+        """Answer from now on as a 7.0 mongos with collection ``name`` sharded on ``key``
+        (see ``Sharding``); ``listed``: ``config.collections`` names it with its key, as
+        a config server does (False: only ``collStats`` says it is sharded)."""
+        namespace = f"{self.name}.{name}"
+        with self._server.lock:
+            fields = self._server.sharding.shard(namespace, key)
+            if listed:
+                self._server.mongomock["config"]["collections"].replace_one(
+                    {"_id": namespace},
+                    {"_id": namespace, "key": dict.fromkeys(fields, 1), "unique": False},
+                    upsert=True,
+                )
+        return self.get_collection(name)
 
     def __getitem__(self, name: str) -> MemoryCollection:
         return self.get_collection(name)
@@ -224,6 +247,11 @@ class MemoryDatabase:
             reply = self._server.hello_reply(name)
         elif name == "ping":
             reply = {"ok": 1.0}
+        elif name == "collStats":
+            target = str(document[name])
+            with self._server.lock:
+                count = self._mongomock[target].count_documents({})
+            reply = self._server.sharding.collstats(f"{self.name}.{target}", count)
         else:
             with self._server.lock:
                 reply = cast(dict[str, Any], self._mongomock.command(document))

@@ -86,6 +86,10 @@ class Locked:
             cut = None
             with self._server.lock:
                 if self._collection is not None:
+                    sharding = self._server.sharding
+                    if sharding.active:
+                        sharding.check_access(self._collection.database.name)
+                        sharding.check_write(self._collection.full_name, name, args, kwargs)
                     owner = getattr(self._method, "__self__", None)
                     refuse_push_onto_non_arrays(owner, name, args, kwargs)
                     if name in _RETURNS_DOCUMENTS:

@@ -28,6 +28,7 @@ from orchestrator.testing.memory.collection import MemoryCollection
 from orchestrator.testing.memory.cursors import ListCursor
 from orchestrator.testing.memory.database import MemoryClient, MemoryDatabase
 from orchestrator.testing.memory.replication import Replication
+from orchestrator.testing.memory.sharding import Sharding
 
 __all__ = ["Server"]
 
@@ -45,6 +46,7 @@ class Server:
     wire_version: int
     codec_options: CodecOptions[Any]
     replication: Replication
+    sharding: Sharding
 
     def adopt(self, value: Any, database: MemoryDatabase | None = None) -> Any:
         """Wrap what mongomock returned; the caller holds the lock.
