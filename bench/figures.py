@@ -405,32 +405,44 @@ def batch(size: Size, replicas: int = 3) -> dict[str, Any]:
     docs = size.batch_docs
     results: dict[str, Any] = {"documents": docs, "steps": len(THREE), "replicas": replicas}
     for side in ("orchestrator", "baseline"):
-        clock = FakeClock()
-        db = fresh(clock)
-        tally = Tally()
-        steps = finishing(chain("batch", THREE), tally)
-        seeder = replica(db, clock, "seed", clock_refresh=1e6)
-        _fill(seeder, docs, THREE[0], "batch")
-        runs: list[Callable[[], Any]] = []
-        for n in range(replicas):
-            if side == "orchestrator":
-                orch = replica(db, clock, f"pod-{n}", clock_refresh=1e6)
-                register(orch, steps)
-                orch.ensure_indexes()
-                runs.append(orch.run_once)
-            else:
-                runs.append(ClassicReplica(db, steps, clock, f"pod-{n}").tick)
-        db.meter.reset()
         began = time.perf_counter()
-        elapsed, ticks = _simulate(runs, clock, partial(_drained, tally, docs))
+        elapsed, ticks, counts = _drain(side, "batch", THREE, docs, replicas, clock_refresh=1e6)
         results[side] = {
             "seconds": elapsed,
             "ticks": ticks,
             "wall_s": time.perf_counter() - began,
-            "ops": db.meter.total(),
+            "ops": sum(counts.values()),
         }
     results["ratio"] = results["baseline"]["seconds"] / results["orchestrator"]["seconds"]
     return results
+
+
+def _drain(
+    side: str, collection: str, phases: Sequence[str], docs: int, replicas_n: int, **options: Any
+) -> tuple[float, int, dict[str, int]]:
+    """``docs`` documents through ``phases`` by ``replicas_n`` replicas of ``side`` (the
+    orchestrator's ``run_once``, or the classic pattern's tick) on a fake clock: the
+    simulated seconds, the ticks, and the commands sent by kind."""
+    clock = FakeClock()
+    db = fresh(clock)
+    tally = Tally()
+    steps = finishing(chain(collection, phases), tally)
+    seeder = replica(db, clock, "seed", clock_refresh=1e6)
+    _fill(seeder, docs, phases[0], collection)
+    runs: list[Callable[[], Any]] = []
+    for n in range(replicas_n):
+        if side == "orchestrator":
+            orch = replica(db, clock, f"pod-{n}", **options)
+            register(orch, steps)
+            orch.ensure_indexes()
+            orch.measure_clock()
+            runs.append(orch.run_once)
+        else:
+            runs.append(ClassicReplica(db, steps, clock, f"pod-{n}").tick)
+    db.meter.reset()
+    elapsed, ticks = _simulate(runs, clock, partial(_drained, tally, docs))
+    counts, _seconds = db.meter.snapshot()
+    return elapsed, ticks, counts
 
 
 # -- 10: commands per completed step --------------------------------------------------------------
@@ -446,25 +458,7 @@ def commands_per_step(size: Size, replicas_n: int = 3) -> dict[str, Any]:
         phases = [f"S{n}" for n in range(1, length + 1)]
         row: dict[str, Any] = {"documents": docs, "steps": length, "replicas": replicas_n}
         for side in ("orchestrator", "baseline"):
-            clock = FakeClock()
-            db = fresh(clock)
-            tally = Tally()
-            steps = finishing(chain("work", phases), tally)
-            seeder = replica(db, clock, "seed", clock_refresh=1e6)
-            _fill(seeder, docs, phases[0], "work")
-            runs: list[Callable[[], Any]] = []
-            for n in range(replicas_n):
-                if side == "orchestrator":
-                    orch = replica(db, clock, f"pod-{n}")
-                    register(orch, steps)
-                    orch.ensure_indexes()
-                    orch.measure_clock()
-                    runs.append(orch.run_once)
-                else:
-                    runs.append(ClassicReplica(db, steps, clock, f"pod-{n}").tick)
-            db.meter.reset()
-            _simulate(runs, clock, partial(_drained, tally, docs))
-            counts, _seconds = db.meter.snapshot()
+            _elapsed, _ticks, counts = _drain(side, "work", phases, docs, replicas_n)
             row[side] = sum(counts.values()) / (docs * length)
             row[f"{side}_by_kind"] = counts
         rows.append(row)

@@ -75,6 +75,11 @@ def value_at(doc: Mapping[str, Any], path: str) -> Any:
     return value
 
 
+def has(doc: Mapping[str, Any], path: str) -> bool:
+    """Whether ``doc`` holds the (dotted) field ``path`` (null counts: a server lists it)."""
+    return value_at(doc, path) is not _ABSENT
+
+
 def shard_values(doc: Mapping[str, Any], shard_key: Sequence[str]) -> dict[str, Any]:
     """The document's shard key values; a missing field is null, as the server files it."""
     found = {name: value_at(doc, name) for name in shard_key}

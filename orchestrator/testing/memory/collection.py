@@ -16,6 +16,7 @@ import bson
 from bson.codec_options import CodecOptions
 from pymongo.write_concern import WriteConcern
 
+from orchestrator.core import sharding
 from orchestrator.testing.memory.accelerator import accelerate
 from orchestrator.testing.memory.cursors import MemoryCursor
 from orchestrator.testing.memory.indexes import (
@@ -117,7 +118,7 @@ class MemoryCollection:
             value: Any = doc
             for part in key.split("."):
                 value = value.get(part) if isinstance(value, dict) else None
-            if value is None and not _has(doc, key):
+            if value is None and not sharding.has(doc, key):
                 continue
             for item in value if isinstance(value, list) else [value]:
                 found.setdefault(bson.encode({"v": item}), item)
@@ -194,13 +195,3 @@ class MemoryCollection:
 
     def __repr__(self) -> str:
         return f"<memory collection {self.full_name!r}>"
-
-
-def _has(doc: dict[str, Any], key: str) -> bool:
-    """Whether ``doc`` holds the dotted ``key`` (null counts: the server lists it)."""
-    value: Any = doc
-    for part in key.split("."):
-        if not isinstance(value, dict) or part not in value:
-            return False
-        value = value[part]
-    return True
