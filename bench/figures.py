@@ -41,6 +41,7 @@ from orchestrator import AsyncLease, AsyncOrchestrator, Lease, Orchestrator, Out
 from orchestrator.core import queries, replicas
 from orchestrator.core.clock import SystemClock
 from orchestrator.core.settings import Settings
+from orchestrator.core.steps import started as steps_started
 from orchestrator.mongo import AsyncStore, Store
 from orchestrator.testing import FakeClock, async_memory_database, async_view, memory_database
 
@@ -168,7 +169,7 @@ def _sync_pair(size: Size, concurrency: int) -> dict[str, Any]:
     orch.run_once()
     wall, cpu = time.perf_counter() - started, time.process_time() - cpu_started
     ops, in_db = db.meter.snapshot()
-    done = steps_run(orch.stats())
+    done = steps_started(orch.stats())
     orch.stop(timeout=5)
 
     clock = FakeClock()
@@ -206,7 +207,7 @@ async def _async_pair_on_loop(size: Size, concurrency: int) -> dict[str, Any]:
     await orch.run_once()
     wall, cpu = time.perf_counter() - started, time.process_time() - cpu_started
     ops, in_db = db.meter.snapshot()
-    done = steps_run(orch.stats())
+    done = steps_started(orch.stats())
     await orch.stop(timeout=5)
 
     clock = FakeClock()
@@ -246,11 +247,6 @@ def _fill(orch: Orchestrator, docs: int, phase: str, collection: str = "items") 
 async def _afill(orch: AsyncOrchestrator, docs: int, phase: str, collection: str = "items") -> None:
     for n in range(docs):
         await orch.submit(collection, {"phase": phase, "seq": n})
-
-
-def steps_run(stats: dict[str, int]) -> int:
-    """Steps an orchestrator ran: those it claimed and those a release carried on into."""
-    return stats.get("claimed", 0) + stats.get("carried", 0)
 
 
 def bare_loop(store: Store, step: Step, clock: FakeClock) -> int:

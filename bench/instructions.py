@@ -30,6 +30,7 @@ from pymongo.database import Database
 from bench.figures import abare_loop, bare_loop
 from bench.workloads import counting, register, register_async
 from orchestrator import AsyncOrchestrator, Orchestrator
+from orchestrator.core.steps import started
 from orchestrator.mongo import AsyncStore, Store
 from orchestrator.testing import FakeClock, async_memory_database, memory_database
 
@@ -55,8 +56,7 @@ def target(side: str, docs: int, run: bool) -> int:
             return 0
         if side == "threaded":
             orch.run_once()
-            stats = orch.stats()
-            return stats.get("claimed", 0) + stats.get("carried", 0)
+            return started(orch.stats())
         return bare_loop(Store(cast(Database[Any], db)), work, clock)
     return asyncio.run(_async_target(side, docs, run, work, clock))
 
@@ -72,8 +72,7 @@ async def _async_target(side: str, docs: int, run: bool, work: Any, clock: FakeC
         return 0
     if side == "async":
         await orch.run_once()
-        stats = orch.stats()
-        return stats.get("claimed", 0) + stats.get("carried", 0)
+        return started(orch.stats())
     return await abare_loop(AsyncStore(cast(AsyncDatabase[Any], db)), work, clock)
 
 

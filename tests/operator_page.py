@@ -154,7 +154,7 @@ def seed_invoices(seeded: Seeded) -> list[str]:
 
 def replica_records(now: datetime, handlers: Sequence[Handler] = ()) -> list[ReplicaRecord]:
     """pod-2 like pod-1 (it runs gw-held's step), pod-3 with a lock timeout of 300 s,
-    pod-4 silent for 15 s (three heartbeats: stale, its record still live), and pod-9,
+    pod-4 silent for 25 s (past two record intervals: stale, its record still live), and pod-9,
     which died: its record expired, though the TTL monitor has not deleted it yet. Each
     runs ``handlers`` (pod-1's)."""
 
@@ -185,7 +185,7 @@ def replica_records(now: datetime, handlers: Sequence[Handler] = ()) -> list[Rep
             steps=[RunningStep("gateways", "gw-held", "Provisioning", now)],
         ),
         made("pod-3", now - timedelta(seconds=4), engine="async", lock_timeout=300.0),
-        made("pod-4", now - timedelta(seconds=15)),
+        made("pod-4", now - timedelta(seconds=25)),
         made("pod-9", now - timedelta(minutes=5)),
     ]
 

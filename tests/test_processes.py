@@ -29,6 +29,7 @@ from pymongo.database import Database
 from orchestrator import Orchestrator
 from orchestrator.cli import main as cli
 from orchestrator.core.queries import as_utc
+from orchestrator.core.steps import started
 from orchestrator.demo.processes import REPLICAS
 from tests.conftest import MONGODB_URI
 from tests.process_replica import COLLECTION, LOCK_TIMEOUT, STEPS
@@ -210,4 +211,4 @@ def test_the_demo_with_replica_processes_passes_its_audit(
     assert all(d["stopped"] and d["pid"] for d in published.values())
     assert len({d["pid"] for d in published.values()}) == 3
     for name, report in published.items():
-        assert f"{name} {report['stats'].get('claimed', 0)}" in out
+        assert f"{name} {started(report['stats'])}" in out

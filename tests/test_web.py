@@ -122,8 +122,8 @@ def test_the_page_lists_the_live_replicas_and_flags_their_disagreement(
     assert [replicas[name][7] for name in ("pod-1", "pod-3")] == ["30s", "300s"]
     assert replicas["pod-1"][10] == "none"
     assert replicas["pod-2"][10].startswith("gateways/gw-held (Provisioning, for")
-    # Silent past two heartbeats (2 x 5 s at a 30 s lock timeout): marked, still listed.
-    assert replicas["pod-4"][6] == "15 s ago stale"
+    # Silent past two record intervals (2 x 10 s): marked, still listed.
+    assert replicas["pod-4"][6] == "25 s ago stale"
     assert [replicas[name][6] for name in ("pod-1", "pod-2", "pod-3")] == [
         "0 s ago",
         "1 s ago",

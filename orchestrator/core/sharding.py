@@ -268,6 +268,13 @@ class Candidates:
             if lost:
                 self._docs.clear()
 
+    @property
+    def claiming(self) -> int:
+        """Candidates this replica's workers are claiming now: a new peek reads that many
+        more, since they are still free and are left out of the list."""
+        with self._lock:
+            return len(self._claiming)
+
     def refill(self, docs: Sequence[Mapping[str, Any]], start: int, now: datetime) -> bool:
         """A new peek's ``docs`` (oldest first), in this replica's order from ``start``,
         without those this replica is claiming now; False when none is left."""

@@ -29,6 +29,7 @@ __all__ = [
     "hand_back_reason",
     "noted_message",
     "settled_level",
+    "started",
     "stop_summary",
     "taken_from",
     "wrong_result",
@@ -71,6 +72,12 @@ def could_take(handlers: Sequence[Handler], collection: str, phase: str) -> bool
         if handler.collection == collection and not (isinstance(pinned, str) and pinned != phase):
             return True
     return False
+
+
+def started(stats: Mapping[str, int]) -> int:
+    """Steps a replica started (from its ``stats()``): those it claimed, and those a
+    release carried its lease on into."""
+    return stats.get("claimed", 0) + stats.get("carried", 0)
 
 
 def hand_back_reason(*, stopping: bool, expired: bool) -> str | None:

@@ -24,6 +24,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.core.steps import started
 from orchestrator.demo.logs import RelockWaits, quiet_logs
 from orchestrator.demo.run import DemoOptions
 from orchestrator.mongo import connect_async
@@ -87,7 +88,7 @@ class Processes:
 
     async def steps(self) -> int:
         published = await self._published()
-        return sum(int(doc.get("stats", {}).get("claimed", 0)) for doc in published.values())
+        return sum(started(_counts(doc.get("stats"))) for doc in published.values())
 
     def trouble(self) -> str | None:
         for name, proc in self._procs.items():
@@ -200,3 +201,10 @@ async def _wait(event: asyncio.Event, timeout: float) -> bool:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def _counts(stats: object) -> dict[str, int]:
+    """A published ``stats()``, its counts as numbers (what is not one counts 0)."""
+    if not isinstance(stats, Mapping):
+        return {}
+    return {str(k): v for k, v in stats.items() if isinstance(v, int) and not isinstance(v, bool)}

@@ -33,6 +33,7 @@ from rich.text import Text
 
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.settings import DEFAULT_DATABASE
+from orchestrator.core.steps import started
 from orchestrator.demo.logs import RelockWaits, quiet_logs
 from orchestrator.mongo import connect_async
 from orchestrator.mongo.common import Document
@@ -159,11 +160,6 @@ class _Tasks:
 
     async def relock_waits(self) -> list[float]:
         return sorted(self._waits.snapshot())
-
-
-def started(stats: Mapping[str, int]) -> int:
-    """Steps a replica started: those it claimed, and those a release carried on into."""
-    return stats.get("claimed", 0) + stats.get("carried", 0)
 
 
 @contextmanager

@@ -226,7 +226,8 @@ class Store:
                     return None
                 peeks += 1
                 cursor = coll.find(dict(query), queries.peek_projection(plan.shard_key))
-                docs = cursor.sort(queries.CLAIM_SORT).limit(plan.candidates).to_list()
+                most = plan.candidates + queue.claiming  # those are left out of the list
+                docs = cursor.sort(queries.CLAIM_SORT).limit(most).to_list()
                 if not queue.refill(docs, plan.seed, judged_at):
                     return None
                 continue
