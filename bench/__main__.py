@@ -9,7 +9,9 @@ the real-server figure (7).
 
 ``uv run python -m bench contention`` is the contention benchmark on your own MongoDB
 (``bench/contention.py``: its options with ``--help``); ``uv run python -m bench
-instructions`` counts CPU instructions per step under callgrind (``bench/instructions.py``).
+instructions`` counts CPU instructions per step under callgrind (``bench/instructions.py``);
+``uv run python -m bench scale`` is the fleet model (``bench/scale.py``), which writes
+``docs/scale.md``.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench import contention, figures, instructions, report
+from bench import contention, figures, instructions, report, scale
 
 
 def run(size_name: str) -> dict[str, Any]:
@@ -119,6 +121,8 @@ def main(argv: list[str] | None = None) -> int:
         return contention.main(given[1:])
     if given[:1] == ["instructions"]:
         return instructions.main(given[1:])
+    if given[:1] == ["scale"]:
+        return scale.main(given[1:])
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     parser.add_argument("--size", choices=sorted(figures.SIZES), default="full")
     parser.add_argument(
