@@ -369,12 +369,18 @@ class Replica:
         return doc
 
     def _claim_peek(self, handler: Handler) -> Any:
+        """One claim: from this handler's list, read afresh when it is empty (at most one
+        list per claim: one that runs out or loses its race too ends the claim empty)."""
         phase = handler.phase or ""
         collection = handler.collection
         tally = self.fleet.tally
+        fresh = False  # this claim has read (or waited for) a list
         while True:
             candidates = self.candidates.get(handler.key)
             if not candidates:
+                if fresh:
+                    return None
+                fresh = True
                 gate = self.peeking.get(handler.key)
                 if gate is not None:
                     if not (yield gate):
