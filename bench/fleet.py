@@ -14,15 +14,20 @@ What varies, per ``Strategy``:
   replica aims at the head of the queue; ``peek``: a read of the ids of the ``k`` oldest
   due documents, then ``findAndModify`` by ``_id`` (re-checking phase and lease) in an
   order rotated by a hash of the replica id; a claim that finds its document taken is a
-  lost race and tries the next id; an exhausted list is read again.
+  lost race, which drops the list (it is stale); an empty list is read again, at most
+  once per claim.
 - ``carry`` (continue): a step whose outcome frees its document for a handler of this
   same replica writes its outcome with a renewed lease, and the next step runs without a
   claim when the scheduler allows it (its per-document budget).
-- idle ``old``: the scheduler's probes (one ``find`` per collection with several
-  handlers) and claims (an empty ``findAndModify`` per single-handler collection) each
-  tick, ticks aligned; ``new``: one ``aggregate`` per tick over every collection, which
-  also returns the earliest future due time (the replica looks again then, if sooner),
-  ticks jittered by ``JITTER``.
+- idle ``new`` (the engines now): the tick's one probe, an ``aggregate`` over every
+  collection, which also returns the earliest future due time (the replica probes again
+  then, if before its next tick); ticks up to ``tick_jitter`` late, a replica's first at
+  a random point of its first tick; the replica record written every
+  ``RECORD_INTERVAL``. ``old`` (before issue 19), the command pattern of the engines as
+  they were, answered to today's scheduler: the tick's probe is one ``find`` per
+  collection with several handlers, while a single-handler collection is probed by its
+  claim (an empty ``findAndModify`` when idle); ticks aligned, the record written every
+  lock_timeout / 6, no wake at a due time, every released step waking the idle handlers.
 """
 
 from __future__ import annotations
@@ -35,17 +40,23 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from bench.model import EPOCH, Doc, Params, Process, Server, Sim, Wait
+from orchestrator.core import replicas as records
+from orchestrator.core import steps
 from orchestrator.core.outcomes import StepOutcome
 from orchestrator.core.registry import Handler, Registry
-from orchestrator.core.scheduler import Claim, Probe, Scheduler
+from orchestrator.core.scheduler import Claim, Found, Probe, Scheduler
 from orchestrator.core.settings import Settings
 from orchestrator.runners.registration import Registration
 
-TICK = 1.0
-JITTER = 0.1
-"""The ``new`` idle mode's tick jitter: each interval is the tick times 1 +/- this."""
-REFRESH = Settings.model_fields["lock_timeout"].default / 6
-"""A started replica rewrites its replica record every lock_timeout / 6 (an update)."""
+DEFAULTS = Settings.build()
+TICK = DEFAULTS.tick
+JITTER = DEFAULTS.tick_jitter
+"""Each tick of the ``new`` mode comes up to this fraction of a tick late."""
+REFRESH = {
+    "old": DEFAULTS.lock_timeout / 6,
+    "new": records.RECORD_INTERVAL,
+}
+"""How often a started replica writes its replica record (an update), before and now."""
 CLOCK_REFRESH = Settings.model_fields["clock_refresh"].default
 """And measures the server's clock with ``hello`` this often (a read)."""
 PEEK_K = 32
@@ -58,10 +69,11 @@ command), so a peek of 50 ids costs two reads."""
 @dataclass(frozen=True)
 class Strategy:
     claim: Literal["sorted", "peek"] = "sorted"
-    carry: bool = False
-    idle: Literal["old", "new"] = "old"
+    carry: bool = True
+    idle: Literal["old", "new"] = "new"
     k: int = PEEK_K
     drop_on_loss: bool = True
+    jitter: bool = True  # ``new`` ticks jittered (``run_once`` by hand: aligned)
 
     @property
     def name(self) -> str:
@@ -69,7 +81,10 @@ class Strategy:
         return f"{claim}{', continue' if self.carry else ''}, {self.idle} idle"
 
 
-TODAY = Strategy()
+BEFORE = Strategy(carry=False, idle="old", jitter=False)
+"""The engines before issue 19: sorted claims, no continuation, the old idle pattern."""
+NOW = Strategy()
+"""The engines now (main): sorted claims, continuation, one probe per tick."""
 
 
 @dataclass(frozen=True)
@@ -90,7 +105,8 @@ StepFunc = Callable[[Doc], Plan]
 class Workload:
     name: str
     handlers: tuple[tuple[str, str, StepFunc], ...]  # (collection, phase, step)
-    backlog: int = 0  # documents at t=0, in the first handler's phase
+    backlog: int = 0  # documents at ``at`` seconds, in the first handler's phase
+    at: float = 0.0
     arrivals: float = 0.0  # documents per second after t=0 (Poisson), from outside
     seconds: float | None = None  # how long it runs; None: until the backlog is done
     steps_per_doc: int = 1
@@ -129,57 +145,46 @@ def waiting(collection: str, phase: str, seconds: float, relocks: int, wait: flo
 
 
 class Books:
-    """Everything the simulation tells the real ``Scheduler`` and asks of it.
-
-    Today's scheduler has no ``carry``: a continued step's claim budget is counted here
-    (the same rule: at most ``budget`` claims of one document per tick), and its slot is
-    kept by not reporting the step finished. With the ``new`` idle mode the one
-    ``aggregate`` of the tick says which collections have work: the scheduler's probes
-    and claims on the others are answered from it, without a command, until a step of
-    this replica frees work (then they go to the server, as a wake-up makes them)."""
+    """Everything the simulation tells the real ``Scheduler`` and asks of it, as the
+    engines' books do (``orchestrator.runners.books``)."""
 
     def __init__(self, handlers: Sequence[Handler], max_concurrency: int, budget: int) -> None:
         self._sched = Scheduler(handlers, max_concurrency=max_concurrency, budget=budget)
-        self._budget = budget
-        self._uses: Counter[tuple[str, str]] = Counter()
-        self._empty: set[str] = set()
 
-    def tick(self, empty: set[str] | None = None) -> None:
-        """A tick; ``empty``: the collections the tick's aggregate found nothing in."""
+    @property
+    def handlers(self) -> list[Handler]:
+        return self._sched.handlers
+
+    def tick(self) -> None:
         self._sched.tick()
-        self._uses.clear()
-        self._empty = set(empty or ())
 
-    def wake(self) -> None:
-        self._sched.wake()
-        self._empty.clear()
+    def due(self) -> None:
+        self._sched.due()
 
     def next(self) -> Probe | Claim | None:
         return self._sched.next()
 
-    def known_empty(self, collection: str) -> bool:
-        return collection in self._empty
-
-    def probed(self, probe: Probe, found: bool) -> None:
-        self._sched.probed(probe, found)
+    def probed(self, probe: Probe, ready: set[int]) -> None:
+        self._sched.probed(probe, Found(frozenset(ready), None))
 
     def claimed(self, claim: Claim, doc_key: str | None) -> bool:
-        if doc_key is not None:
-            self._uses[(claim.handler.collection, doc_key)] += 1
         return self._sched.claimed(claim, doc_key)
 
-    def carry(self, handler: Handler, doc_key: str) -> bool:
-        key = (handler.collection, doc_key)
-        if self._uses[key] >= self._budget:
-            return False
-        self._uses[key] += 1
-        return True
+    def carry(self, collection: str, phase: str, doc_key: str) -> Handler | None:
+        """``Books.reserve``: the handler this replica carries the document on into."""
+        handler = steps.carry_target(self._sched.handlers, collection, phase)
+        if handler is None or not self._sched.carry(handler, doc_key):
+            return None
+        return handler
 
-    def finished(self, outcome: StepOutcome, *, carried: bool) -> None:
-        if outcome.frees_work:
-            self._empty.clear()
-        if not carried:
-            self._sched.finished(outcome)
+    def finished(
+        self, outcome: StepOutcome, collection: str, phase: str | None, *, carried: bool, old: bool
+    ) -> None:
+        """``Books.finished``: a release wakes the idle handlers only if one of them could
+        take the document (before issue 19: always)."""
+        # phase None: the workflow is over (its phase is one no handler takes)
+        wakes = old or (phase is not None and steps.could_take(self.handlers, collection, phase))
+        self._sched.finished(outcome, carried=carried, wakes=wakes)
 
 
 # -- the replicas ----------------------------------------------------------------------------
@@ -236,67 +241,54 @@ class Replica:
         for collection, phase, func in fleet.workload.handlers:
             registration.phase(collection, phase)(func)
         self.handlers = list(registry.handlers)
-        self.by_phase = {(h.collection, h.phase): h for h in self.handlers}
-        self.collections = sorted({h.collection for h in self.handlers})
         self.books = Books(self.handlers, max_concurrency, budget)
         self.engaged = 0
         self.spread = zlib.crc32(rid.encode())
         self.candidates: dict[str, list[int]] = {}
         self.peeking: dict[str, Gate] = {}
-        self.next_tick = 0.0
+        self.base = 0.0
+        self.due_token = 0  # one wake at a due time at once: the latest asked replaces it
+        self.deferred: int | None = None  # run_once: a tick waiting for the last one's end
         self.stopped = False
 
     # -- ticks ---------------------------------------------------------------------------
 
     def start(self, at: float, housekeeping: bool) -> None:
-        self.next_tick = at
-        self.sim.at(at, self._tick, at)
+        self.base = at
+        self.sim.at(at, self._tick, 0)
         if housekeeping:  # the record is written as the replica starts, then refreshed
             self.sim.at(at, self._refresh)
             self.sim.at(at + CLOCK_REFRESH, self._hello)
 
-    def _interval(self) -> float:
-        if self.s.idle == "new":
-            return TICK * (1 + self.fleet.rng.uniform(-JITTER, JITTER))
-        return TICK
-
-    def _tick(self, when: float) -> None:
-        if self.stopped or when != self.next_tick:
-            return  # a tick moved earlier (a due time) replaced this one
-        self.next_tick = when + self._interval()
-        self.sim.at(self.next_tick, self._tick, self.next_tick)
-        if self.s.idle == "new":
-            self.sim.spawn(self._aggregate())
-        else:
-            self.books.tick()
-            self.pump()
-
-    def _aggregate(self) -> Process:
-        collections = self.collections
-        phases = {
-            c: [h.phase or "" for h in self.handlers if h.collection == c] for c in collections
-        }
-
-        def run(now: float) -> tuple[set[str], float | None]:
-            found = {c for c in collections if any(self.docs.head(c, p, now) for p in phases[c])}
-            dues = [self.docs.next_due(c, iter(phases[c]), now) for c in collections]
-            known = [d for d in dues if d is not None]
-            return found, min(known) if known else None
-
-        found, due = yield self.server.command("aggregate", run, "aggregate")
-        (self.fleet.tally.useful if found else self.fleet.tally.wasted)["probe"] += 1
-        self.books.tick(set(collections) - found)
+    def _tick(self, n: int) -> None:
+        """Tick ``n``: on the schedule ``base + n x tick``, each up to the jitter late.
+        Driven by ``run_once`` (the benchmark's figures), a tick waits for the last one's
+        work to end."""
+        if self.stopped:
+            return
+        if self.fleet.run_once and self.engaged:
+            self.deferred = n
+            return
+        late = self.fleet.rng.uniform(0, JITTER * TICK) if self._jittered else 0.0
+        self.sim.at(self.base + (n + 1) * TICK + late, self._tick, n + 1)
+        self.books.tick()
         self.pump()
-        if not self.engaged and due is not None and due < self.next_tick:
-            self.next_tick = max(due, self.sim.now)  # an idle replica sleeps until then
-            self.sim.at(self.next_tick, self._tick, self.next_tick)
+
+    @property
+    def _jittered(self) -> bool:
+        return self.s.idle == "new" and self.s.jitter
+
+    def _due(self, token: int) -> None:
+        if token == self.due_token and not self.stopped:
+            self.books.due()
+            self.pump()
 
     def _refresh(self) -> None:
         if self.stopped:
             return
         self.fleet.tally.housekeeping["replica record"] += 1
         self.sim.spawn(self._send(self.server.command("update", lambda _n: None, "refresh")))
-        self.sim.after(REFRESH, self._refresh)
+        self.sim.after(REFRESH[self.s.idle], self._refresh)
 
     def _hello(self) -> None:
         if self.stopped:
@@ -326,29 +318,64 @@ class Replica:
             yield from self._claim_and_run(action)
         self.engaged -= 1
         self.pump()
+        if self.deferred is not None and not self.engaged:
+            n, self.deferred = self.deferred, None
+            self.base = self.sim.now - n * TICK  # the schedule restarts from here
+            self._tick(n)
 
     def _probe(self, probe: Probe) -> Process:
-        if self.books.known_empty(probe.collection):
-            self.books.probed(probe, False)
+        """The tick's probe: one ``aggregate`` (``new``), or as before issue 19."""
+        if self.s.idle == "old":
+            yield from self._probe_old(probe)
             return
-        phases = [h.phase or "" for h in probe.handlers]
+        handlers = probe.handlers
 
-        def run(now: float) -> bool:
-            return any(self.docs.head(probe.collection, p, now) for p in phases)
+        def run(now: float) -> tuple[set[int], float | None]:
+            ready = {
+                i
+                for i, h in enumerate(handlers)
+                if self.docs.head(h.collection, h.phase or "", now)
+            }
+            dues = [
+                self.docs.next_due(c, [h.phase or "" for h in handlers if h.collection == c], now)
+                for c in probe.collections
+            ]
+            known = [d for d in dues if d is not None]
+            return ready, min(known) if known else None
 
-        found = yield self.server.command("read", run, "probe")
-        (self.fleet.tally.useful if found else self.fleet.tally.wasted)["probe"] += 1
-        self.books.probed(probe, bool(found))
-        self.pump()
+        ready, due = yield self.server.command("aggregate", run, "probe")
+        (self.fleet.tally.useful if ready else self.fleet.tally.wasted)["probe"] += 1
+        self.books.probed(probe, ready)
+        if due is not None and 0 < due - self.sim.now < TICK:  # steps._wake_when_due
+            self.due_token += 1
+            self.sim.at(due, self._due, self.due_token)
+
+    def _probe_old(self, probe: Probe) -> Process:
+        """A ``find`` per collection with several handlers; a single handler's collection
+        is left to its claim (ready), as the scheduler before issue 19 did."""
+        ready: set[int] = set()
+        for collection, _matches in probe.groups():
+            members = [i for i, h in enumerate(probe.handlers) if h.collection == collection]
+            if len(members) == 1:
+                ready.update(members)
+                continue
+            phases = [probe.handlers[i].phase or "" for i in members]
+
+            def run(now: float, collection: str = collection, phases: list[str] = phases) -> bool:
+                return any(self.docs.head(collection, p, now) for p in phases)
+
+            found = yield self.server.command("read", run, "probe")
+            (self.fleet.tally.useful if found else self.fleet.tally.wasted)["probe"] += 1
+            if found:
+                ready.update(members)
+        self.books.probed(probe, ready)
 
     def _claim_and_run(self, claim: Claim) -> Process:
         handler = claim.handler
-        doc: Doc | None = None
-        if not self.books.known_empty(handler.collection):
-            if self.s.claim == "sorted":
-                doc = yield from self._claim_sorted(handler)
-            else:
-                doc = yield from self._claim_peek(handler)
+        if self.s.claim == "sorted":
+            doc = yield from self._claim_sorted(handler)
+        else:
+            doc = yield from self._claim_peek(handler)
         throttled = self.books.claimed(claim, None if doc is None else str(doc.id))
         self.pump()
         if doc is None:
@@ -362,7 +389,8 @@ class Replica:
         def run(now: float) -> Doc | None:
             return self.docs.claim_head(handler.collection, phase, now)
 
-        doc = yield self.server.command("claim_sorted", run, "claim")
+        queue = (handler.collection, phase)
+        doc = yield self.server.command("claim_sorted", run, "claim", sorts=queue)
         (self.fleet.tally.useful if doc else self.fleet.tally.wasted)[
             "claim" if doc else "empty claim"
         ] += 1
@@ -426,14 +454,9 @@ class Replica:
             plan: Plan = handler.func(doc)
             yield self.sim.sleep(plan.seconds)
             nxt = None
-            if plan.outcome.frees_work and plan.phase is not None:
-                nxt = self.by_phase.get((doc.collection, plan.phase))
-            carry = (
-                self.s.carry
-                and nxt is not None
-                and not throttled
-                and self.books.carry(nxt, str(doc.id))
-            )
+            if self.s.carry and plan.phase is not None and plan.outcome.frees_work:
+                nxt = self.books.carry(doc.collection, plan.phase, str(doc.id))
+            carry = nxt is not None
             until: float | None
             if carry:
                 until = None
@@ -448,14 +471,18 @@ class Replica:
             ) -> None:
                 self.docs.write(doc, now, phase, until)
 
-            yield self.server.command("update", write, "continue" if carry else "release")
+            # A release is an update; carrying the lease on, a findAndModify by _id.
+            kind = "claim_targeted" if carry else "update"
+            yield self.server.command(kind, write, "continue" if carry else "release")
             tally.useful["release"] += 1
             tally.steps += 1
             if plan.phase is None:
                 tally.docs_done += 1
-            self.books.finished(plan.outcome, carried=carry)
+            self.books.finished(
+                plan.outcome, doc.collection, plan.phase, carried=carry, old=self.s.idle == "old"
+            )
             self.pump()
-            if not carry or nxt is None:
+            if nxt is None:
                 return
             tally.carried += 1
             tally.latencies.append(0.0)
@@ -534,24 +561,30 @@ class Fleet:
         max_concurrency: int = 4,
         budget: int = 100,
         housekeeping: bool = True,
+        run_once: bool = False,
+        sort_ms_per_match: float = 0.0,
     ) -> None:
         self.sim = Sim()
-        self.server = Server(self.sim, params)
+        self.run_once = run_once
+        self.server = Server(self.sim, params, sort_ms_per_match)
         self.workload = workload
         self.strategy = strategy
         self.rng = random.Random(seed)
         self.tally = Tally()
-        first = workload.handlers[0]
-        for _ in range(workload.backlog):
-            self.server.docs.insert(first[0], first[1])
+        self.sim.at(workload.at, self._fill)
         self.replicas = [
             Replica(self, n, strategy, max_concurrency, budget) for n in range(replicas)
         ]
         for replica in self.replicas:
-            at = self.rng.uniform(0, JITTER * TICK) if strategy.idle == "new" else 0.0
-            replica.start(at, housekeeping)
+            jittered = strategy.idle == "new" and strategy.jitter
+            replica.start(self.rng.uniform(0, TICK) if jittered else 0.0, housekeeping)
         if workload.arrivals:
             self.sim.after(self.rng.expovariate(workload.arrivals), self._arrive)
+
+    def _fill(self) -> None:
+        first = self.workload.handlers[0]
+        for _ in range(self.workload.backlog):
+            self.server.docs.insert(first[0], first[1])
 
     def _arrive(self) -> None:
         first = self.workload.handlers[0]
@@ -571,7 +604,7 @@ class Fleet:
             self.sim.run(limit, done)
             if not done():
                 raise RuntimeError(f"{workload.name}: not drained after {limit} s")
-        seconds = self.sim.now
+        seconds = self.sim.now - workload.at
         for replica in self.replicas:
             replica.stopped = True
         stats = self.server.stats

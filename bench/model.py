@@ -25,7 +25,7 @@ import heapq
 import itertools
 import json
 from collections import Counter, deque
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Generator, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -243,6 +243,11 @@ class Documents:
             return None
         return self.docs[queue[0][2]]
 
+    def due_count(self, collection: str, phase: str, now: float) -> int:
+        """How many free documents of ``phase`` are due now."""
+        queue = self._free.get((collection, phase), [])
+        return bisect.bisect_right(queue, (now, float("inf"), 0))
+
     def oldest(self, collection: str, phase: str, now: float, k: int) -> list[int]:
         """The ids of the ``k`` first free documents due now, in claim order."""
         queue = self._free.get((collection, phase), [])
@@ -253,7 +258,7 @@ class Documents:
             out.append(key[2])
         return out
 
-    def next_due(self, collection: str, phases: Iterator[str], now: float) -> float | None:
+    def next_due(self, collection: str, phases: Iterable[str], now: float) -> float | None:
         """The earliest future ``lockedUntil`` among these phases' free documents."""
         best: float | None = None
         for phase in phases:
@@ -336,6 +341,7 @@ class Command(Wait):
     run: Callable[[float], Any]
     label: str = ""
     work: float = 1.0
+    sorts: tuple[str, str] | None = None  # a sorted claim's (collection, phase)
     attempts: int = 0
     result: Any = None
     conflicted: bool = False
@@ -413,9 +419,13 @@ class Server:
     attempt that chooses a document held so meets a write conflict, spends its service
     time, backs off (keeping its ticket) and starts again."""
 
-    def __init__(self, sim: Sim, params: Params) -> None:
+    def __init__(self, sim: Sim, params: Params, sort_ms_per_match: float = 0.0) -> None:
+        """``sort_ms_per_match``: a store without the claim index (the in-memory one, the
+        wire server) sorts every document a claim's filter matches; MongoDB reads the
+        index in order, and its claim costs the same however long the queue."""
         self.sim = sim
         self.p = params
+        self.sort_ms = sort_ms_per_match
         self.docs = Documents(sim)
         self.stats = ServerStats()
         self.cores = Cores(sim, params.cores, self._ended)
@@ -425,10 +435,16 @@ class Server:
         self._window = params.conflict_window_ms / 1e3
 
     def command(
-        self, kind: str, run: Callable[[float], Any], label: str = "", work: float = 1.0
+        self,
+        kind: str,
+        run: Callable[[float], Any],
+        label: str = "",
+        work: float = 1.0,
+        sorts: tuple[str, str] | None = None,
     ) -> Command:
-        """``work``: its service time as a multiple of its kind's (a read of many ids)."""
-        return Command(self, kind, run, label or kind, work)
+        """``work``: its service time as a multiple of its kind's (a read of many ids);
+        ``sorts``: the queue a sorted claim sorts (``sort_ms_per_match``)."""
+        return Command(self, kind, run, label or kind, work, sorts)
 
     def send(self, cmd: Command) -> None:
         self.stats.commands[cmd.label] += 1
@@ -448,6 +464,9 @@ class Server:
 
     def _attempt(self, cmd: Command) -> None:
         service = self.p.service_ms[cmd.kind] / 1e3 * cmd.work
+        if self.sort_ms and cmd.sorts is not None:
+            matched = self.docs.due_count(*cmd.sorts, self.sim.now)
+            service += self.sort_ms / 1e3 * matched
         self.docs.opened = []
         cmd.started = self.sim.now
         try:
