@@ -52,7 +52,10 @@ def test_the_model_reproduces_the_measured_three_replica_figures() -> None:
     memory = Params.load(scale.MEMORY_PARAMS)
     rows = scale.reproduce(memory, scale.SIZES["tiny"])
     assert {r["code"] for r in rows} == {"before", "now"}
-    assert len(rows) == 2 * (2 + 4) + 3  # figures 4 and 5 by both codes; the wire server's
+    for code in ("before", "now"):  # figure 4 (seconds, commands) and figure 5 by both codes
+        figures = [r["figure"][:2] for r in rows if r["code"] == code]
+        assert figures.count("4.") == 2 and figures.count("5.") >= 4
+    assert sum("wire-protocol" in r["figure"] for r in rows) == 3
     for row in rows:
         tolerance = scale.TOLERANCE[scale.row_kind(row)]
         assert abs(row["error"]) <= tolerance, row
