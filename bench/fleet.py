@@ -74,6 +74,7 @@ class Strategy:
     k: int = PEEK_K
     drop_on_loss: bool = True
     jitter: bool = True  # ``new`` ticks jittered (``run_once`` by hand: aligned)
+    wake_at_due: bool = True  # ``new``: probe again at the due time a probe announced
 
     @property
     def name(self) -> str:
@@ -346,7 +347,7 @@ class Replica:
         ready, due = yield self.server.command("aggregate", run, "probe")
         (self.fleet.tally.useful if ready else self.fleet.tally.wasted)["probe"] += 1
         self.books.probed(probe, ready)
-        if due is not None and 0 < due - self.sim.now < TICK:  # steps._wake_when_due
+        if self.s.wake_at_due and due is not None and 0 < due - self.sim.now < TICK:
             self.due_token += 1
             self.sim.at(due, self._due, self.due_token)
 
