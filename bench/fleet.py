@@ -33,15 +33,15 @@ What varies, per ``Strategy``:
 from __future__ import annotations
 
 import random
-import zlib
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
 from bench.model import EPOCH, Doc, Params, Process, Server, Sim, Wait
 from orchestrator.core import replicas as records
-from orchestrator.core import steps
+from orchestrator.core import sharding, steps
 from orchestrator.core.outcomes import StepOutcome
 from orchestrator.core.registry import Handler, Registry
 from orchestrator.core.scheduler import Claim, Found, Probe, Scheduler
@@ -59,7 +59,7 @@ REFRESH = {
 """How often a started replica writes its replica record (an update), before and now."""
 CLOCK_REFRESH = Settings.model_fields["clock_refresh"].default
 """And measures the server's clock with ``hello`` this often (a read)."""
-PEEK_K = 32
+PEEK_K = DEFAULTS.claim_candidates
 PEEK_PER_ID = 1 / 50
 """A peek's service time grows with the ids it reads: each costs this share of a read's
 (an index key and a document examined, an id returned: ~1.6 us beside ~80 us of a
@@ -72,7 +72,6 @@ class Strategy:
     carry: bool = True
     idle: Literal["old", "new"] = "new"
     k: int = PEEK_K
-    drop_on_loss: bool = True
     jitter: bool = True  # ``new`` ticks jittered (``run_once`` by hand: aligned)
     wake_at_due: bool = True  # ``new``: probe again at the due time a probe announced
 
@@ -204,21 +203,6 @@ class Tally:
     latencies: list[float] = field(default_factory=list)
 
 
-class Gate(Wait):
-    """A result several processes wait for (one peek read shared by a replica's slots)."""
-
-    def __init__(self) -> None:
-        self._waiters: list[Callable[[Any], None]] = []
-
-    def start(self, resume: Callable[[Any], None]) -> None:
-        self._waiters.append(resume)
-
-    def open(self, value: Any) -> None:
-        waiters, self._waiters = self._waiters, []
-        for resume in waiters:
-            resume(value)
-
-
 class Replica:
     def __init__(
         self,
@@ -244,9 +228,8 @@ class Replica:
         self.handlers = list(registry.handlers)
         self.books = Books(self.handlers, max_concurrency, budget)
         self.engaged = 0
-        self.spread = zlib.crc32(rid.encode())
-        self.candidates: dict[str, list[int]] = {}
-        self.peeking: dict[str, Gate] = {}
+        self.spread = sharding.seed(rid)
+        self.candidates: dict[str, sharding.Candidates] = {}
         self.base = 0.0
         self.due_token = 0  # one wake at a due time at once: the latest asked replaces it
         self.deferred: int | None = None  # run_once: a tick waiting for the last one's end
@@ -398,56 +381,44 @@ class Replica:
         return doc
 
     def _claim_peek(self, handler: Handler) -> Any:
-        """One claim: from this handler's list, read afresh when it is empty (at most one
-        list per claim: one that runs out or loses its race too ends the claim empty)."""
+        """The engines' peek-then-claim (``AsyncStore.peek_claim``) on the library's own
+        ``sharding.Candidates``: this handler's list, rotated by the replica's seed, read
+        again (with as many more ids as this replica is claiming) when it is used up,
+        older than a tick or has lost a race; at most ``PEEKS_PER_CLAIM`` lists a claim."""
         phase = handler.phase or ""
         collection = handler.collection
         tally = self.fleet.tally
-        fresh = False  # this claim has read (or waited for) a list
+        queue = self.candidates.setdefault(handler.key, sharding.Candidates())
+        peeks = 0
         while True:
-            candidates = self.candidates.get(handler.key)
-            if not candidates:
-                if fresh:
+            candidate = queue.take(_when(self.sim.now), TICK)
+            if candidate is None:
+                if peeks == sharding.PEEKS_PER_CLAIM:
                     return None
-                fresh = True
-                gate = self.peeking.get(handler.key)
-                if gate is not None:
-                    if not (yield gate):
-                        return None
-                    continue
-                gate = self.peeking[handler.key] = Gate()
+                peeks += 1
+                most = self.s.k + queue.claiming
 
-                def peek(now: float) -> list[int]:
-                    return self.docs.oldest(collection, phase, now, self.s.k)
+                def peek(now: float, most: int = most) -> list[int]:
+                    return self.docs.oldest(collection, phase, now, most)
 
-                work = 1 + self.s.k * PEEK_PER_ID
+                work = 1 + most * PEEK_PER_ID
                 ids = yield self.server.command("read", peek, "peek", work)
-                del self.peeking[handler.key]
                 (tally.useful if ids else tally.wasted)["peek"] += 1
-                if ids:
-                    self.candidates[handler.key] = self._order(ids)
-                gate.open(bool(ids))
-                if not ids:
+                listed = [{"_id": i} for i in ids]
+                if not queue.refill(listed, self.spread, _when(self.sim.now)):
                     return None
                 continue
-            doc_id = candidates.pop(0)
+            doc_id = int(candidate["_id"])
 
             def claim(now: float, doc_id: int = doc_id) -> Doc | None:
                 return self.docs.claim_id(doc_id, collection, phase, now)
 
             doc = yield self.server.command("claim_targeted", claim, "claim")
+            queue.done(candidate, lost=doc is None)
             if doc is not None:
                 tally.useful["claim"] += 1
                 return doc
             tally.wasted["lost race"] += 1
-            if self.s.drop_on_loss:
-                self.candidates.pop(handler.key, None)
-
-    def _order(self, ids: list[int]) -> list[int]:
-        """The order this replica tries a peek's ids in: from a place set by a hash of its
-        id, so replicas holding the same list start apart."""
-        turn = self.spread % len(ids)
-        return ids[turn:] + ids[:turn]
 
     def _run(self, handler: Handler, doc: Doc, throttled: bool) -> Process:
         tally = self.fleet.tally
@@ -626,6 +597,14 @@ class Fleet:
     def _busy(self) -> float:
         self.server.cores.sync()
         return self.server.cores.busy_s
+
+
+EPOCH_TIME = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def _when(seconds: float) -> datetime:
+    """The simulated clock as the library's dates (its candidate lists' age)."""
+    return EPOCH_TIME + timedelta(seconds=seconds)
 
 
 def _quantile(values: list[float], q: float) -> float:

@@ -32,6 +32,7 @@ from bench.fleet import (
     BEFORE,
     JITTER,
     NOW,
+    PEEK_K,
     PEEK_PER_ID,
     TICK,
     Result,
@@ -42,6 +43,7 @@ from bench.fleet import (
     waiting,
 )
 from bench.model import MONGODB, Params
+from orchestrator.core.sharding import PEEKS_PER_CLAIM
 
 HERE = Path(__file__).parent
 MEMORY_PARAMS = HERE / "params" / "memory.json"
@@ -100,24 +102,17 @@ SIZES = {
 IDLE_COLLECTIONS = (1, 5, 10)
 
 
-def strategies(replicas: int) -> list[Strategy]:
+def strategies() -> list[Strategy]:
     """The engines before issue 19, then each claim strategy with and without
     continuation on today's tick (one probe): sorted with continuation is main now. Peek
-    reads ``k`` = the fleet's slots (``peek_k``)."""
-    k = peek_k(replicas)
+    reads the engines' default ``claim_candidates`` (the table *Choosing k* tries others)."""
     return [
         BEFORE,
         Strategy("sorted", carry=False),
         NOW,
-        Strategy("peek", carry=False, k=k),
-        Strategy("peek", carry=True, k=k),
+        Strategy("peek", carry=False),
+        Strategy("peek", carry=True),
     ]
-
-
-def peek_k(replicas: int) -> int:
-    """Replicas x max_concurrency, 16 to 1024: fewer ids and most claims lose a race,
-    more and the read grows for nothing (the table *Choosing k*)."""
-    return max(16, min(1024, replicas * SLOTS))
 
 
 CHOSEN = "peek, continue"
@@ -306,7 +301,7 @@ def grid(params: Params, size: Size, log: Callable[[str], None]) -> dict[str, An
             relocks(size),
         ]
         for workload in workloads:
-            for strategy in strategies(replicas):
+            for strategy in strategies():
                 began = time.perf_counter()
                 result = simulate(params, workload, strategy, replicas, seed=SEED)
                 summary = result.summary()
@@ -351,20 +346,18 @@ def grid(params: Params, size: Size, log: Callable[[str], None]) -> dict[str, An
 
 
 def peek_variants(params: Params, size: Size, log: Callable[[str], None]) -> list[dict[str, Any]]:
-    """How k and what a lost race does were chosen: the drain of 10 ms steps at the
-    largest fleet, peek without continuation, k from 32 to 4x the fleet's slots."""
+    """How many candidates a peek should read: the drain of 10 ms steps at the largest
+    fleet, peek with and without continuation, k from 8 to the fleet's slots."""
     replicas = size.replicas[-1]
     workload = drain(size, replicas, 0.01)
     rows = []
     slots = replicas * SLOTS
-    for k in sorted({32, slots // 4, slots, 2 * slots}):
-        for drop in (False, True):
-            strategy = Strategy("peek", idle="new", k=max(k, 8), drop_on_loss=drop)
+    for k in sorted({8, PEEK_K, slots // 4, slots}):
+        for carry in (False, True):
+            strategy = Strategy("peek", carry=carry, k=k)
             result = simulate(params, workload, strategy, replicas, seed=SEED).summary()
-            result["k"] = strategy.k
-            result["drop_on_loss"] = drop
-            rows.append(result)
-            log(f"peek k={strategy.k} drop={drop}: {result['wasted_per_step']:.2f} wasted")
+            rows.append({**result, "k": k, "carry": carry})
+            log(f"peek k={k} continue={carry}: {result['wasted_per_step']:.2f} wasted")
     return rows
 
 
@@ -459,15 +452,14 @@ def markdown(results: dict[str, Any], command: str, params_source: str) -> str:
         "  its replica record (every 10 s now, every lock_timeout / 6 = 5 s before issue 19)",
         "  and reads the server's clock every 60 s: housekeeping, in every command total.",
         "- **Claim strategies.** `sorted`: the library's `findAndModify` in the claim order.",
-        "  `peek`: a `find` of the ids of the k oldest due documents, then `findAndModify` by",
-        "  `_id` that re-checks phase and lease, tried in the list's order rotated by a hash of",
-        "  the replica id; a claim that finds nothing is a **lost race**, and it drops the list",
-        "  (it is stale: others are claiming from it), so the next try reads a fresh one (as",
-        "  does an exhausted list). One claim reads at most one list: when that one runs out",
-        "  or loses its race too, the claim ends empty and the scheduler idles the handler",
-        "  as after any empty claim. The replica's workers share one list per handler. A",
-        f"  peek's service time grows by {PEEK_PER_ID:.0%} of a read per id it returns.",
-        "  k = the fleet's slots (replicas x max_concurrency, 16 to 1024): see *Choosing k*.",
+        '  `peek` (the engines\' `claim_strategy="peek"`, run on their own',
+        "  `sharding.Candidates`): a `find` of the ids of the k oldest due documents (and as",
+        "  many more as the replica is claiming), then `findAndModify` by `_id` re-checking",
+        "  phase and lease, in the list's order rotated by the replica's seed; a claim that",
+        "  finds nothing is a **lost race** and drops the list, as does its age past a tick;",
+        f"  a claim reads at most {PEEKS_PER_CLAIM} lists. A peek's service time grows by",
+        f"  {PEEK_PER_ID:.0%} of a read per id it returns.",
+        f"  k = {PEEK_K}, the engines' default `claim_candidates`: see *Choosing k*.",
         "- **continue** (issue 19, item 1, in main now): a step that unlocks or advances into",
         "  a phase a handler of the same replica takes writes its outcome with a renewed lease",
         "  and the next step runs without a claim, when the scheduler's `carry` allows it",
@@ -625,15 +617,15 @@ def _tables(results: dict[str, Any]) -> list[str]:
         out.append(f"| {n} | " + " | ".join(cells) + " |")
     out += ["", "### Choosing k", ""]
     out += [
-        "Peek without continuation, the drain of 10 ms steps at the largest fleet: k, and",
-        "whether a lost race drops the list or the replica walks on to the list's end.",
+        "Peek at the largest fleet, the drain of 10 ms steps: how many candidates a peek",
+        f"reads (`claim_candidates`, {PEEK_K} by default), with and without continuation.",
         "",
-        "| k | on a lost race | commands/step | wasted/step | steps/s | utilisation |",
+        "| k | continue | commands/step | wasted/step | steps/s | utilisation |",
         "| --- | --- | --- | --- | --- | --- |",
     ]
     for r in results["peek_k"]:
         out.append(
-            f"| {r['k']} | {'read again' if r['drop_on_loss'] else 'walk on'} |"
+            f"| {r['k']} | {'yes' if r['carry'] else 'no'} |"
             f" {r['commands_per_step']:.2f} | {r['wasted_per_step']:.2f} |"
             f" {r['steps_per_s']:.0f} | {r['utilisation']:.0%} |"
         )
@@ -706,10 +698,7 @@ def conclusions(results: dict[str, Any]) -> list[str]:
         f" per step, peek {at(small, chosen)['commands_per_step']:.2f}. A switch by fleet size"
         "  (sorted below it, peek from it) is cheapest at both ends; peek everywhere is the",
         "  simpler rule, and its cost at a small fleet is a fraction of a read per step.",
-        "- **k** = the fleet's slots (replicas x max_concurrency, 16 to 1024), and a lost",
-        "  race drops the list: walking on through a stale list loses a race on most of it",
-        "  (*Choosing k*). A replica needs the fleet's size for it: the live replicas of the",
-        "  replicas collection.",
+        f"- **k**: the engines' default ({PEEK_K}) {_k_summary(results, large)}",
         f"- **Idle.** {large} idle replicas on 10 single-handler collections send"
         f" {idle_large['old']:.0f} commands/s before issue 19 ({idle_large['old_writes']:.0f}"
         f" of them writes: empty claims and records) and {idle_large['new']:.0f}/s now"
@@ -733,6 +722,19 @@ def conclusions(results: dict[str, Any]) -> list[str]:
         "",
     ]
     return [re.sub(r"(?<=\S)  +", " ", line) for line in lines]  # joined pieces' indents
+
+
+def _k_summary(results: dict[str, Any], replicas: int) -> str:
+    """What *Choosing k* says, with continuation, at the largest fleet."""
+    rows = {r["k"]: r for r in results["peek_k"] if r["carry"]}
+    default, largest = rows[PEEK_K], rows[max(rows)]
+    return (
+        f"wastes {default['wasted_per_step']:.2f} per step at {replicas} replicas with"
+        f" continuation ({default['utilisation']:.0%} of the primary); {max(rows)} ids (the"
+        f" fleet's slots) waste {largest['wasted_per_step']:.2f} but each peek reads them all"
+        f" ({largest['utilisation']:.0%} of the primary). Without continuation, see *Choosing"
+        " k*. A lost race drops the list (the engines' `Candidates`)."
+    )
 
 
 def _continue_summary(results: dict[str, Any]) -> str:

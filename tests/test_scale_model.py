@@ -86,7 +86,7 @@ def test_replicas_run_the_real_scheduler_and_the_same_seed_gives_the_same_run() 
 def test_sorted_claims_meet_conflicts_that_peek_and_continue_avoid() -> None:
     work = Workload("drain", chain("batch", scale.THREE, 0.01), backlog=800, steps_per_doc=3)
     sorted_ = simulate(MONGODB, work, BEFORE, 50, seed=1)
-    peek = simulate(MONGODB, work, Strategy("peek", k=scale.peek_k(50)), 50, seed=1)
+    peek = simulate(MONGODB, work, Strategy("peek"), 50, seed=1)
     assert sorted_.retries > sorted_.steps  # the whole fleet aims at the head
     assert peek.wasted_per_step < 1 < sorted_.wasted_per_step
     assert peek.tally.carried > 0
