@@ -9,12 +9,14 @@ mongomock's, only sooner. They run under the client's lock like everything else.
 
 from __future__ import annotations
 
+import copy
 import operator
 from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any, cast
 
 from bson import ObjectId
+from mongomock.aggregate import process_pipeline as _untyped_process_pipeline
 from mongomock.filtering import filter_applies as _untyped_filter_applies
 from mongomock.helpers import patch_datetime_awareness_in_document as _untyped_patch
 
@@ -23,6 +25,7 @@ __all__ = ["accelerate", "filter_applies"]
 filter_applies = cast(Callable[[Any, Any], bool], _untyped_filter_applies)
 """mongomock's general filter interpreter, typed: what decides what the fast paths do not."""
 _naive_utc: Callable[[Any], Any] = _untyped_patch
+_process_pipeline: Callable[..., Any] = _untyped_process_pipeline
 _Verdict = bool | None  # None: not decided here; mongomock judges the document
 _Test = Callable[[Mapping[str, Any]], _Verdict]
 _MISSING = object()
@@ -77,8 +80,21 @@ def accelerate(collection: Any) -> None:
             return None
         return general_find_one({"_id": first["_id"]}, projection=kwargs.get("projection"))
 
+    general_aggregate = collection.aggregate
+
+    def aggregate(pipeline: Any, session: Any = None, **kwargs: Any) -> Any:
+        # A pipeline opening with $match (the probe's every branch) reads the documents
+        # that match, through the faster path, not a copy of every document first.
+        first = pipeline[0] if isinstance(pipeline, list) and pipeline else None
+        if session is not None or not isinstance(first, Mapping) or set(first) != {"$match"}:
+            return general_aggregate(pipeline, session, **kwargs)
+        spec = _naive_utc(first["$match"])
+        matched = [copy.deepcopy(doc) for doc in iter_documents(spec)]
+        return _process_pipeline(matched, collection.database, pipeline[1:], None)
+
     collection._iter_documents = iter_documents
     collection.find_one = find_one
+    collection.aggregate = aggregate
 
 
 def _judge(test: _Test, spec: Any, doc: Mapping[str, Any]) -> bool:
