@@ -41,7 +41,7 @@ from typing import Any, Literal
 
 from bench.model import EPOCH, Doc, Params, Process, Server, Sim, Wait
 from orchestrator.core import replicas as records
-from orchestrator.core import sharding, steps
+from orchestrator.core import scheduler, sharding, steps
 from orchestrator.core.outcomes import StepOutcome
 from orchestrator.core.registry import Handler, Registry
 from orchestrator.core.scheduler import Claim, Found, Probe, Scheduler
@@ -74,6 +74,7 @@ class Strategy:
     k: int = PEEK_K
     jitter: bool = True  # ``new`` ticks jittered (``run_once`` by hand: aligned)
     wake_at_due: bool = True  # ``new``: probe again at the due time a probe announced
+    count_wakers: bool = True  # ``DUE_WAKERS`` of the live replicas wake, as the engines do
 
     @property
     def name(self) -> str:
@@ -330,7 +331,13 @@ class Replica:
         ready, due = yield self.server.command("aggregate", run, "probe")
         (self.fleet.tally.useful if ready else self.fleet.tally.wasted)["probe"] += 1
         self.books.probed(probe, ready)
-        if self.s.wake_at_due and due is not None and 0 < due - self.sim.now < TICK:
+        live = len(self.fleet.replicas) if self.s.count_wakers else None
+        if (
+            self.s.wake_at_due
+            and due is not None
+            and 0 < due - self.sim.now < TICK
+            and scheduler.wakes_at_due(live, self.fleet.rng.random())
+        ):
             self.due_token += 1
             self.sim.at(due, self._due, self.due_token)
 

@@ -10,7 +10,15 @@ import pytest
 
 from orchestrator.core.outcomes import StepOutcome
 from orchestrator.core.registry import Handler
-from orchestrator.core.scheduler import Claim, Found, Probe, Scheduler, heartbeat
+from orchestrator.core.scheduler import (
+    DUE_WAKERS,
+    Claim,
+    Found,
+    Probe,
+    Scheduler,
+    heartbeat,
+    wakes_at_due,
+)
 from orchestrator.core.settings import Settings
 
 pytestmark = pytest.mark.pure
@@ -311,3 +319,10 @@ def test_a_probe_tells_which_handlers_of_a_collection_have_work() -> None:
     claim = sched.next()
     assert isinstance(claim, Claim) and claim.handler is b
     assert sched.next() is None  # jobs.A has nothing: no claim in vain
+
+
+def test_a_few_replicas_of_a_fleet_wake_at_a_due_time_not_all() -> None:
+    assert wakes_at_due(None, 0.99) and wakes_at_due(DUE_WAKERS, 0.99)  # small or unknown
+    draws = [n / 1000 for n in range(1000)]
+    woken = sum(wakes_at_due(200, d) for d in draws)
+    assert woken == 1000 * DUE_WAKERS // 200  # on average DUE_WAKERS of 200

@@ -367,6 +367,15 @@ async def test_one_probe_covers_every_collection_and_says_when_work_comes_due(
     idle = await store.probe(groups[:1], now, HORIZON)
     assert idle.ready == frozenset() and idle.next_due == queries.as_utc(queries.bson_time(later))
     assert (await store.probe(groups[:1], later, HORIZON)).ready == {0}
+    # With the replicas' collection, it counts the live ones (the due wake's odds).
+    await seed(
+        store,
+        "pod.records",
+        {"_id": "r1", "expiresAt": later},
+        {"_id": "r2", "expiresAt": now - timedelta(seconds=1)},
+    )
+    counted = await store.probe(groups[:1], now, HORIZON, None, "pod.records")
+    assert counted.live == 1 and counted.pauses is None
 
 
 # -- fenced writes -----------------------------------------------------------------------------

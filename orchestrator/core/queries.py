@@ -156,6 +156,8 @@ PROBE_DUE = "due"
 """The field holding the next due time of a collection's documents in a probe's answers."""
 
 
+PROBE_LIVE = "live"
+"""The field holding, in a probe's answers, how many replicas are live."""
 PROBE_PAUSE = "pause"
 """The field holding, in a probe's answers, one of the operators' pauses."""
 
@@ -165,6 +167,7 @@ def probe_pipeline(
     now: datetime,
     horizon: float,
     pauses: tuple[str, int] | None = None,
+    replicas: str | None = None,
 ) -> list[dict[str, Any]]:
     """One read for every handler of every collection: an aggregation over the first
     collection that adds the others' with ``$unionWith`` (MongoDB 4.4). It answers one
@@ -174,7 +177,8 @@ def probe_pipeline(
     to one document, so an idle fleet costs one small read per replica per tick, whatever
     its handlers and collections, and no handler claims in vain. ``pauses``: (the pauses
     collection, at most how many): the operators' pauses come with it, ``{pause: doc}``,
-    so reading them costs no round trip of its own."""
+    so reading them costs no round trip of its own. ``replicas`` (their collection): how
+    many replicas are live, ``{live: n}`` (how many would wake at a due time)."""
     branches: list[tuple[str, list[dict[str, Any]]]] = []
     number = 0
     for name, matches in groups:
@@ -196,6 +200,9 @@ def probe_pipeline(
     if pauses is not None:
         name, most = pauses
         branches.append((name, [{"$limit": most}, {"$project": {"_id": 0, PROBE_PAUSE: "$$ROOT"}}]))
+    if replicas is not None:
+        live: list[dict[str, Any]] = [{"$match": live_replicas_filter(now)}, {"$count": PROBE_LIVE}]
+        branches.append((replicas, live))
     (_, stages), *rest = branches
     return [*stages, *({"$unionWith": {"coll": c, "pipeline": b}} for c, b in rest)]
 

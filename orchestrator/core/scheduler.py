@@ -67,6 +67,21 @@ class Found:
     next_due: datetime | None
     pauses: list[Pause] | None = None
     """The operators' pauses, when the probe read them too (None: it did not)."""
+    live: int | None = None
+    """How many replicas are live, when the probe counted them (None: it did not)."""
+
+
+DUE_WAKERS = 2
+"""How many replicas of a fleet wake, on average, when a document comes due between two
+ticks (``wakes_at_due``): one would do, two cover one that is busy; all of them would
+race for the one document (the fleet model: 3x the commands per step at 200 replicas)."""
+
+
+def wakes_at_due(live: int | None, draw: float) -> bool:
+    """Whether this replica wakes at a due time its probe announced, ``draw`` a uniform
+    random number in [0, 1): ``DUE_WAKERS`` of the ``live`` replicas on average, every
+    one when the count is unknown or small."""
+    return live is None or live <= DUE_WAKERS or draw < DUE_WAKERS / live
 
 
 @dataclass(frozen=True)

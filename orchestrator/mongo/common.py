@@ -400,13 +400,14 @@ def unknown_stage(exc: OperationFailure) -> bool:
 
 
 def found(rows: Sequence[Mapping[str, Any]], with_pauses: bool = False) -> Found:
-    """A probe's answer (``queries.probe_pipeline``): the handlers with work now, and the
-    earliest due time among the documents of the others, and (``with_pauses``) the
-    operators' pauses it read too. A row that is none of those is skipped: the probe only
-    ever narrows what is claimed."""
+    """A probe's answer (``queries.probe_pipeline``): the handlers with work now, the
+    earliest due time among the documents of the others, the operators' pauses
+    (``with_pauses``) and how many replicas are live, when it read them. A row that is
+    none of those is skipped: the probe only ever narrows what is claimed."""
     ready: set[int] = set()
     due: datetime | None = None
     paused: list[Mapping[str, Any]] = []
+    live: int | None = None
     for row in rows:
         number = row.get(queries.PROBE_HANDLER)
         when = row.get(queries.PROBE_DUE)
@@ -417,4 +418,6 @@ def found(rows: Sequence[Mapping[str, Any]], with_pauses: bool = False) -> Found
             due = when if due is None or when < due else due
         elif isinstance(row.get(queries.PROBE_PAUSE), Mapping):
             paused.append(row[queries.PROBE_PAUSE])
-    return Found(frozenset(ready), due, pauses.read_all(paused) if with_pauses else None)
+        elif isinstance(row.get(queries.PROBE_LIVE), int):
+            live = row[queries.PROBE_LIVE]
+    return Found(frozenset(ready), due, pauses.read_all(paused) if with_pauses else None, live)

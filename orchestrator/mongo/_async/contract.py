@@ -63,13 +63,15 @@ class AsyncLeaseStore(Protocol):
         now: datetime,
         horizon: float,
         pauses_collection: str | None = None,
+        replicas_collection: str | None = None,
     ) -> Found:
         """For (collection, its handlers' (match, exclusion) pairs) groups: the handlers
         (numbered across the groups in order) that would claim a document now (where the
         server cannot tell them apart, every handler of a collection with work), and the
         earliest time a document they select comes due after ``now`` (None when the
         server cannot say), and with ``pauses_collection`` the operators' pauses (None
-        when it cannot read them with the rest); one read if the server can
+        when it cannot read them with the rest), with ``replicas_collection`` how many
+        replicas are live (None when it cannot count them); one read if the server can
         (``$unionWith``), else one per collection; never a write."""
 
     async def carry(

@@ -279,10 +279,12 @@ class AsyncStore:
         now: datetime,
         horizon: float,
         pauses_collection: str | None = None,
+        replicas_collection: str | None = None,
     ) -> Found:
         """One read: which handlers (numbered across ``groups`` in order) could claim a
         document now, and when the next one comes due (a lease or a wait running out) if
-        nobody writes; with ``pauses_collection``, the operators' pauses too.
+        nobody writes; with ``pauses_collection``, the operators' pauses too; with
+        ``replicas_collection``, how many replicas are live.
 
         An idle replica asks this once per tick for all its collections (one
         aggregation joined by ``$unionWith``) instead of a claim per handler, so idling
@@ -298,7 +300,7 @@ class AsyncStore:
                         None if pauses_collection is None else (pauses_collection, self.MAX_PAUSES)
                     )
                     cursor = await self.collection(groups[0][0]).aggregate(
-                        queries.probe_pipeline(groups, now, horizon, read)
+                        queries.probe_pipeline(groups, now, horizon, read, replicas_collection)
                     )
                     return common.found(await cursor.to_list(), read is not None)
                 except OperationFailure as exc:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import secrets
 from collections.abc import Callable
 from datetime import datetime, timedelta
@@ -124,6 +125,7 @@ class AsyncSteps:
                 self._judgement_time(),
                 self._settings.horizon,
                 self._settings.pauses_collection,
+                self._settings.replicas_collection,
             )
             if found.pauses is not None:
                 self._on_pauses(found.pauses)  # before its answer: no paused handler claims
@@ -132,8 +134,13 @@ class AsyncSteps:
         finally:
             self._books.probed(probe, found)
         took = self._local.monotonic() - started
-        if found is not None and found.next_due is not None:
-            self._wake_when_due(found.next_due)
+        due = found.next_due if found is not None else None
+        if (
+            due is not None
+            and found is not None
+            and scheduler.wakes_at_due(found.live, random.random())
+        ):
+            self._wake_when_due(due)
         for collection in probe.collections:
             members = tuple(h for h in probe.handlers if h.collection == collection)
             ready = None
@@ -144,7 +151,8 @@ class AsyncSteps:
     def _wake_when_due(self, due: datetime) -> None:
         """Probe again when the earliest document the probe saw comes due, if that is
         before the next tick: an idle replica asks once per tick, yet a short wait ends
-        on time. Judged as the probe judged it (``_judgement_time``)."""
+        on time (a few replicas of a fleet do, ``scheduler.wakes_at_due``, not all of
+        them at once). Judged as the probe judged it (``_judgement_time``)."""
         delay = (due - self._judgement_time()).total_seconds()
         if 0 < delay < self._settings.tick:
             self._books.due_in(delay, self._on_due)
