@@ -317,7 +317,7 @@ def test_the_handlers_of_a_collection_declare_one_shard_key() -> None:
     first = orch.phase("jobs", "A", shard_key="tenant")(step)
     orch.phase("jobs", "B")(other)  # declares none: takes the collection's
     assert [h.shard_key for h in orch.handlers] == [("tenant",), ("tenant",)]
-    assert all(h.plan.peeks for h in orch.handlers)
+    assert all(h.plan.peeks(None) for h in orch.handlers)
     both = r"step declares shard_key=\('region',\).*but .*step was registered on it with"
     with pytest.raises(ConfigError, match=both):
         orch.phase("jobs", "C", shard_key="region")(first)
@@ -510,3 +510,19 @@ def test_the_memory_store_refuses_untargeted_writes_as_a_7_0_mongos() -> None:
     with pytest.raises(OperationFailure) as refused:
         db.client["config"]["collections"].find_one({})
     assert refused.value.code == 13
+
+
+def test_auto_peeks_from_fifty_live_replicas_as_the_fleet_model_chose() -> None:
+    auto = sharding.plan(
+        strategy="auto", shard_key=(), candidates=32, replica_id="r", tick=1.0, key="k"
+    )
+    assert not auto.peeks(None) and not auto.peeks(sharding.PEEK_FROM - 1)
+    assert auto.peeks(sharding.PEEK_FROM) and auto.peeks(200)
+    sorted_plan = sharding.plan(
+        strategy="sorted", shard_key=(), candidates=32, replica_id="r", tick=1.0, key="k"
+    )
+    assert not sorted_plan.peeks(500)
+    keyed = sharding.plan(
+        strategy="sorted", shard_key=("tenant",), candidates=32, replica_id="r", tick=1.0, key="k"
+    )
+    assert keyed.peeks(None)  # a declared shard key always peeks: its claims target a shard

@@ -171,12 +171,14 @@ class Settings(BaseModel):
         description="The audit trail (operators' actions, leases taken over from dead"
         " replicas), each entry deleted 90 days on by a TTL index.",
     )
-    claim_strategy: Literal["sorted", "peek"] = Field(
-        "sorted",
+    claim_strategy: Literal["auto", "sorted", "peek"] = Field(
+        "auto",
         description="How a claim finds its document: sorted (one findAndModify takes the"
-        " longest-free document; every replica aims at the same one) or peek (read the"
+        " longest-free document; every replica aims at the same one), peek (read the"
         " claim_candidates longest-free, then claim one by its _id, each replica starting"
-        " at its own place in the list). A collection with a declared shard key always peeks.",
+        " at its own place in the list), or auto: sorted below 50 live replicas, peek from"
+        " 50 (as the fleet model chose, docs/scale.md). A collection with a declared shard"
+        " key always peeks.",
     )
     claim_candidates: int = Field(
         32,

@@ -25,7 +25,14 @@ from typing import Any, Literal
 from orchestrator.core.errors import ConfigError, ShardKeyRequired
 from orchestrator.core.resource import LEASE_FIELDS
 
-ClaimStrategy = Literal["sorted", "peek"]
+ClaimStrategy = Literal["auto", "sorted", "peek"]
+
+PEEK_FROM = 50
+"""``auto`` peeks from this many live replicas: the fleet model (``docs/scale.md``) finds
+peek-then-claim with continuation wasting less than the sorted claim from 50 replicas up
+(10 ms steps, 200 replicas: 0.36 wasted commands per step against 3.82: the server's
+retries of claims that all aim at one document), and sending more below (1.45 commands
+per step against 1.35 at 3 replicas)."""
 
 RESERVED = LEASE_FIELDS | {"phase", "updatedAt"}
 """Fields no shard key may hold: the orchestrator rewrites them at every claim, release or
@@ -183,19 +190,22 @@ class ClaimPlan:
     (4 workers a replica), 3 and 8 replicas sent 0.23 and 0.5 lost claims a step with 32,
     about twice that with 8 (and twice the peeks)."""
 
-    strategy: ClaimStrategy = "sorted"
+    strategy: ClaimStrategy = "auto"
     shard_key: tuple[str, ...] = ()
     candidates: int = 32
     seed: int = 0
     max_age: float = 1.0
     key: str = ""
 
-    @property
-    def peeks(self) -> bool:
-        return self.strategy == "peek" or bool(self.shard_key)
+    def peeks(self, live: int | None) -> bool:
+        """Whether this claim peeks, the fleet being ``live`` replicas (as the tick's probe
+        counted them; None: not known, the sorted claim)."""
+        if self.shard_key or self.strategy == "peek":
+            return True
+        return self.strategy == "auto" and live is not None and live >= PEEK_FROM
 
 
-SORTED = ClaimPlan()
+SORTED = ClaimPlan(strategy="sorted")
 """The plan of a claim that says none: sorted, no shard key."""
 
 PEEKS_PER_CLAIM = 2

@@ -76,6 +76,7 @@ class Books(Generic[L]):
         self._has_handlers = False
         self._operator_paused: frozenset[str] = frozenset()
         self._refused: frozenset[str] = frozenset()  # handlers set aside (``refuse``)
+        self._live: int | None = None  # live replicas, as the last probe counted them
 
     def hire(self, crew: Crew) -> None:
         """The workers these books wake and spawn (set once, by the engine)."""
@@ -112,6 +113,12 @@ class Books(Generic[L]):
     def stats(self) -> dict[str, int]:
         with self.lock:
             return dict(self._stats)
+
+    @property
+    def live(self) -> int | None:
+        """The live replicas of the fleet, as the last probe counted them (None: none did)."""
+        with self.lock:
+            return self._live
 
     @property
     def stopping(self) -> bool:
@@ -222,6 +229,8 @@ class Books(Generic[L]):
 
     def probed(self, probe: Probe, found: Found | None) -> None:
         with self.lock:
+            if found is not None and found.live is not None:
+                self._live = found.live
             self._sched.probed(probe, found)
             self._notify(more_work=found is None or bool(found.ready))
 

@@ -44,13 +44,15 @@ class AsyncLeaseStore(Protocol):
         update: Mapping[str, Any],
         seen: Callable[[Document], None] | None = None,
         plan: ClaimPlan | None = None,
+        live: int | None = None,
     ) -> Document | None:
         """Atomically take the longest-free document of ``name`` that ``match`` selects,
         whose lease is free at ``judged_at`` and that ``exclusion`` lets through, applying
         ``update``; the document as claimed, or None when there is none. Of replicas
         claiming at once exactly one gets each document. ``seen`` gets the document as it
         was before the claim. A lost reply may leave a claim applied: that lease expires.
-        ``plan``: sorted, or peek-then-claim (with the shard key, targeted); raises
+        ``plan``: sorted, or peek-then-claim (with the shard key, targeted; ``auto`` from
+        ``sharding.PEEK_FROM`` ``live`` replicas on); raises
         ``ShardKeyRequired`` once for a sharded collection whose key is not declared (or
         not the one declared), and then claims nothing more there."""
 

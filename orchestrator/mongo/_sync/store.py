@@ -149,6 +149,7 @@ class Store:
         update: Mapping[str, Any],
         seen: Callable[[Document], None] | None = None,
         plan: sharding.ClaimPlan | None = None,
+        live: int | None = None,
     ) -> Document | None:
         """One atomic find-and-modify: the longest-free document ``match`` selects whose
         lease is free at ``judged_at`` (and that ``exclusion`` lets through), taken with
@@ -178,7 +179,7 @@ class Store:
         query = queries.claim_filter(match, judged_at, horizon, exclusion)
         try:
             with driver_errors(f"claim on {name}", (name, plan.shard_key)):
-                if plan.peeks:
+                if plan.peeks(live):
                     before = self._peek_and_claim(name, query, update, judged_at, plan)
                 else:
                     before = self.collection(name).find_one_and_update(

@@ -241,6 +241,7 @@ class AsyncSteps:
                 queries.claim_update(now, until, token, self._settings.replica_id),
                 seen,
                 handler.plan,
+                self._books.live,
             )
         except ShardKeyRequired as exc:
             # Said once: the collection's handlers are set aside, so no loop of errors.
