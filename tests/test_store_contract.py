@@ -826,3 +826,20 @@ def test_a_server_without_union_with_is_probed_per_collection_from_then_on() -> 
         answer = store.probe(groups, now, HORIZON)
         assert answer.ready == {0} and answer.next_due is None
     assert len(refused) == 1
+
+
+async def test_a_probe_of_hundreds_of_handlers_is_read_in_parts_numbered_as_one(
+    backend: Backend, clock: FakeClock
+) -> None:
+    """MongoDB takes at most 1,000 stages in a pipeline: past ``PROBE_BRANCHES`` handlers
+    the probe is read in parts, its answer the same."""
+    store = backend.open()
+    now = clock.now()
+    await seed(store, "jobs", {"_id": 1, "phase": "P349", "lockedUntil": EPOCH})
+    await seed(store, "mail", {"_id": 2, "phase": "M", "lockedUntil": now + timedelta(seconds=3)})
+    many = [({"phase": f"P{n}"}, None) for n in range(queries.PROBE_BRANCHES + 50)]
+    groups = [("jobs", many), ("mail", [({"phase": "M"}, None)])]
+    assert [sum(len(m) for _, m in c) for c in queries.probe_chunks(groups)] == [300, 51]
+    answer = await store.probe(groups, now, HORIZON)
+    assert answer.ready == {349}
+    assert answer.next_due == as_utc(bson_time(now + timedelta(seconds=3)))

@@ -156,6 +156,28 @@ PROBE_DUE = "due"
 """The field holding the next due time of a collection's documents in a probe's answers."""
 
 
+PROBE_BRANCHES = 300
+"""Handlers one probe aggregation reads at most: two stages each at most, under MongoDB's
+limit of 1,000 stages in a pipeline. A replica with more sends one read per 300."""
+
+
+def probe_chunks(groups: Sequence[tuple[str, Matches]]) -> list[list[tuple[str, Matches]]]:
+    """``groups`` cut into probes of at most ``PROBE_BRANCHES`` handlers each, in order (a
+    collection's handlers may straddle two)."""
+    chunks: list[list[tuple[str, Matches]]] = [[]]
+    room = PROBE_BRANCHES
+    for name, matches in groups:
+        rest = list(matches)
+        while rest:
+            if not room:
+                chunks.append([])
+                room = PROBE_BRANCHES
+            taken, rest = rest[:room], rest[room:]
+            chunks[-1].append((name, taken))
+            room -= len(taken)
+    return [chunk for chunk in chunks if chunk]
+
+
 PROBE_LIVE = "live"
 """The field holding, in a probe's answers, how many replicas are live."""
 PROBE_PAUSE = "pause"

@@ -421,3 +421,17 @@ def found(rows: Sequence[Mapping[str, Any]], with_pauses: bool = False) -> Found
         elif isinstance(row.get(queries.PROBE_LIVE), int):
             live = row[queries.PROBE_LIVE]
     return Found(frozenset(ready), due, pauses.read_all(paused) if with_pauses else None, live)
+
+
+def merged(answers: Sequence[Found], sizes: Sequence[int]) -> Found:
+    """The answers of a probe read in parts (``queries.probe_chunks``) as one: each part's
+    handlers numbered after those of the parts before (``sizes``), the earliest due time,
+    the pauses and the live replicas of the first."""
+    ready: set[int] = set()
+    offset = 0
+    for answer, size in zip(answers, sizes, strict=True):
+        ready.update(offset + n for n in answer.ready)
+        offset += size
+    dues = [a.next_due for a in answers if a.next_due is not None]
+    first = answers[0]
+    return Found(frozenset(ready), min(dues) if dues else None, first.pauses, first.live)

@@ -298,13 +298,9 @@ class Store:
         if not self._no_union:
             with driver_errors("probe"):
                 try:
-                    read = (
-                        None if pauses_collection is None else (pauses_collection, self.MAX_PAUSES)
+                    return self._probe_at_once(
+                        groups, now, horizon, pauses_collection, replicas_collection
                     )
-                    cursor = self.collection(groups[0][0]).aggregate(
-                        queries.probe_pipeline(groups, now, horizon, read, replicas_collection)
-                    )
-                    return common.found(cursor.to_list(), read is not None)
                 except OperationFailure as exc:
                     if not common.unknown_stage(exc):
                         raise
@@ -320,6 +316,34 @@ class Store:
                 ready.update(range(first, first + len(matches)))
             first += len(matches)
         return Found(frozenset(ready), None)
+
+    def _probe_at_once(
+        self,
+        groups: Sequence[tuple[str, queries.Matches]],
+        now: datetime,
+        horizon: float,
+        pauses_collection: str | None,
+        replicas_collection: str | None,
+    ) -> Found:
+        """``probe`` in one aggregation (one per ``PROBE_BRANCHES`` handlers), the pauses
+        and the live replicas read with the first."""
+        read = None if pauses_collection is None else (pauses_collection, self.MAX_PAUSES)
+        answers: list[Found] = []
+        chunks = queries.probe_chunks(groups)
+        for chunk in chunks:
+            first = not answers
+            pipeline = queries.probe_pipeline(
+                chunk,
+                now,
+                horizon,
+                read if first else None,
+                replicas_collection if first else None,
+            )
+            cursor = self.collection(chunk[0][0]).aggregate(pipeline)
+            answers.append(common.found(cursor.to_list(), first and read is not None))
+        return common.merged(
+            answers, [sum(len(m) for _, m in c) for c in queries.probe_chunks(groups)]
+        )
 
     def carry(
         self, name: str, query: Mapping[str, Any], update: Mapping[str, Any]
