@@ -38,7 +38,7 @@ from bench.workloads import (
     release_update,
 )
 from orchestrator import AsyncLease, AsyncOrchestrator, Lease, Orchestrator, Outcome
-from orchestrator.core import queries, replicas
+from orchestrator.core import history, queries, replicas
 from orchestrator.core.clock import SystemClock
 from orchestrator.core.settings import Settings
 from orchestrator.core.steps import started as steps_started
@@ -251,7 +251,8 @@ async def _afill(orch: AsyncOrchestrator, docs: int, phase: str, collection: str
 
 def bare_loop(store: Store, step: Step, clock: FakeClock) -> int:
     """The least a loop can send per step: a claim for a document's first step, then one
-    write per step, each carrying the lease on into the next (the last releases)."""
+    write per step, each carrying the lease on into the next (the last releases), each
+    with the step's history entry, as the engine writes them."""
     done = 0
     while True:
         token = secrets.token_hex(8)
@@ -263,10 +264,12 @@ def bare_loop(store: Store, step: Step, clock: FakeClock) -> int:
             fence = queries.fenced(doc["_id"], token, step.phase)
             done += 1
             if nxt is not None:  # the last step: released into a phase no loop takes
-                store.write(step.collection, fence, release_update(nxt, fields, clock))
+                store.write(step.collection, fence, _recorded(doc, nxt, fields, clock, now))
                 break
-            token = secrets.token_hex(8)
-            doc = store.carry(step.collection, fence, _carried(fields, token, clock))
+            token, at = secrets.token_hex(8), now
+            now = clock.now()
+            written = _recorded(doc, None, fields, clock, at)
+            doc = store.carry(step.collection, fence, _carried(written, token, clock))
         else:
             return done
 
@@ -284,19 +287,41 @@ async def abare_loop(store: AsyncStore, step: Step, clock: FakeClock) -> int:
             fence = queries.fenced(doc["_id"], token, step.phase)
             done += 1
             if nxt is not None:
-                await store.write(step.collection, fence, release_update(nxt, fields, clock))
+                await store.write(step.collection, fence, _recorded(doc, nxt, fields, clock, now))
                 break
-            token = secrets.token_hex(8)
-            doc = await store.carry(step.collection, fence, _carried(fields, token, clock))
+            token, at = secrets.token_hex(8), now
+            now = clock.now()
+            written = _recorded(doc, None, fields, clock, at)
+            doc = await store.carry(step.collection, fence, _carried(written, token, clock))
         else:
             return done
 
 
-def _carried(fields: dict[str, Any], token: str, clock: FakeClock) -> dict[str, Any]:
-    """An unlock that carries the lease on (``queries.carry_update``)."""
+def _recorded(
+    doc: dict[str, Any], nxt: str | None, fields: dict[str, Any], clock: FakeClock, since: Any
+) -> dict[str, Any]:
+    """A step's releasing update with its history entry, as the engine's lease writes it
+    (``history.step_entry``, ``history.push``, ``DEFAULT_HISTORY`` entries kept)."""
+    update = release_update(nxt, fields, clock)
+    outcome = "unlocked" if nxt is None else "advanced"
+    phase = doc.get("phase")
+    entry = history.step_entry(
+        replica="bare",
+        claimed_at=since,
+        now=clock.now(),
+        outcome=outcome,
+        phase=phase,
+        to=phase if nxt is None else nxt,
+    )
+    current = doc.get(history.HISTORY_FIELD, history.ABSENT)
+    return history.merge(update, history.push(entry, history.DEFAULT_HISTORY, current))
+
+
+def _carried(update: dict[str, Any], token: str, clock: FakeClock) -> dict[str, Any]:
+    """``update`` carrying the lease on (``queries.carry_update``)."""
     now = clock.now()
     until = now + timedelta(seconds=30)
-    return queries.carry_update(release_update(None, fields, clock), now, until, token, "bare")
+    return queries.carry_update(update, now, until, token, "bare")
 
 
 # -- 3: latency of a six-step workflow ---------------------------------------------------------
