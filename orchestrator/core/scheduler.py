@@ -40,13 +40,14 @@ class Probe:
     def collections(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys(h.collection for h in self.handlers))
 
+    def members(self, collection: str) -> tuple[Handler, ...]:
+        """The handlers probed on ``collection``, in ``handlers``' order."""
+        return tuple(h for h in self.handlers if h.collection == collection)
+
     def groups(self) -> list[tuple[str, Matches]]:
         """Per collection, the (match, exclusion) pairs of its handlers (what the store's
         probe reads); ``handlers`` is in that order."""
-        return [
-            (c, [(h.match, h.exclusion) for h in self.handlers if h.collection == c])
-            for c in self.collections
-        ]
+        return [(c, [(h.match, h.exclusion) for h in self.members(c)]) for c in self.collections]
 
     @staticmethod
     def of(handlers: Sequence[Handler], generation: int) -> Probe:

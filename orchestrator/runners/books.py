@@ -277,6 +277,14 @@ class Books(Generic[L]):
                 return None
             return handler
 
+    def _frees_work_here(self, step: Step[L], outcome: StepOutcome) -> bool:
+        """Whether the document ``step`` let go of may be one of these handlers' to claim:
+        so it is when its phase is not known here (no outcome landed, or one that lost it)."""
+        left = step.lease.outcome
+        if left is None or not isinstance(left.phase, str) or outcome in _UNKNOWN_PHASE:
+            return True
+        return steps.could_take(self._sched.handlers, step.lease.collection, left.phase)
+
     def finished(self, step: Step[L], outcome: StepOutcome, carried: Step[L] | None = None) -> bool:
         """A step is over; False when step_timeout had counted it already (not again).
         ``carried``: the next step its release took the lease on into, which keeps its
@@ -286,11 +294,7 @@ class Books(Generic[L]):
                 return False
             self._stats[outcome.value] += 1  # plain names: stats() prints and serialises as before
             del self._running[step.lease.token]
-            left = step.lease.outcome
-            wakes = left is None or not isinstance(left.phase, str) or outcome in _UNKNOWN_PHASE
-            if not wakes:
-                assert left is not None and isinstance(left.phase, str)
-                wakes = steps.could_take(self._sched.handlers, step.lease.collection, left.phase)
+            wakes = self._frees_work_here(step, outcome)
             self._sched.finished(outcome, carried=carried is not None, wakes=wakes)
             if carried is not None:
                 self._stats["carried"] += 1

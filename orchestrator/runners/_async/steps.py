@@ -134,18 +134,15 @@ class AsyncSteps:
         finally:
             self._books.probed(probe, found)
         took = self._local.monotonic() - started
-        due = found.next_due if found is not None else None
-        if (
-            due is not None
-            and found is not None
-            and scheduler.wakes_at_due(found.live, random.random())
-        ):
-            self._wake_when_due(due)
+        if found is None:
+            for collection in probe.collections:
+                self._report.probed(collection, probe.members(collection), None, took)
+            return
+        if found.next_due is not None and scheduler.wakes_at_due(found.live, random.random()):
+            self._wake_when_due(found.next_due)
         for collection in probe.collections:
-            members = tuple(h for h in probe.handlers if h.collection == collection)
-            ready = None
-            if found is not None:
-                ready = any(probe.handlers.index(h) in found.ready for h in members)
+            members = probe.members(collection)
+            ready = any(probe.handlers.index(h) in found.ready for h in members)
             self._report.probed(collection, members, ready, took)
 
     def _wake_when_due(self, due: datetime) -> None:
