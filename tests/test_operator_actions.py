@@ -227,6 +227,39 @@ async def test_a_pause_of_a_collection_or_a_handler_covers_just_that(
     assert done == ["A", "other"]
 
 
+async def test_an_advance_into_a_paused_phase_releases_the_document_instead_of_carrying_it(
+    replicas: MakeEither, db: Database[Any]
+) -> None:
+    """A step that frees its document for a handler an operator paused writes a plain
+    release (no lease carried on into the paused handler's step), and resuming runs it."""
+    replica = await replicas()
+    done: list[str] = []
+
+    @replica.phase("jobs", "A")
+    async def a(lease: Any) -> Any:
+        done.append("A")
+        return await lease.advance("B")
+
+    @replica.phase("jobs", "B")
+    async def b(lease: Any) -> Any:
+        done.append("B")
+        return await lease.advance("Done")
+
+    ops = Operations(db)
+    ops.pause(Scope("jobs", "B"))
+    await replica.heartbeat()
+    await replica.submit("jobs", {"_id": "j1", "phase": "A"})
+    await replica.run_once()
+    doc = db.jobs.find_one({"_id": "j1"})
+    assert done == ["A"] and doc is not None
+    assert doc["phase"] == "B" and "lockToken" not in doc  # released, held by nobody
+    assert replica.orch.stats().get("carried", 0) == 0
+    ops.resume(Scope("jobs", "B"))
+    await replica.run_once()
+    assert done == ["A", "B"]
+    assert db.jobs.find_one({"_id": "j1"}, {"phase": 1}) == {"_id": "j1", "phase": "Done"}
+
+
 def test_an_idle_tick_reads_the_pauses_within_its_one_probe(
     db: Database[Any], clock: FakeClock
 ) -> None:
