@@ -12,10 +12,11 @@ import anyio
 import pytest
 from pymongo.database import Database
 
-from orchestrator import Lease, LeaseLost, Orchestrator
+from orchestrator import EPOCH, Lease, LeaseLost, Orchestrator
+from orchestrator.mongo import Store
 from orchestrator.testing import FakeClock
 from orchestrator.testing.faults import Faults
-from tests.conftest import MakeEither
+from tests.conftest import MakeEither, MakeReplica
 from tests.engines import hold, wait
 
 
@@ -115,15 +116,20 @@ async def test_an_unlock_then_raise_with_another_replica_s_whole_step_between_is
 ) -> None:
     """Replica A unlocks, B claims and unlocks (the document is free again, exactly as A
     left it but for B's token), then A's handler raises. Before the fix A's stale record
-    landed on B's state (``attempts`` 1, ``lastError`` set)."""
-    first = await replicas("first")
+    landed on B's state (``attempts`` 1, ``lastError`` set).
+
+    A runs one worker: with more, the threaded engine may have another claim of A's under
+    way (sent when A's claim came back with a document), which ``request_stop`` cannot
+    call back; it could take what the unlock frees before B looks, and hand it back only
+    after B found nothing (the next test stages that)."""
+    first = await replicas("first", max_concurrency=1)
     second = await replicas("second")
     unlocked, raise_now = threading.Event(), threading.Event()
     ran: list[str] = []
 
     @first.phase("jobs", "Running")
     async def unlock_then_raise(lease: Any) -> Any:
-        first.request_stop()  # the one step, not another claim of what the unlock frees
+        first.request_stop()  # its one worker claims nothing after this step
         await lease.unlock()
         unlocked.set()
         await wait(raise_now)
@@ -145,6 +151,64 @@ async def test_an_unlock_then_raise_with_another_replica_s_whole_step_between_is
     doc = _doc(db)
     assert doc["attempts"] == 0 and "lastError" not in doc
     assert first.stats().get("lost") == 1
+
+
+def test_an_unlock_then_raise_with_the_replica_s_own_claim_between_is_not_recorded(
+    make: MakeReplica, db: Database[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another worker of the replica sent a claim while the step ran (the handler's claim
+    had found a document); it lands after the step asked to stop and unlocked, and takes
+    the document. The replica hands that lease back unstarted; the step's error, raised
+    after, is not recorded on it, and another replica claims the document at once. (How
+    ``test_an_unlock_then_raise_with_another_replica_s_whole_step_between_is_not_recorded``
+    once failed under load, when its first replica ran four workers: its second replica
+    looked while the document was held so, and found nothing.)"""
+    first = make("first", max_concurrency=2)  # the step's worker, and one more
+    second = make("second")
+    in_flight, unlocked, taken = threading.Event(), threading.Event(), threading.Event()
+    real_claim = Store.claim
+    claims: list[str] = []
+
+    def claim(self: Store, *args: Any, **kwargs: Any) -> Any:
+        if threading.current_thread().name != "orchestrator-first":
+            return real_claim(self, *args, **kwargs)
+        claims.append("first")
+        if len(claims) == 1:
+            return real_claim(self, *args, **kwargs)
+        in_flight.set()  # sent while the step runs; it reaches the server after the unlock
+        assert unlocked.wait(10), "hang guard"
+        doc = real_claim(self, *args, **kwargs)
+        if doc is not None:
+            taken.set()
+        return doc
+
+    monkeypatch.setattr(Store, "claim", claim)
+
+    @first.phase("jobs", "Running")
+    def unlock_then_raise(lease: Lease[Any]) -> Any:
+        assert in_flight.wait(10), "hang guard"
+        first.request_stop()
+        lease.unlock()
+        unlocked.set()
+        assert taken.wait(10), "hang guard"
+        raise RuntimeError("after its unlock")
+
+    ran: list[str] = []
+
+    @second.phase("jobs", "Running")
+    def whole_step(lease: Lease[Any]) -> Any:
+        ran.append("second")
+        return lease.advance("Done")
+
+    first.submit("jobs", {"phase": "Running"})
+    counts = first.run_once()
+    assert counts.get("claimed") == 2 and counts.get("released") == 1
+    assert counts.get("lost") == 1 and "retrying" not in counts
+    doc = _doc(db)
+    assert doc["attempts"] == 0 and "lastError" not in doc
+    assert doc["lockedUntil"] == EPOCH and "lockToken" not in doc, "handed back at once"
+    second.run_once()
+    assert ran == ["second"] and _doc(db)["phase"] == "Done"
 
 
 @pytest.mark.anyio
