@@ -24,6 +24,7 @@ from orchestrator.core.events import (
     Listener,
     StepClaimedEvent,
     StepFinishedEvent,
+    SubmittingEvent,
 )
 from orchestrator.core.extras import library_version
 from orchestrator.core.lease import Outcome
@@ -77,6 +78,7 @@ __all__ = [
     "StepTimeout",
     "StopReport",
     "StoreError",
+    "SubmittingEvent",
     "SystemClock",
     "ThreadLease",
     "__version__",

@@ -179,6 +179,7 @@ def test_a_document_that_does_not_fit_the_model_fails_with_its_validation_error(
         ({"spec": {1: "x"}}, "cannot be stored"),
         ({"lockedAt": EPOCH}, "managed by the orchestrator"),
         ({"phase": "Done"}, "managed by the orchestrator"),
+        ({"orchestratorTrace": {"traceparent": "x"}}, "managed by the orchestrator"),
     ],
     ids=[
         "enormous",
@@ -190,6 +191,7 @@ def test_a_document_that_does_not_fit_the_model_fails_with_its_validation_error(
         "non-string-key",
         "lease-field",
         "phase-field",
+        "trace-field",
     ],
 )
 def test_a_write_the_server_would_refuse_is_a_recorded_error(

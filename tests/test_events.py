@@ -26,9 +26,10 @@ from orchestrator import (
     StepClaimedEvent,
     StepFinishedEvent,
     StepOutcome,
+    SubmittingEvent,
 )
 from orchestrator.core import queries
-from orchestrator.core.events import Event, Listeners
+from orchestrator.core.events import MAX_CARRIER_ENTRIES, Event, Listeners, carrier
 from orchestrator.core.resource import EPOCH
 from orchestrator.testing import FakeClock, memory_database
 from tests.conftest import MakeEither
@@ -48,7 +49,7 @@ class Recorder(Listener):
         with self._lock:
             self.events.append(event)
 
-    step_claimed = step_finished = attempt_failed = lease_lost = _add
+    submitting = step_claimed = step_finished = attempt_failed = lease_lost = _add
     lease_extended = clock_measured = idle_probe = _add
 
     def of(self, kind: type[Any]) -> list[Any]:
@@ -189,7 +190,7 @@ class Broken(Listener):
             self.calls += 1
         raise RuntimeError("a bug in a listener")
 
-    step_claimed = step_finished = attempt_failed = lease_lost = _raise
+    submitting = step_claimed = step_finished = attempt_failed = lease_lost = _raise
     lease_extended = clock_measured = idle_probe = _raise
 
 
@@ -277,6 +278,7 @@ STEP = ("pod-1", "jobs", 1, "Running", "jobs.Running")
 
 SAMPLES: dict[str, Event] = {
     # The Listener method each event type is delivered to, and one event of that type.
+    "submitting": SubmittingEvent("pod-1", "jobs", 1, "Running"),
     "step_claimed": StepClaimedEvent(*STEP, 7, 0.5),
     "step_finished": StepFinishedEvent(*STEP, 7, StepOutcome.ADVANCED, 1.5),
     "attempt_failed": AttemptFailedEvent(
@@ -294,6 +296,9 @@ class ByMethod(Listener):
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, object]] = []
+
+    def submitting(self, event: SubmittingEvent) -> None:
+        self.calls.append(("submitting", event))
 
     def step_claimed(self, event: StepClaimedEvent) -> None:
         self.calls.append(("step_claimed", event))
@@ -343,8 +348,8 @@ def test_a_raising_listener_is_isolated_logged_once_and_counted(
     assert listeners.errors == broken.calls == len(SAMPLES)
     logged = [r for r in caplog.records if getattr(r, "outcome", None) == "listener-error"]
     assert len(logged) == 1, "logged once per listener"
-    assert (logged[0].listener, logged[0].event) == ("Broken", "step_claimed")  # type: ignore[attr-defined]
-    assert "Broken.step_claimed raised" in logged[0].getMessage()
+    assert (logged[0].listener, logged[0].event) == ("Broken", "submitting")  # type: ignore[attr-defined]
+    assert "Broken.submitting raised" in logged[0].getMessage()
 
 
 @pytest.mark.parametrize("method", SAMPLES)
@@ -370,3 +375,81 @@ def test_with_no_listener_an_event_reaches_nothing() -> None:
     for event in SAMPLES.values():
         listeners.emit(event)
     assert listeners.errors == 0
+
+
+# -- a carrier stored at submit, carried back by each step's claim --------------------------
+
+
+@pytest.mark.pure
+@pytest.mark.parametrize(
+    ("stored", "kept"),
+    [
+        ({"traceparent": "00-ab-cd-01", "tracestate": "k=v"}, None),  # kept whole
+        ("00-ab-cd-01", {}),
+        (["traceparent"], {}),
+        (None, {}),
+        ({"traceparent": 1, "b": None, "c": {"d": "e"}, "f": b"g"}, {}),
+        ({1: "x", "": "x", "$set": "x", "a.b": "x", "ok": "x"}, {"ok": "x"}),
+        ({"k" * 65: "x", "v": "x" * 8193, "w": "x" * 8192}, {"w": "x" * 8192}),
+        ({"nul": "a\x00b", "é": "x", "t": "é", "nl": "a\nb", "sp": "a b"}, {"sp": "a b"}),
+        ({f"k{n}": "v" for n in range(20)}, {f"k{n}": "v" for n in range(MAX_CARRIER_ENTRIES)}),
+    ],
+)
+def test_a_carrier_keeps_only_bounded_printable_text(stored: object, kept: object) -> None:
+    assert carrier(stored) == (stored if kept is None else kept)
+
+
+class Injecting(Recorder):
+    """Puts its entries into each submit's carrier, as a tracing propagator injects."""
+
+    def __init__(self, entries: dict[Any, Any]) -> None:
+        super().__init__()
+        self.entries = entries
+
+    def submitting(self, event: SubmittingEvent) -> None:
+        self._add(event)
+        event.carrier.update(self.entries)
+
+
+async def test_what_a_listener_puts_in_the_carrier_comes_back_with_every_step(
+    replicas: MakeEither, db: Database[Any]
+) -> None:
+    """Stored on the document at submit (cleaned), read back from the claim and from the
+    carried next step, on whichever replica: no extra read."""
+    injecting = Injecting({"traceparent": "00-ab-cd-01", "junk": 42, "$x": "y"})
+    submitter = await replicas("api", listeners=[injecting])
+    recorder = Recorder()
+    worker = await replicas("worker", listeners=[recorder])
+
+    @worker.phase("jobs", "A")
+    async def first(lease: Any) -> Any:
+        return await lease.advance("B")
+
+    @worker.phase("jobs", "B")
+    async def second(lease: Any) -> Any:
+        return await lease.advance("Done")
+
+    await submitter.submit("jobs", {"_id": 1, "phase": "A"})
+    [submitted] = injecting.of(SubmittingEvent)
+    assert (submitted.collection, submitted.document_id, submitted.phase) == ("jobs", 1, "A")
+    doc = db.jobs.find_one({"_id": 1})
+    assert doc is not None and doc["orchestratorTrace"] == {"traceparent": "00-ab-cd-01"}
+    await worker.run_once()
+    assert worker.stats().get("carried") == 1
+    claimed = recorder.of(StepClaimedEvent)
+    assert [(e.phase, dict(e.carrier)) for e in claimed] == [
+        ("A", {"traceparent": "00-ab-cd-01"}),
+        ("B", {"traceparent": "00-ab-cd-01"}),
+    ]
+    assert recorder.of(SubmittingEvent) == [], "the worker submitted nothing"
+
+
+@pytest.mark.parametrize("entries", [{}, {"junk": 42}])
+async def test_nothing_is_stored_when_no_listener_fills_the_carrier(
+    replicas: MakeEither, db: Database[Any], entries: dict[str, Any]
+) -> None:
+    replica = await replicas(listeners=[Injecting(entries)])
+    bare = await replicas("bare")
+    await replica.submit("jobs", {"_id": 1, "phase": "A"})
+    await bare.submit("jobs", {"_id": 2, "phase": "A"})
+    assert [sorted(d) for d in db.jobs.find({}, {"orchestratorTrace": 1})] == [["_id"]] * 2

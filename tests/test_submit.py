@@ -84,6 +84,25 @@ def test_submit_refuses_bad_documents_clearly(make: MakeReplica) -> None:
         orch.submit("system.users", {"phase": "Creating"})
 
 
+@pytest.mark.parametrize(
+    "doc",
+    [
+        {"phase": "Creating", "orchestratorTrace": {"traceparent": "00-ab-cd-01"}},
+        {"phase": "Creating", "orchestratorTrace.traceparent": "00-ab-cd-01"},
+        Gateway(name="a", phase="Creating", orchestratorTrace={"traceparent": "x"}),
+    ],
+    ids=["dict", "dotted", "model-extra"],
+)
+def test_the_trace_context_is_the_orchestrator_s_to_store(
+    make: MakeReplica, db: Database[Any], doc: Any
+) -> None:
+    """Stored by the listeners only (``SubmittingEvent``): a submit naming it is refused,
+    as for the lease fields, through a dict or a model."""
+    with pytest.raises(ConfigError, match=r"'orchestratorTrace.*' is managed by the orchestrator"):
+        make().submit(Gateway if isinstance(doc, Gateway) else "gateways", doc)
+    assert db.gateways.count_documents({}) == 0
+
+
 def test_ensure_indexes_creates_the_claim_index_and_unique_keys(
     make: MakeReplica, db: Database[Any]
 ) -> None:

@@ -721,6 +721,7 @@ _FIELDS = dict.fromkeys(
         "failedBy",
         "updatedAt",
         "createdAt",
+        "orchestratorTrace",
     ),
     _VALUES,
 )

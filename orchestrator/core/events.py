@@ -19,8 +19,8 @@ from __future__ import annotations
 import inspect
 import logging
 import threading
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any, get_type_hints
 
 from orchestrator.core.errors import ConfigError
@@ -39,7 +39,64 @@ __all__ = [
     "Listeners",
     "StepClaimedEvent",
     "StepFinishedEvent",
+    "SubmittingEvent",
+    "carrier",
 ]
+
+MAX_CARRIER_ENTRIES = 8
+MAX_CARRIER_KEY = 64
+MAX_CARRIER_VALUE = 8192
+"""Bounds of a stored carrier (W3C's ``tracestate`` is at most 512 characters, its
+``baggage`` 8192): a document's field may hold anything, and what goes past them is
+dropped, never cut (a cut header is a wrong one)."""
+
+
+def carrier(value: object) -> dict[str, str]:
+    """The entries of ``value`` a carrier may hold: printable ASCII text keys (no ``$`` or
+    ``.``: they are stored as field names) and values, within the bounds; anything else
+    (not a mapping, other types, huge strings) is left out, so a garbage field gives an
+    empty carrier, never an error on the step's path."""
+    if value is None or not isinstance(value, Mapping):  # None: most documents, at once
+        return {}
+    kept: dict[str, str] = {}
+    for key, text in value.items():
+        if len(kept) == MAX_CARRIER_ENTRIES:
+            break
+        if (
+            isinstance(key, str)
+            and isinstance(text, str)
+            and 0 < len(key) <= MAX_CARRIER_KEY
+            and len(text) <= MAX_CARRIER_VALUE
+            and _header_text(key)
+            and _header_text(text)
+            and not key.startswith("$")
+            and "." not in key
+        ):
+            kept[key] = text
+    return kept
+
+
+def _header_text(text: str) -> bool:
+    return text.isascii() and text.isprintable()
+
+
+@dataclass(frozen=True, slots=True)
+class SubmittingEvent:
+    """A document is about to be submitted (its checks passed): a listener may put text
+    entries into ``carrier`` (a tracing propagator's ``inject``), which are stored on the
+    document (``TRACE_FIELD``) and come back with each of its steps'
+    ``StepClaimedEvent``, on whichever replica claims it. Nothing is stored when the
+    carrier stays empty. ``document_id``: the ``_id`` submitted, None when the server
+    assigns it."""
+
+    replica: str
+    collection: str
+    document_id: Any
+    phase: str
+    carrier: dict[str, str] = field(default_factory=dict)
+
+    def deliver(self, listener: Listener) -> None:
+        listener.submitting(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,7 +107,9 @@ class StepClaimedEvent:
     ``latency`` is how long the document had been due when it was claimed, in seconds,
     when its lease fields tell: since its relock or retry wait or its previous lease ran
     out, or since it entered its phase (submitted, advanced, retried by an operator).
-    None after a plain unlock or a hand-back, whose time is not recorded.
+    None after a plain unlock or a hand-back, whose time is not recorded. ``carrier``:
+    what the listeners put into the ``SubmittingEvent``'s carrier when the document was
+    submitted, as stored on it (cleaned by ``carrier``; empty when nothing was stored).
     """
 
     replica: str
@@ -60,6 +119,7 @@ class StepClaimedEvent:
     handler: str
     step: int
     latency: float | None
+    carrier: Mapping[str, str] = field(default_factory=dict)
 
     def deliver(self, listener: Listener) -> None:
         listener.step_claimed(self)
@@ -184,6 +244,10 @@ class Listener:
     others do nothing). Called synchronously where the work happens, from worker threads
     or the event loop: keep it quick and thread-safe."""
 
+    def submitting(self, event: SubmittingEvent) -> None:
+        """A document is about to be submitted; entries put into ``event.carrier`` are
+        stored on it for its steps."""
+
     def step_claimed(self, event: StepClaimedEvent) -> None:
         """A document was claimed for a step."""
 
@@ -207,7 +271,8 @@ class Listener:
 
 
 Event = (
-    StepClaimedEvent
+    SubmittingEvent
+    | StepClaimedEvent
     | StepFinishedEvent
     | AttemptFailedEvent
     | LeaseLostEvent

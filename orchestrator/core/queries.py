@@ -17,7 +17,7 @@ from bson.errors import BSONError
 
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.redact import redact
-from orchestrator.core.resource import EPOCH, LEASE_FIELDS
+from orchestrator.core.resource import EPOCH, LEASE_FIELDS, TRACE_FIELD
 from orchestrator.core.sharding import shard_values
 
 if TYPE_CHECKING:
@@ -490,11 +490,16 @@ def fail_update(
     }
 
 
-def new_document(doc: Mapping[str, Any], now: datetime) -> dict[str, Any]:
-    """A submitted document: unlocked, in its first phase, with no lease history."""
+def new_document(
+    doc: Mapping[str, Any], now: datetime, carrier: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    """A submitted document: unlocked, in its first phase, with no lease history; with
+    the listeners' ``carrier`` (a trace context) when they gave one, none stored else."""
     stamped = bson_time(now)
     fresh = {k: v for k, v in doc.items() if k not in LEASE_FIELDS}
     fresh.update(lockedUntil=EPOCH, attempts=0, relocks=0, createdAt=stamped, updatedAt=stamped)
+    if carrier:
+        fresh[TRACE_FIELD] = dict(carrier)
     return fresh
 
 

@@ -14,6 +14,11 @@ from pydantic.alias_generators import to_camel
 EPOCH = datetime(1970, 1, 1)
 """``lockedUntil`` of a document nobody holds: long past, so claimable at once."""
 
+TRACE_FIELD = "orchestratorTrace"
+"""The trace context stored on a document at submit (text keys to text values: W3C
+``traceparent``, ``tracestate``), when a listener gives one (``SubmittingEvent``); each of
+its steps' ``StepClaimedEvent`` carries it back."""
+
 LEASE_FIELDS = frozenset(
     {
         "lockedAt",
@@ -28,6 +33,7 @@ LEASE_FIELDS = frozenset(
         "failedBy",
         "createdAt",
         "orchestratorHistory",
+        TRACE_FIELD,
     }
 )
 """Fields the orchestrator owns: handlers cannot set them through a lease."""

@@ -4,6 +4,7 @@ events for its listeners. Engine-neutral; with no listener registered no event i
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 from orchestrator.core.clock import Clock, ServerClock
@@ -16,11 +17,14 @@ from orchestrator.core.events import (
     Listeners,
     StepClaimedEvent,
     StepFinishedEvent,
+    SubmittingEvent,
+    carrier,
 )
 from orchestrator.core.lease import LeaseCore
 from orchestrator.core.outcomes import StepOutcome
 from orchestrator.core.redact import RedactingFilter
 from orchestrator.core.registry import Handler
+from orchestrator.core.resource import TRACE_FIELD
 from orchestrator.runners.step import Step
 
 __all__ = ["Reporter", "logger"]
@@ -94,10 +98,22 @@ class Reporter:
 
     # -- events -------------------------------------------------------------------------
 
+    def submitting(self, collection: str, fields: Mapping[str, Any]) -> dict[str, str]:
+        """What the listeners want stored on a document about to be submitted (its
+        ``fields``): their carrier, cleaned; empty (nothing stored) with none listening."""
+        if not self.events.active:
+            return {}
+        event = SubmittingEvent(self.replica, collection, fields.get("_id"), fields["phase"])
+        self.events.emit(event)
+        return carrier(event.carrier)
+
     def claimed(self, step: Step[Any]) -> None:
+        """A step begins: claimed, or carried on from the step before. Its document is
+        as the claim (or the carry) stored it, with the carrier its submit stored."""
         if self.events.active:
+            stored = carrier(step.lease.doc.get(TRACE_FIELD))
             self.events.emit(
-                StepClaimedEvent(*self._about(step.lease), step.number, step.latency),
+                StepClaimedEvent(*self._about(step.lease), step.number, step.latency, stored),
             )
 
     def finished(self, step: Step[Any], outcome: StepOutcome) -> None:

@@ -24,7 +24,7 @@ from orchestrator.core.audit import AuditEntry
 from orchestrator.core.history import HISTORY_FIELD
 from orchestrator.core.operator import cancelled_phase, parse_id_json
 from orchestrator.core.replicas import HandlerInfo, ReplicaRecord
-from orchestrator.core.resource import EPOCH, LEASE_FIELDS
+from orchestrator.core.resource import EPOCH, LEASE_FIELDS, TRACE_FIELD
 from orchestrator.mongo.common import Document
 from orchestrator.operations import LeaseState, OperatorError, Pause, Row, Status
 
@@ -55,6 +55,7 @@ LEASE_ROWS = (
     ("failedBy", "failed by (handler)"),
     ("updatedAt", "phase entered or updated at"),
     ("createdAt", "created at"),
+    (TRACE_FIELD, "trace context (stored at submit)"),
 )
 SHOWN_FIELDS = frozenset(
     {"_id", "updatedAt", HISTORY_FIELD, *(name for name, _ in LEASE_ROWS), *LEASE_FIELDS}

@@ -187,13 +187,15 @@ class Orchestrator:
 
         ``unique`` defaults to the keys the model declares (``Resource.unique``; for a
         collection name, those of the model registered on it), else to ``_id`` when the
-        document has one.
+        document has one. Listeners may store a trace context on it (``SubmittingEvent``):
+        the trace its steps' spans join.
         """
         self._crew.enter()
         new = self._registration.submission(target, doc, unique)
         self._steps.measure_if_due()
+        trace = self._report.submitting(new.collection, new.fields)
         stored = self._store.insert(
-            new.collection, queries.new_document(new.fields, self.clock.now()), new.keys
+            new.collection, queries.new_document(new.fields, self.clock.now(), trace), new.keys
         )
         self._books.submitted()
         return stored
