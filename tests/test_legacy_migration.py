@@ -153,7 +153,7 @@ class World:
 
     def pod(self, name: str) -> LegacyPod:
         pod = LegacyPod(
-            name, self.db, self.clock.now, self.platform, lambda: float(self.rng.choice([1, 2]))
+            name, self.db, self.clock.now, self.platform, lambda: float(self.rng.choice([1, 2, 3, 4]))
         )
         self.pods.append(pod)
         return pod
