@@ -48,7 +48,7 @@ LEASE_ROWS = (
     ("phase", "phase"),
     ("lockedBy", "replica (last holder)"),
     ("lockToken", "lease token"),
-    ("lockedAt", "lease taken or renewed at"),
+    ("lockedAt", "lease taken or renewed at (migrating: the in-house pods' lease)"),
     ("lockedUntil", "lease until"),
     ("attempts", "attempts in this phase"),
     ("relocks", "relocks in this phase"),
