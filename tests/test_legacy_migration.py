@@ -152,8 +152,9 @@ class World:
         return orch
 
     def pod(self, name: str) -> LegacyPod:
+        calls = [1.0, 2.0, 3.0, 4.0]  # seconds an outside call takes
         pod = LegacyPod(
-            name, self.db, self.clock.now, self.platform, lambda: float(self.rng.choice([1, 2, 3, 4]))
+            name, self.db, self.clock.now, self.platform, lambda: self.rng.choice(calls)
         )
         self.pods.append(pod)
         return pod
