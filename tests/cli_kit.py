@@ -57,6 +57,7 @@ def publish(
         cancelled_phase=settings.cancelled_phase,
         history=settings.history,
         paused=paused,
+        legacy_lock_timeout=settings.legacy_lock_timeout,
     )
     db[REPLICAS_COLLECTION].replace_one(
         {"_id": orch.replica_id}, replica_document(record), upsert=True

@@ -35,6 +35,7 @@ from orchestrator.cli.selecting import (
     row_of,
     the_document,
 )
+from orchestrator.core.queries import IN_HOUSE_HOLDER
 from orchestrator.core.redact import visible
 from orchestrator.mongo.common import Document
 from orchestrator.operations import (
@@ -320,10 +321,10 @@ def _one(
             else:
                 done = operations.cancel(collection, doc, to=to, any_phase=force, why=why)
             _said(action, name, doc, done)
-    except LeaseHeld:
+    except LeaseHeld as held:
         raise CommandError(
-            f"{name} is held by a live lease of replica {doc.get('lockedBy')!r} until "
-            f"{doc['lockedUntil']:%Y-%m-%d %H:%M:%S} UTC: a retry now lets another replica "
+            f"{name} is held by a live lease of {_holder(held.holder)} until "
+            f"{held.until:%Y-%m-%d %H:%M:%S} UTC: a retry now lets another replica "
             "run its step while that one is still in it; wait for the lease to end, or pass "
             "--force"
         ) from None
@@ -335,6 +336,11 @@ def _one(
         raise CommandError(f"{name} changed meanwhile; run {action.value} again") from None
     _recorded(operations, why)
     return 0
+
+
+def _holder(holder: Any) -> str:
+    """Who holds a lease, as a refusal names it: a replica by its id, or an in-house pod."""
+    return IN_HOUSE_HOLDER if holder == IN_HOUSE_HOLDER else f"replica {holder!r}"
 
 
 def _recorded(operations: Operations, why: str) -> None:

@@ -47,9 +47,10 @@ def status(collections: tuple[str, ...], errors: int, as_json: bool, connection:
 
     Each replica records itself while it runs (refreshed every few seconds with its
     heartbeat) and is listed until its record expires (at most 40 s after it was killed).
-    Replicas whose lock timeout, tick, concurrency or library version differ are flagged
-    with a warning line; the exit status stays 0, since a rolling upgrade differs on
-    purpose for a while (--json lists them under "disagreements" for scripts).
+    Replicas whose lock timeout, in-house lock timeout (legacy_lock_timeout, during a
+    migration), tick, concurrency or library version differ are flagged with a warning
+    line; the exit status stays 0, since a rolling upgrade differs on purpose for a
+    while (--json lists them under "disagreements" for scripts).
 
     \b
     Example:
@@ -132,7 +133,7 @@ def _print_replicas(out: Console, status: Status) -> None:
             escape(visible(replica.version)),
             f"{replica.seen_ago(status.at):.0f}s ago"
             + (" [red](stale)[/]" if replica.stale(status.at) else ""),
-            f"{replica.lock_timeout:g}s",
+            f"{replica.lock_timeout:g}s" + _in_house(replica),
             f"{replica.tick:g}s",
             str(replica.max_concurrency),
             _steps_now(replica, status.at),
@@ -140,6 +141,12 @@ def _print_replicas(out: Console, status: Status) -> None:
     out.print(table)
     for disagreement in status.disagreements:
         out.print(f"[yellow]warning:[/] {escape(visible(disagreement.message))}", soft_wrap=True)
+
+
+def _in_house(replica: ReplicaRecord) -> str:
+    """The in-house pods' lock timeout a replica honours during a migration, if any."""
+    legacy = replica.legacy_lock_timeout
+    return "" if legacy is None else f" (in-house {legacy:g}s)"
 
 
 def _print_pauses(out: Console, status: Status) -> None:

@@ -121,15 +121,28 @@ LIST_PROJECTION: dict[str, Any] = {HISTORY_FIELD: 0}
 entries with tracebacks)."""
 
 
-def state_condition(state: LeaseState, now: datetime) -> dict[str, Any]:
+def state_condition(
+    state: LeaseState, now: datetime, legacy: float | None = None
+) -> dict[str, Any]:
     """The documents in ``state`` at ``now`` (the server's time), as a query: the status
     pipeline's judgement in query form (a date ``lockedUntil`` after ``now`` is live;
-    anything else, missing and malformed values included, is not)."""
+    anything else, missing and malformed values included, is not). ``legacy``: a
+    document only an in-house lease holds is leased (``queries.in_house_lease``)."""
     at = bson_time(now)
     live = {"lockedUntil": {"$gt": at}}
     not_live = {"lockedUntil": {"$not": {"$gt": at}}}
     held = {"lockToken": {"$ne": None}}
     free = {"lockToken": None}
+    if legacy is not None:
+        floor = queries.legacy_floor(now, legacy)
+        in_house = {"lockedAt": {"$gt": floor}}
+        not_in_house = {"lockedAt": {"$not": {"$gt": floor}}}
+        if state is LeaseState.LEASED:
+            return {"$or": [{"$and": [held, live]}, {"$and": [in_house, not_live]}]}
+        if state is LeaseState.OVERDUE:
+            return {"$and": [held, not_live, not_in_house]}
+        if state is LeaseState.FREE:
+            return {"$and": [free, not_live, not_in_house]}
     if state is LeaseState.LEASED:
         return {"$and": [held, live]}
     if state is LeaseState.OVERDUE:
@@ -147,15 +160,16 @@ def plan(
     every_phase: Sequence[str],
     indexes: Sequence[Sequence[tuple[str, Any]]],
     after: str | None = None,
+    legacy: float | None = None,
 ) -> Plan:
     """The query serving ``browse`` at ``now``; ``every_phase``: the collection's phases
     (``distinct``), for a filter naming none; ``indexes``: the collection's indexes' key
     patterns (a business key needs one); ``after``: the cursor of the page before
-    (``cursor``), or None for the first page."""
+    (``cursor``), or None for the first page; ``legacy``: as for ``state_condition``."""
     phases = list(browse.phases) or sorted(set(every_phase))
     parts: list[dict[str, Any]] = [{"phase": phases[0] if len(phases) == 1 else {"$in": phases}}]
     if browse.state is not None:
-        parts.append(state_condition(browse.state, now))
+        parts.append(state_condition(browse.state, now, legacy))
     if browse.error_type is not None:
         parts.append({"lastError.type": {"$eq": browse.error_type}})
     for name, value in browse.fields:
@@ -184,11 +198,13 @@ def plan(
     return Plan(query=query, sort=sort, hint=hint, index=served)
 
 
-def judge(doc: Mapping[str, Any], now: datetime) -> LeaseState:
+def judge(doc: Mapping[str, Any], now: datetime, legacy: float | None = None) -> LeaseState:
     """``doc``'s lease state at ``now`` (leased, overdue, waiting or free), as
     ``state_condition`` and the status counts judge it: a lease token with a date
     ``lockedUntil`` after ``now`` is leased, with anything else overdue; no token and a
-    later date is waiting; anything else is free."""
+    later date is waiting; anything else is free. ``legacy``: an in-house lease is leased."""
+    if queries.in_house_lease(doc, now, legacy):
+        return LeaseState.LEASED
     until = doc.get("lockedUntil")
     live = isinstance(until, datetime) and queries.as_utc(until) > queries.as_utc(now)
     if doc.get("lockToken") is not None:
@@ -202,7 +218,8 @@ class Row:
     ``id`` its id as text, ``ref`` as canonical Extended JSON (exact, for links and
     actions; None when it has none); ``key`` its business key (``FIELD=VALUE``), ``state``
     its lease state, ``failed_by`` the handler (by name where a live replica publishes
-    it) that gave up on it and leaves it alone in its failed phase."""
+    it) that gave up on it and leaves it alone in its failed phase. An in-house pod's
+    lease (``legacy``) shows its own expiry, held by ``queries.IN_HOUSE_HOLDER``."""
 
     id: str
     ref: str | None
@@ -225,8 +242,10 @@ class Row:
         now: datetime,
         keys: Sequence[tuple[str, ...]] = (),
         names: Mapping[str, str] | None = None,
+        legacy: float | None = None,
     ) -> Row:
-        state = judge(doc, now)
+        state = judge(doc, now, legacy)
+        in_house = queries.in_house_lease(doc, now, legacy)
         error = doc.get("lastError")
         kind = message = at = None
         if isinstance(error, Mapping):
@@ -235,6 +254,10 @@ class Row:
             kind, message = "?", error
         until, updated = doc.get("lockedUntil"), doc.get("updatedAt")
         attempts, holder, mark = doc.get("attempts"), doc.get("lockedBy"), doc.get("failedBy")
+        if in_house:
+            assert legacy is not None
+            until = queries.legacy_expiry(doc["lockedAt"], legacy)
+            holder = queries.IN_HOUSE_HOLDER
         return cls(
             id=_text(doc.get("_id")),
             ref=_ref(doc.get("_id")),

@@ -68,11 +68,107 @@ def as_utc(value: datetime) -> datetime:
     return value.astimezone(UTC)
 
 
+# -- the in-house pattern's leases, while a fleet migrates (``Settings.legacy_lock_timeout``) --
+
+LEGACY_SLACK = timedelta(milliseconds=1)
+"""The in-house claim takes a document whose ``lockedAt < now - timeout``: strictly, so an
+in-house lease still holds at ``lockedAt + timeout`` and is free one millisecond later,
+while a ``lockedUntil`` is free from its own moment on (``$not: {$gt: now}``)."""
+
+LEGACY_INDEX: list[tuple[str, int]] = [("phase", 1), ("lockedAt", 1)]
+"""Serves the probe's branch finding when the earliest in-house lease runs out (and the
+in-house pods' own claim): made with the claim index while ``legacy_lock_timeout`` is set."""
+
+LEGACY_INDEX_NAME = "orchestrator_legacy_lock"
+
+
+def legacy_expiry(locked_at: datetime, legacy: float) -> datetime:
+    """When an in-house lease taken at ``locked_at`` runs out, as a ``lockedUntil`` says it:
+    the first moment the in-house query takes the document (aware UTC)."""
+    return as_utc(locked_at) + timedelta(seconds=legacy) + LEGACY_SLACK
+
+
+def legacy_locked_at(until: datetime, legacy: float) -> datetime:
+    """The ``lockedAt`` an in-house pod judges as this library judges ``lockedUntil=until``
+    (``legacy_expiry``'s inverse): a lease, a relock's wait or a retry's backoff ends for
+    both at one moment. A release at once writes the epoch itself, as the in-house unlock
+    does (its ``TASK_LOCK_INIT_TIME``)."""
+    if as_utc(until) <= _UTC_EPOCH:
+        return EPOCH
+    return bson_time(until - timedelta(seconds=legacy) - LEGACY_SLACK)
+
+
+def legacy_fields(fields: Mapping[str, Any], legacy: float | None) -> dict[str, Any]:
+    """``fields`` (a new document, or an update's ``$set``) with the ``lockedAt`` that tells
+    in-house pods its ``lockedUntil``, while ``legacy`` is set and that is a date."""
+    until = fields.get("lockedUntil")
+    if legacy is None or not isinstance(until, datetime):
+        return dict(fields)
+    return {**fields, "lockedAt": legacy_locked_at(until, legacy)}
+
+
+def legacy_update(update: Mapping[str, Any], legacy: float | None) -> Mapping[str, Any]:
+    """A write that in-house pods read as this library reads it, while ``legacy`` is set:
+    one that sets ``lockedUntil`` (a claim, a carry, an extension, any release, relock,
+    retry or failure, an operator's unlock, retry or cancel) sets the matching
+    ``lockedAt`` with it (``legacy_locked_at``). The store applies it to every write it
+    sends (and ``legacy_fields`` to every document it inserts), and the operators' tools
+    to their changes, so no lease write can be left out; ``update`` itself when there is
+    nothing to add."""
+    sets = update.get("$set")
+    if legacy is None or not isinstance(sets, Mapping) or "lockedUntil" not in sets:
+        return update
+    return {**update, "$set": legacy_fields(sets, legacy)}
+
+
+def legacy_floor(now: datetime, legacy: float) -> datetime:
+    """The ``lockedAt`` of an in-house lease that runs out at ``now``: a later one holds."""
+    return bson_time(now - timedelta(seconds=legacy) - LEGACY_SLACK)
+
+
+def legacy_free(now: datetime, horizon: float, legacy: float) -> dict[str, Any]:
+    """Documents no in-house lease holds at ``now``: ``lockedAt`` is not a date whose
+    ``legacy_expiry`` falls in ``(now, now + horizon]``, the window in which
+    ``claim_filter`` takes a ``lockedUntil`` to hold. As there, what is no date (missing,
+    null, a string, a number) holds nothing, so a malformed ``lockedAt`` never keeps a
+    document from being claimed (the claim writes a date over it), and a date further
+    ahead than ``horizon`` is a lease that would never run out: free too."""
+    floor = legacy_floor(now, legacy)
+    return {
+        "$or": [
+            {"lockedAt": {"$not": {"$gt": floor}}},
+            {"lockedAt": {"$gt": bson_time(floor + timedelta(seconds=horizon))}},
+        ]
+    }
+
+
+IN_HOUSE_HOLDER = "an in-house pod"
+"""Who holds a document an in-house lease holds, as operators' tools name it: its pods
+write no name (the ``lockedBy`` it may carry is an earlier replica's)."""
+
+
+def in_house_lease(doc: Mapping[str, Any], now: datetime, legacy: float | None) -> bool:
+    """Whether an in-house pod holds ``doc`` at ``now``: a ``lockedAt`` that holds it
+    (``legacy_expiry`` after ``now``, as the status counts judge it) while no
+    ``lockedUntil`` does. A replica's own writes keep the two alike, so only an in-house
+    claim or relock leaves ``lockedAt`` alone holding it; its ``lockedBy`` and
+    ``lockToken``, if any, are an earlier replica's."""
+    locked = doc.get("lockedAt")
+    if legacy is None or not isinstance(locked, datetime):
+        return False
+    at = as_utc(now)
+    until = doc.get("lockedUntil")
+    if isinstance(until, datetime) and as_utc(until) > at:
+        return False
+    return legacy_expiry(locked, legacy) > at
+
+
 def claim_filter(
     match: Mapping[str, Any],
     now: datetime,
     horizon: float,
     exclusion: Mapping[str, Any] | None = None,
+    legacy: float | None = None,
 ) -> dict[str, Any]:
     """The handler's filter, limited to documents nobody holds: ``lockedUntil`` is not a
     date in ``(now, now + horizon]``.
@@ -87,6 +183,9 @@ def claim_filter(
     ``exclusion`` (``failed_exclusion``): what keeps a handler off the documents it moved
     to its failed phase, so a handler whose filter also matches that phase cannot spin on
     what it gave up on.
+
+    ``legacy`` (``Settings.legacy_lock_timeout``): an in-house pod's lease is honoured
+    too, ``lockedAt`` judged as the lease expiring at ``legacy_expiry`` (``legacy_free``).
     """
     horizon_at = bson_time(now + timedelta(seconds=horizon))
     free = {
@@ -97,6 +196,8 @@ def claim_filter(
     }
     # check_match keeps lease fields out of the handler's filter.
     parts = [dict(match), *([dict(exclusion)] if exclusion else []), free]
+    if legacy is not None:
+        parts.append(legacy_free(now, horizon, legacy))
     merged: dict[str, Any] = {}
     for part in parts:
         if merged.keys() & part.keys():
@@ -124,10 +225,11 @@ def probe_filter(
     matches: Iterable[tuple[Mapping[str, Any], Mapping[str, Any] | None]],
     now: datetime,
     horizon: float,
+    legacy: float | None = None,
 ) -> dict[str, Any]:
     """What any of several handlers could claim now: the ``$or`` of their claim filters, so
     one read finding nothing proves that none of their claims would find anything."""
-    return {"$or": [claim_filter(m, now, horizon, exclusion) for m, exclusion in matches]}
+    return {"$or": [claim_filter(m, now, horizon, exclusion, legacy) for m, exclusion in matches]}
 
 
 PROBE_PROJECTION: dict[str, Any] = {"_id": 1}
@@ -150,15 +252,37 @@ def due_filter(matches: Matches, now: datetime, horizon: float) -> dict[str, Any
     return {"$or": branches}
 
 
+def legacy_due_filter(
+    matches: Matches, now: datetime, horizon: float, legacy: float
+) -> dict[str, Any]:
+    """``due_filter`` for in-house leases: documents these handlers select that only a
+    ``lockedAt`` holds (``legacy_free``'s window; no ``lockedUntil`` holds them, or
+    ``due_filter`` has them), each due at its ``legacy_expiry``. An index scan of
+    ``LEGACY_INDEX``."""
+    floor = legacy_floor(now, legacy)
+    window = {"$gt": floor, "$lte": bson_time(floor + timedelta(seconds=horizon))}
+    branches = []
+    for match, exclusion in matches:
+        parts = [dict(match), *([dict(exclusion)] if exclusion else [])]
+        parts.append({"lockedAt": window})
+        parts.append({"lockedUntil": {"$not": {"$gt": bson_time(now)}}})
+        branches.append({"$and": parts})
+    return {"$or": branches}
+
+
 PROBE_HANDLER = "h"
 """The field naming, in a probe's answers, the handler (its position) with work now."""
 PROBE_DUE = "due"
 """The field holding the next due time of a collection's documents in a probe's answers."""
+PROBE_HELD_AT = "heldAt"
+"""The field holding, in a probe's answers (``legacy``), the earliest ``lockedAt`` of a
+collection's documents in-house leases hold: they come due at its ``legacy_expiry``."""
 
 
 PROBE_BRANCHES = 300
-"""Handlers one probe aggregation reads at most: two stages each at most, under MongoDB's
-limit of 1,000 stages in a pipeline. A replica with more sends one read per 300."""
+"""Handlers one probe aggregation reads at most: three stages each at most (its own, its
+collection's due branch and, with ``legacy``, its in-house one), under MongoDB's limit of
+1,000 stages in a pipeline. A replica with more sends one read per 300."""
 
 
 def probe_chunks(groups: Sequence[tuple[str, Matches]]) -> list[list[tuple[str, Matches]]]:
@@ -190,6 +314,7 @@ def probe_pipeline(
     horizon: float,
     pauses: tuple[str, int] | None = None,
     replicas: str | None = None,
+    legacy: float | None = None,
 ) -> list[dict[str, Any]]:
     """One read for every handler of every collection: an aggregation over the first
     collection that adds the others' with ``$unionWith`` (MongoDB 4.4). It answers one
@@ -200,13 +325,15 @@ def probe_pipeline(
     its handlers and collections, and no handler claims in vain. ``pauses``: (the pauses
     collection, at most how many): the operators' pauses come with it, ``{pause: doc}``,
     so reading them costs no round trip of its own. ``replicas`` (their collection): how
-    many replicas are live, ``{live: n}`` (how many would wake at a due time)."""
+    many replicas are live, ``{live: n}`` (how many would wake at a due time).
+    ``legacy``: in-house leases hold documents too (``claim_filter``), and each
+    collection's earliest one comes as ``{heldAt: lockedAt}`` (``legacy_due_filter``)."""
     branches: list[tuple[str, list[dict[str, Any]]]] = []
     number = 0
     for name, matches in groups:
         for match, exclusion in matches:
             branch: list[dict[str, Any]] = [
-                {"$match": claim_filter(match, now, horizon, exclusion)},
+                {"$match": claim_filter(match, now, horizon, exclusion, legacy)},
                 {"$limit": 1},
                 {"$project": {"_id": 0, PROBE_HANDLER: {"$literal": number}}},
             ]
@@ -219,6 +346,14 @@ def probe_pipeline(
             {"$project": {"_id": 0, PROBE_DUE: "$lockedUntil"}},
         ]
         branches.append((name, due))
+        if legacy is not None:
+            held: list[dict[str, Any]] = [
+                {"$match": legacy_due_filter(matches, now, horizon, legacy)},
+                {"$sort": {"lockedAt": 1}},
+                {"$limit": 1},
+                {"$project": {"_id": 0, PROBE_HELD_AT: "$lockedAt"}},
+            ]
+            branches.append((name, held))
     if pauses is not None:
         name, most = pauses
         branches.append((name, [{"$limit": most}, {"$project": {"_id": 0, PROBE_PAUSE: "$$ROOT"}}]))
@@ -290,21 +425,34 @@ def claimed(before: dict[str, Any], update: Mapping[str, Any]) -> dict[str, Any]
     return before
 
 
-def due_since(before: Mapping[str, Any]) -> datetime | None:
+def due_since(before: Mapping[str, Any], legacy: float | None = None) -> datetime | None:
     """When a document about to be claimed became claimable, from its fields before the
     claim, where they tell: when its relock or retry wait, or its previous lease, ran out
     (``lockedUntil`` after the epoch), or when it entered its phase (released at the epoch
     since: submitted, advanced, or retried by an operator). None after a plain unlock or
-    a hand-back within the phase, whose time no field records, and for malformed fields."""
+    a hand-back within the phase, whose time no field records, and for malformed fields.
+
+    ``legacy``: an in-house lease or relock (``lockedAt`` after the epoch) ran out at its
+    ``legacy_expiry``, when that is later than ``lockedUntil``. ``lockedAt`` then no
+    longer records a claim (releases write the epoch there), so a document released at
+    once is known to have been due since it entered its phase only if no replica ever
+    claimed it (no ``lockedBy``): never right after an unlock, unknown after an advance."""
     until = before.get("lockedUntil")
     entered = before.get("updatedAt")
+    locked = before.get("lockedAt")
+    if until is not None and not isinstance(until, datetime):
+        return None  # not a date: a malformed lease, claimable since nobody knows when
+    if legacy is not None and isinstance(locked, datetime) and as_utc(locked) > _UTC_EPOCH:
+        expiry = legacy_expiry(locked, legacy)
+        return expiry if until is None or as_utc(until) < expiry else as_utc(until)
     if isinstance(until, datetime) and as_utc(until) > _UTC_EPOCH:
         return as_utc(until)
-    if until is not None and not (isinstance(until, datetime) and as_utc(until) == _UTC_EPOCH):
-        return None  # not a date: a malformed lease, claimable since nobody knows when
+    if until is not None and as_utc(until) != _UTC_EPOCH:
+        return None  # before the epoch: written by no replica
     if not isinstance(entered, datetime):
         return None
-    locked = before.get("lockedAt")
+    if legacy is not None:
+        return as_utc(entered) if before.get("lockedBy") is None else None
     if isinstance(locked, datetime) and as_utc(locked) > as_utc(entered):
         return None  # claimed in this phase before, then unlocked or handed back
     return as_utc(entered)
@@ -567,19 +715,30 @@ ERRORS_SORT: list[tuple[str, int]] = [("lastError.at", -1), ("_id", -1)]
 """Latest failure first: ``ERRORS_INDEX``'s order within a phase."""
 
 
-def status_pipeline(now: datetime, match: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+def status_pipeline(
+    now: datetime, match: Mapping[str, Any] | None = None, legacy: float | None = None
+) -> list[dict[str, Any]]:
     """Per phase: documents, leases held now, leases held past their expiry (the holder
     died or is stuck), documents waiting out a relock or retry, and documents whose latest
     attempt failed. Every lease carries its expiry, so no lock timeout is needed here.
 
     ``match`` narrows it to some documents (the operator's page judges one document's
-    lease with it), so one judgement serves the counts and a single document alike."""
+    lease with it), so one judgement serves the counts and a single document alike.
+    ``legacy`` (the live replicas' ``legacy_lock_timeout``): a document only an in-house
+    lease holds (``in_house_lease``) counts as leased, and not as overdue."""
     at = bson_time(now)
     token = {"$ifNull": ["$lockToken", None]}
     held, free = {"$gt": [token, None]}, {"$lte": [token, None]}
     # BSON order ranks null, numbers and strings below every date: not live.
     until = {"$ifNull": ["$lockedUntil", None]}
     live, expired = {"$gt": [until, at]}, {"$lte": [until, at]}
+    leased: dict[str, Any] = {"$and": [held, live]}
+    overdue: dict[str, Any] = {"$and": [held, expired]}
+    if legacy is not None:
+        locked = {"$ifNull": ["$lockedAt", None]}
+        in_house = {"$and": [{"$gt": [locked, legacy_floor(now, legacy)]}, expired]}
+        leased = {"$or": [leased, in_house]}
+        overdue = {"$and": [held, expired, {"$not": [in_house]}]}
 
     def count_if(condition: dict[str, Any]) -> dict[str, Any]:
         return {"$sum": {"$cond": [condition, 1, 0]}}
@@ -591,8 +750,8 @@ def status_pipeline(now: datetime, match: Mapping[str, Any] | None = None) -> li
             "$group": {
                 "_id": "$phase",
                 "count": {"$sum": 1},
-                "leased": count_if({"$and": [held, live]}),
-                "overdue": count_if({"$and": [held, expired]}),
+                "leased": count_if(leased),
+                "overdue": count_if(overdue),
                 "waiting": count_if({"$and": [free, live]}),
                 "failed": count_if({"$gt": [{"$ifNull": ["$lastError", None]}, None]}),
             }
@@ -689,6 +848,7 @@ def replica_document(record: ReplicaRecord) -> dict[str, Any]:
         "lastSeen": bson_time(record.last_seen),
         "expiresAt": bson_time(record.expires_at),
         "lockTimeout": record.lock_timeout,
+        "legacyLockTimeout": record.legacy_lock_timeout,
         "tick": record.tick,
         "maxConcurrency": record.max_concurrency,
         "steps": [

@@ -36,7 +36,14 @@ TTL_MONITOR_PERIOD = 60.0
 """MongoDB's TTL monitor runs every 60 s (``ttlMonitorSleepSecs``): an expired record can
 outlive its ``expiresAt`` by that much, which is why readers filter on it themselves."""
 
-_TRACKED = ("lock_timeout", "tick", "max_concurrency", "version", "history")
+_TRACKED = (
+    "lock_timeout",
+    "legacy_lock_timeout",
+    "tick",
+    "max_concurrency",
+    "version",
+    "history",
+)
 """The settings ``disagreements`` compares, most consequential first (not the pauses each
 honours: they differ for a heartbeat while a pause spreads, and the tools show who
 honours each)."""
@@ -160,6 +167,9 @@ class ReplicaRecord:
     """How its claims find documents (``Settings.claim_strategy``; "" from versions
     before it was recorded), and how many candidates a peek reads."""
     claim_candidates: int = 0
+    legacy_lock_timeout: float | None = None
+    """The in-house pods' lock timeout whose leases it honours and writes
+    (``Settings.legacy_lock_timeout``), None when it does not."""
 
     def live(self, now: datetime) -> bool:
         """Whether the record is still live at ``now`` (the server's time)."""
@@ -213,6 +223,7 @@ class ReplicaRecord:
                 paused=tuple(str(p) for p in doc.get("paused") or ()),
                 claim_strategy=str(doc.get("claimStrategy", "")),
                 claim_candidates=_int(doc.get("claimCandidates", 0)),
+                legacy_lock_timeout=_optional_number(doc.get("legacyLockTimeout")),
             )
         except (KeyError, TypeError, ValueError, AttributeError):
             return None
@@ -240,6 +251,7 @@ class ReplicaRecord:
             "paused": list(self.paused),
             "claim_strategy": self.claim_strategy,
             "claim_candidates": self.claim_candidates,
+            "legacy_lock_timeout": self.legacy_lock_timeout,
         }
 
 
@@ -264,6 +276,7 @@ def new_record(
     paused: Iterable[str] = (),
     claim_strategy: str = "",
     claim_candidates: int = 0,
+    legacy_lock_timeout: float | None = None,
 ) -> ReplicaRecord:
     """A replica's record as of ``now`` (its estimate of the server's time), live for
     ``record_ttl(lock_timeout)``."""
@@ -288,6 +301,7 @@ def new_record(
         paused=tuple(paused),
         claim_strategy=claim_strategy,
         claim_candidates=claim_candidates,
+        legacy_lock_timeout=legacy_lock_timeout,
     )
 
 
@@ -319,8 +333,9 @@ class Disagreement:
 
 
 def disagreements(records: Iterable[ReplicaRecord]) -> list[Disagreement]:
-    """The settings on which ``records`` differ, the lock timeout first, then the tick,
-    the concurrency and the library's version.
+    """The settings on which ``records`` differ, the lock timeout first, then the in-house
+    pods' lock timeout (set on some replicas only: the others take those pods' leases and
+    write leases they cannot read), the tick, the concurrency and the library's version.
 
     Mixed settings do not break leases (each lease carries its holder's expiry), but they
     are rarely meant: a rolling change left half done, or one deployment configured apart.
@@ -333,7 +348,7 @@ def disagreements(records: Iterable[ReplicaRecord]) -> list[Disagreement]:
         for record in rows:
             groups.setdefault(getattr(record, setting), []).append(record.replica_id)
         if len(groups) > 1:
-            ordered = sorted(groups.items(), key=lambda item: (-len(item[1]), item[0]))
+            ordered = sorted(groups.items(), key=lambda item: (-len(item[1]), _rank(item[0])))
             found.append(
                 Disagreement(
                     setting, tuple((_shown(value), tuple(sorted(ids))) for value, ids in ordered)
@@ -343,8 +358,23 @@ def disagreements(records: Iterable[ReplicaRecord]) -> list[Disagreement]:
 
 
 def _shown(value: Any) -> str:
-    """A duration in seconds as ``30s``, anything else as it is."""
+    """A duration in seconds as ``30s``, an unset one as ``unset``, anything else as it is."""
+    if value is None:
+        return "unset"
     return f"{value:g}s" if isinstance(value, float) else str(value)
+
+
+def _rank(value: Any) -> tuple[bool, Any]:
+    """Values of one setting in order, an unset one (None) last."""
+    return (value is None, 0 if value is None else value)
+
+
+def legacy_lock_timeout(records: Iterable[ReplicaRecord]) -> float | None:
+    """The in-house pods' lock timeout the live replicas honour (the longest, should they
+    disagree: the judgement that takes no in-house lease early), None when none does: how
+    the operators' tools judge and write leases."""
+    values = [r.legacy_lock_timeout for r in records if r.legacy_lock_timeout is not None]
+    return max(values) if values else None
 
 
 def _utc(value: Any) -> datetime:
@@ -357,6 +387,10 @@ def _number(value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise TypeError(f"not a number: {value!r}")
     return float(value)
+
+
+def _optional_number(value: Any) -> float | None:
+    return None if value is None else _number(value)
 
 
 def _int(value: Any) -> int:

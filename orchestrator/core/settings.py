@@ -66,6 +66,16 @@ class Settings(BaseModel):
     lock_timeout: float = Field(
         30.0, gt=0, le=MAX_LOCK_TIMEOUT, description="How long a lease lasts unless extended."
     )
+    legacy_lock_timeout: float | None = Field(
+        None,
+        gt=0,
+        le=MAX_LOCK_TIMEOUT,
+        description="During a rolling migration from the in-house pattern (claim with"
+        " lockedAt < now - timeout, unlock to the epoch): the old pods' lock timeout. While"
+        " set, a document whose lockedAt is later than now minus it is held, and every"
+        " lease this replica writes carries the lockedAt an old pod reads the same way;"
+        " None (after the last old pod stopped): lockedUntil alone decides.",
+    )
     tick: float = Field(1.0, gt=0, description="Seconds between two ticks of the loop.")
     tick_jitter: float = Field(
         0.1,

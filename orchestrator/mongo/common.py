@@ -399,11 +399,14 @@ def unknown_stage(exc: OperationFailure) -> bool:
     return exc.code in UNKNOWN_STAGE_CODES or "Unrecognized pipeline stage" in str(exc)
 
 
-def found(rows: Sequence[Mapping[str, Any]], with_pauses: bool = False) -> Found:
+def found(
+    rows: Sequence[Mapping[str, Any]], with_pauses: bool = False, legacy: float | None = None
+) -> Found:
     """A probe's answer (``queries.probe_pipeline``): the handlers with work now, the
-    earliest due time among the documents of the others, the operators' pauses
-    (``with_pauses``) and how many replicas are live, when it read them. A row that is
-    none of those is skipped: the probe only ever narrows what is claimed."""
+    earliest due time among the documents of the others (with ``legacy``, an in-house
+    lease's comes as its ``lockedAt``), the operators' pauses (``with_pauses``) and how
+    many replicas are live, when it read them. A row that is none of those is skipped:
+    the probe only ever narrows what is claimed."""
     ready: set[int] = set()
     due: datetime | None = None
     paused: list[Mapping[str, Any]] = []
@@ -411,6 +414,9 @@ def found(rows: Sequence[Mapping[str, Any]], with_pauses: bool = False) -> Found
     for row in rows:
         number = row.get(queries.PROBE_HANDLER)
         when = row.get(queries.PROBE_DUE)
+        held = row.get(queries.PROBE_HELD_AT)
+        if legacy is not None and isinstance(held, datetime):
+            when = queries.legacy_expiry(held, legacy)
         if isinstance(number, int) and not isinstance(number, bool):
             ready.add(number)
         elif isinstance(when, datetime):

@@ -27,6 +27,7 @@ from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
 from orchestrator.core.operator import error_phase
+from orchestrator.core.queries import in_house_lease
 from orchestrator.operations import (
     Action,
     DocumentChanged,
@@ -81,7 +82,9 @@ async def confirm(site: Site, request: Request, links: Links) -> Response:
     status = await site.status()
     now = await site.operations.now()
     fleet = replace(Fleet.of(status), at=now)
-    row = Row.read(doc, now, fleet.keys(collection), fleet.names())
+    legacy = fleet.legacy_lock_timeout()
+    row = Row.read(doc, now, fleet.keys(collection), fleet.names(), legacy)
+    in_house = in_house_lease(doc, now, legacy)
     seen = {"phase": doc.get("phase"), "lockToken": doc.get("lockToken")}
     return await site.render(
         request,
@@ -95,8 +98,9 @@ async def confirm(site: Site, request: Request, links: Links) -> Response:
         row=row,
         badge=fleet.badge(collection, row),
         phase=doc.get("phase", MISSING),
-        holder=doc.get("lockedBy", MISSING),
-        until=doc.get("lockedUntil", MISSING),
+        # An in-house pod's lease: held until its lockedAt runs out, by no replica.
+        holder=row.holder if in_house else doc.get("lockedBy", MISSING),
+        until=row.until if in_house else doc.get("lockedUntil", MISSING),
         attempts=doc.get("attempts", 0),
         ref=json_util.dumps(doc["_id"], json_options=CANONICAL_JSON_OPTIONS),
         seen=json_util.dumps(seen, json_options=CANONICAL_JSON_OPTIONS),

@@ -162,7 +162,9 @@ async def document(site: Site, request: Request) -> dict[str, Any]:
     collection, doc = await site.locate(request.query_params)
     fleet_at = await site.operations.now()
     fleet = replace(Fleet.of(await site.status()), at=fleet_at)
-    row = Row.read(doc, fleet_at, fleet.keys(collection), fleet.names())
+    row = Row.read(
+        doc, fleet_at, fleet.keys(collection), fleet.names(), fleet.legacy_lock_timeout()
+    )
     badge = fleet.badge(collection, row)
     fields = {name: value for name, value in doc.items() if name != HISTORY_FIELD}
     seen = {"phase": doc.get("phase"), "lockToken": doc.get("lockToken")}
@@ -226,10 +228,16 @@ async def act(action: Action, site: Site, request: Request) -> dict[str, Any]:
     if not isinstance(seen, Mapping):
         raise Refused(400, "seen: the document's state as read (/api/document gives it)")
     # As it is now: where its last error happened (a retry's default target), and until
-    # when its lease runs (a retry takes a live one only with force). Applied only while
-    # it is still in the phase, under the lease, ``seen`` says.
+    # when its lease runs (a retry takes a live one only with force; an in-house pod's
+    # runs by its lockedAt). Applied only while it is still in the phase, under the
+    # lease, ``seen`` says.
     current = await site.operations.document(collection, doc_id)
-    seen = {**seen, "_id": doc_id, "lockedUntil": current.get("lockedUntil")}
+    seen = {
+        **seen,
+        "_id": doc_id,
+        "lockedUntil": current.get("lockedUntil"),
+        "lockedAt": current.get("lockedAt"),
+    }
     if action is Action.RETRY and to is None:
         to = error_phase(current)
     shown: dict[str, Any] = {"action": action.value, "collection": collection}
@@ -255,7 +263,7 @@ async def act(action: Action, site: Site, request: Request) -> dict[str, Any]:
     site.changed()
     now = await site.operations.now()
     fleet = Fleet.of(await site.status())
-    row = Row.read(after, now, fleet.keys(collection), fleet.names())
+    row = Row.read(after, now, fleet.keys(collection), fleet.names(), fleet.legacy_lock_timeout())
     return {**shown, "document": row.to_dict()}
 
 

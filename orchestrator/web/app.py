@@ -219,7 +219,7 @@ async def document(site: Site, request: Request, links: Links) -> Response:
     status = await site.status()
     now = await site.operations.now()
     fleet = replace(Fleet.of(status), at=now)
-    row = Row.read(doc, now, fleet.keys(collection), fleet.names())
+    row = Row.read(doc, now, fleet.keys(collection), fleet.names(), fleet.legacy_lock_timeout())
     badge = fleet.badge(collection, row)
     return await site.render(
         request,

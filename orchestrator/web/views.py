@@ -48,7 +48,7 @@ LEASE_ROWS = (
     ("phase", "phase"),
     ("lockedBy", "replica (last holder)"),
     ("lockToken", "lease token"),
-    ("lockedAt", "lease taken or renewed at"),
+    ("lockedAt", "lease taken or renewed at (migrating: the in-house pods' lease)"),
     ("lockedUntil", "lease until"),
     ("attempts", "attempts in this phase"),
     ("relocks", "relocks in this phase"),
@@ -148,6 +148,11 @@ class Fleet:
     def names(self) -> dict[str, str]:
         """Handler keys to ``module:function`` names."""
         return records.handler_names(self.replicas)
+
+    def legacy_lock_timeout(self) -> float | None:
+        """The in-house pods' lock timeout the live replicas honour, by which a document
+        only an in-house lease holds is leased (``records.legacy_lock_timeout``)."""
+        return records.legacy_lock_timeout(self.replicas)
 
     def stale(self, record: ReplicaRecord) -> bool:
         """Silent past two record intervals (``ReplicaRecord.stale``), as of the report."""

@@ -116,11 +116,12 @@ class AsyncOperations:
         server = await self._reports.server_time()
         now = server or datetime.now(UTC)
         live = await self._reports.live_replicas(now, self._replicas)
+        legacy = replicas.legacy_lock_timeout(live)
         phases: list[PhaseCount] = []
         latest: list[RecentError] = []
         notes: list[str] = []
         for collection in names:
-            rows = await self._reports.phase_summary(collection, now)
+            rows = await self._reports.phase_summary(collection, now, legacy=legacy)
             phases.extend(rows)
             if errors > 0 and rows:
                 try:
@@ -242,13 +243,20 @@ class AsyncOperations:
         """How many documents ``query`` selects now, counted up to ``limit``."""
         await self._check_collection(query.collection)
         now = await self.now()
-        plan = await self._plan(query, now, None)
+        live = await self._reports.live_replicas(now, self._replicas)
+        plan = await self._plan(query, now, None, replicas.legacy_lock_timeout(live))
         return await self._reports.count(query.collection, plan, limit) if plan else 0
 
-    async def lease_state(self, collection: str, doc_id: Any, now: datetime) -> PhaseCount | None:
+    async def lease_state(
+        self, collection: str, doc_id: Any, now: datetime, *, legacy: float | None = None
+    ) -> PhaseCount | None:
         """One document's lease state at ``now`` as the status counts judge it (the same
-        aggregation, on that document alone); None when it has no phase or is gone."""
-        rows = await self._reports.phase_summary(collection, now, queries.exact_id_filter(doc_id))
+        aggregation, on that document alone); None when it has no phase or is gone.
+        ``legacy``: the live replicas' ``legacy_lock_timeout`` (``replicas.legacy_lock_timeout``),
+        as the status counts take it."""
+        rows = await self._reports.phase_summary(
+            collection, now, queries.exact_id_filter(doc_id), legacy=legacy
+        )
         return rows[0] if rows else None
 
     async def history(self, collection: str, doc_id: Any) -> list[history.Entry]:
@@ -259,22 +267,25 @@ class AsyncOperations:
         self, query: Filter, now: datetime, after: str | None, limit: int
     ) -> tuple[Plan, list[Row], list[Document]]:
         await self._check_collection(query.collection)
-        plan = await self._plan(query, now, after)
+        live = await self._reports.live_replicas(now, self._replicas)
+        legacy = replicas.legacy_lock_timeout(live)
+        plan = await self._plan(query, now, after, legacy)
         if plan is None:
             return Plan({}, [], [], "none: the collection has no phases"), [], []
         docs = await self._reports.browse(query.collection, plan, limit)
-        live = await self._reports.live_replicas(now, self._replicas)
         keys = await self._keys(query.collection, live)
         names = replicas.handler_names(live)
-        return plan, [Row.read(doc, now, keys, names) for doc in docs], docs
+        return plan, [Row.read(doc, now, keys, names, legacy) for doc in docs], docs
 
-    async def _plan(self, query: Filter, now: datetime, after: str | None) -> Plan | None:
+    async def _plan(
+        self, query: Filter, now: datetime, after: str | None, legacy: float | None
+    ) -> Plan | None:
         await self._ensure_indexes(query.collection)
         phases = [] if query.phases else await self._reports.phases(query.collection)
         if not query.phases and not phases:
             return None
         indexes = await self._reports.index_keys(query.collection) if query.fields else []
-        return browsing.plan(query, now, phases, indexes, after)
+        return browsing.plan(query, now, phases, indexes, after, legacy)
 
     # -- acting on one document -------------------------------------------------------
 
@@ -296,7 +307,17 @@ class AsyncOperations:
         shard = await self._shard(collection, seen, live)
         update = queries.operator_unlock_update()
         after = await self._act(
-            collection, seen, update, Action.UNLOCK, now, by, why, phase, keep, shard=shard
+            collection,
+            seen,
+            update,
+            Action.UNLOCK,
+            now,
+            by,
+            why,
+            phase,
+            keep,
+            shard=shard,
+            legacy=replicas.legacy_lock_timeout(live),
         )
         await self._record(
             Action.UNLOCK,
@@ -346,7 +367,10 @@ class AsyncOperations:
             check_target(collection, to, live, action=Action.RETRY)
         keep = history_length(live)
         shard = await self._shard(collection, seen, live)
-        return await self._move(Action.RETRY, collection, seen, to, force, by, why, keep, shard)
+        legacy = replicas.legacy_lock_timeout(live)
+        return await self._move(
+            Action.RETRY, collection, seen, to, force, by, why, keep, shard, legacy
+        )
 
     async def cancel(
         self,
@@ -376,7 +400,10 @@ class AsyncOperations:
             check_target(collection, target, live, action=Action.CANCEL)
         keep = history_length(live)
         shard = await self._shard(collection, seen, live)
-        return await self._move(Action.CANCEL, collection, seen, target, True, by, why, keep, shard)
+        legacy = replicas.legacy_lock_timeout(live)
+        return await self._move(
+            Action.CANCEL, collection, seen, target, True, by, why, keep, shard, legacy
+        )
 
     async def _move(
         self,
@@ -389,17 +416,22 @@ class AsyncOperations:
         why: str,
         keep: int,
         shard: Mapping[str, Any],
+        legacy: float | None,
     ) -> Retried:
         doc_id, source = seen["_id"], seen.get("phase")
         server = await self._reports.server_time()
         # ``updatedAt`` starts the phase's clock for the replicas' backoff: the server's.
         now = server or datetime.now(UTC)
-        held = live_lease(seen, now)
+        held = live_lease(seen, now, legacy)
         if held and not force:
+            if queries.in_house_lease(seen, now, legacy):
+                assert legacy is not None
+                until = queries.legacy_expiry(seen["lockedAt"], legacy)
+                raise LeaseHeld(collection, doc_id, queries.IN_HOUSE_HOLDER, until)
             raise LeaseHeld(collection, doc_id, seen.get("lockedBy"), seen.get("lockedUntil"))
         update = queries.operator_move_update(to, now)
         after = await self._act(
-            collection, seen, update, action, now, by, why, to, keep, shard=shard
+            collection, seen, update, action, now, by, why, to, keep, shard=shard, legacy=legacy
         )
         scope = {"_id": id_json_or_text(doc_id), "to": to}
         await self._record(action, collection, scope, [doc_id], now, by, why)
@@ -418,6 +450,7 @@ class AsyncOperations:
         keep: int,
         extra: Mapping[str, Any] | None = None,
         shard: Mapping[str, Any] | None = None,
+        legacy: float | None = None,
     ) -> Document:
         """Apply an operator's ``update`` to the document as ``seen`` (its phase and lease;
         ``extra``: conditions it must still meet, a bulk action's filter; ``shard``: its
@@ -425,8 +458,10 @@ class AsyncOperations:
         history of ``keep`` entries (none: 0). The entry is pushed onto a history that is
         a list (or absent), and set whole over any other value, each fenced on that
         shape: a document whose history a writer changed meanwhile is tried once more, as
-        it is now."""
+        it is now. ``legacy`` (the live replicas' ``legacy_lock_timeout``): the change
+        carries the ``lockedAt`` in-house pods read it by (``queries.legacy_update``)."""
         doc_id = seen["_id"]
+        update = dict(queries.legacy_update(update, legacy))
         guard = queries.operator_guard(doc_id, seen.get("phase"), seen.get("lockToken"), shard)
         if extra:
             guard = {"$and": [guard, dict(extra)]}
@@ -494,7 +529,7 @@ class AsyncOperations:
         result = Bulk(action, query, dry_run, target)
         shard_key = await self._shard_key(query.collection, live)
         now = await self.now()
-        plan = await self._plan(query, now, None)
+        plan = await self._plan(query, now, None, replicas.legacy_lock_timeout(live))
         if plan is None:
             return result
         seen_ids: set[str] = set()
@@ -578,7 +613,8 @@ class AsyncOperations:
                     check_target(query.collection, to, live, action=action)
                 except UnhandledPhase as exc:
                     return str(exc)
-        if action is Action.RETRY and live_lease(doc, now) and not force:
+        legacy = replicas.legacy_lock_timeout(live)
+        if action is Action.RETRY and live_lease(doc, now, legacy) and not force:
             return f"held by a live lease of {row.holder!r} (force to take it)"
         if action is Action.UNLOCK and row.state is LeaseState.FREE:
             return "free already: no lease and no wait to end"
@@ -602,6 +638,7 @@ class AsyncOperations:
                 history_length(live),
                 extra=plan.query,
                 shard=sharding.shard_values(doc, shard_key),
+                legacy=legacy,
             )
         except (DocumentChanged, DocumentNotFound):
             return "changed meanwhile (no longer as read, or no longer matching the filter)"

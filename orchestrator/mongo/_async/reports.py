@@ -63,7 +63,12 @@ class AsyncReportStore(Protocol):
         ...
 
     async def phase_summary(
-        self, name: str, now: datetime, match: Mapping[str, Any] | None = None
+        self,
+        name: str,
+        now: datetime,
+        match: Mapping[str, Any] | None = None,
+        *,
+        legacy: float | None = None,
     ) -> list[PhaseCount]:
         """Documents per phase and lease state at ``now``, in one aggregation
         (``queries.status_pipeline``).
@@ -71,6 +76,7 @@ class AsyncReportStore(Protocol):
         :param name: the collection
         :param now: the server's time: leases are judged by their own expiry against it
         :param match: narrows the count (to one document, for the operator's page)
+        :param legacy: the live replicas' ``legacy_lock_timeout``: in-house leases count
         :return: one count per phase holding documents, in no promised order; none for a
             collection that is empty or absent
         :raises StoreError: the aggregation failed
@@ -259,11 +265,16 @@ class AsyncReports:
         return sorted(n for n in names if not n.startswith("system."))
 
     async def phase_summary(
-        self, name: str, now: datetime, match: Mapping[str, Any] | None = None
+        self,
+        name: str,
+        now: datetime,
+        match: Mapping[str, Any] | None = None,
+        *,
+        legacy: float | None = None,
     ) -> list[PhaseCount]:
         with driver_errors(f"summarise {name}"):
             cursor = await self._store.collection(name).aggregate(
-                queries.status_pipeline(now, match)
+                queries.status_pipeline(now, match, legacy)
             )
             rows = await cursor.to_list()
         return [PhaseCount.from_row(name, row) for row in rows]

@@ -65,6 +65,12 @@ class AsyncStore:
     Writes wait at most ``write_timeout`` seconds for their write concern (``wtimeout``):
     past it they raise a transient ``StoreError`` instead of blocking while no majority
     is reachable.
+
+    ``legacy_lock_timeout`` (``Settings.legacy_lock_timeout``): while in-house pods run
+    beside the replicas, their leases (``lockedAt`` alone) hold documents for the claim and
+    the probe, and every lease this store writes, or document it inserts, carries the
+    ``lockedAt`` they read it by (``queries.legacy_update``): here, where every write
+    leaves, so none is left out.
     """
 
     def __init__(
@@ -72,9 +78,11 @@ class AsyncStore:
         db: AsyncDatabase[Document],
         write_concern: str | int = "majority",
         write_timeout: float = 10.0,
+        legacy_lock_timeout: float | None = None,
     ) -> None:
         common.check_database_name(getattr(db, "name", None))
         self._db = db
+        self._legacy = legacy_lock_timeout
         self._write_concern = common.write_concern(write_concern, write_timeout)
         self._codec: CodecOptions[Document] = common.codec_options(db.codec_options)
         self._collections: dict[str, AsyncCollection[Document]] = {}
@@ -175,7 +183,8 @@ class AsyncStore:
             if problem is not None:
                 self._refused[name] = problem
                 raise problem
-        query = queries.claim_filter(match, judged_at, horizon, exclusion)
+        query = queries.claim_filter(match, judged_at, horizon, exclusion, self._legacy)
+        update = queries.legacy_update(update, self._legacy)
         try:
             with driver_errors(f"claim on {name}", (name, plan.shard_key)):
                 if plan.peeks(live):
@@ -309,7 +318,8 @@ class AsyncStore:
         for name, matches in groups:
             with driver_errors(f"probe {name}"):
                 doc = await self.collection(name).find_one(
-                    queries.probe_filter(matches, now, horizon), queries.PROBE_PROJECTION
+                    queries.probe_filter(matches, now, horizon, self._legacy),
+                    queries.PROBE_PROJECTION,
                 )
             if doc is not None:  # one of them: each claims to find out which
                 ready.update(range(first, first + len(matches)))
@@ -337,9 +347,11 @@ class AsyncStore:
                 horizon,
                 read if first else None,
                 replicas_collection if first else None,
+                self._legacy,
             )
             cursor = await self.collection(chunk[0][0]).aggregate(pipeline)
-            answers.append(common.found(await cursor.to_list(), first and read is not None))
+            rows = await cursor.to_list()
+            answers.append(common.found(rows, first and read is not None, self._legacy))
         return common.merged(
             answers, [sum(len(m) for _, m in c) for c in queries.probe_chunks(groups)]
         )
@@ -353,7 +365,7 @@ class AsyncStore:
         with driver_errors(f"write to {name}/{query.get('_id')}"):
             return await self.collection(name).find_one_and_update(
                 dict(query),
-                dict(update),
+                dict(queries.legacy_update(update, self._legacy)),
                 projection=history.CLAIM_PROJECTION,
                 return_document=ReturnDocument.AFTER,
             )
@@ -366,7 +378,9 @@ class AsyncStore:
         (a step's outcome: ``LeaseLost``) or expected (a heartbeat racing a release).
         """
         with driver_errors(f"write to {name}/{query.get('_id')}"):
-            result = await self.collection(name).update_one(dict(query), update)
+            result = await self.collection(name).update_one(
+                dict(query), queries.legacy_update(update, self._legacy)
+            )
         return result.matched_count > 0
 
     async def delete(self, name: str, query: Mapping[str, Any]) -> bool:
@@ -386,6 +400,7 @@ class AsyncStore:
         retried after a lost reply returns the document it made instead of failing.
         """
         coll = self.collection(name)
+        doc = queries.legacy_fields(doc, self._legacy) if self._legacy is not None else doc
         if not unique:
             with driver_errors(f"insert into {name}"):
                 await coll.insert_one(doc)
@@ -412,7 +427,12 @@ class AsyncStore:
 
     async def ensure_claim_index(self, name: str) -> str:
         """The index serving the claim: an equivalent one already there under any name, or
-        a new one. Returns the name of the index used."""
+        a new one. Returns the name of the index used. With ``legacy_lock_timeout``, the
+        index serving the probe's in-house branch too (``queries.LEGACY_INDEX``)."""
+        if self._legacy is not None:
+            await self.ensure_index(
+                name, queries.LEGACY_INDEX, index_name=queries.LEGACY_INDEX_NAME, unique=False
+            )
         return await self.ensure_index(
             name, queries.CLAIM_INDEX, index_name=queries.CLAIM_INDEX_NAME, unique=False
         )

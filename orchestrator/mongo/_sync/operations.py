@@ -117,11 +117,12 @@ class Operations:
         server = self._reports.server_time()
         now = server or datetime.now(UTC)
         live = self._reports.live_replicas(now, self._replicas)
+        legacy = replicas.legacy_lock_timeout(live)
         phases: list[PhaseCount] = []
         latest: list[RecentError] = []
         notes: list[str] = []
         for collection in names:
-            rows = self._reports.phase_summary(collection, now)
+            rows = self._reports.phase_summary(collection, now, legacy=legacy)
             phases.extend(rows)
             if errors > 0 and rows:
                 try:
@@ -243,13 +244,20 @@ class Operations:
         """How many documents ``query`` selects now, counted up to ``limit``."""
         self._check_collection(query.collection)
         now = self.now()
-        plan = self._plan(query, now, None)
+        live = self._reports.live_replicas(now, self._replicas)
+        plan = self._plan(query, now, None, replicas.legacy_lock_timeout(live))
         return self._reports.count(query.collection, plan, limit) if plan else 0
 
-    def lease_state(self, collection: str, doc_id: Any, now: datetime) -> PhaseCount | None:
+    def lease_state(
+        self, collection: str, doc_id: Any, now: datetime, *, legacy: float | None = None
+    ) -> PhaseCount | None:
         """One document's lease state at ``now`` as the status counts judge it (the same
-        aggregation, on that document alone); None when it has no phase or is gone."""
-        rows = self._reports.phase_summary(collection, now, queries.exact_id_filter(doc_id))
+        aggregation, on that document alone); None when it has no phase or is gone.
+        ``legacy``: the live replicas' ``legacy_lock_timeout`` (``replicas.legacy_lock_timeout``),
+        as the status counts take it."""
+        rows = self._reports.phase_summary(
+            collection, now, queries.exact_id_filter(doc_id), legacy=legacy
+        )
         return rows[0] if rows else None
 
     def history(self, collection: str, doc_id: Any) -> list[history.Entry]:
@@ -260,22 +268,25 @@ class Operations:
         self, query: Filter, now: datetime, after: str | None, limit: int
     ) -> tuple[Plan, list[Row], list[Document]]:
         self._check_collection(query.collection)
-        plan = self._plan(query, now, after)
+        live = self._reports.live_replicas(now, self._replicas)
+        legacy = replicas.legacy_lock_timeout(live)
+        plan = self._plan(query, now, after, legacy)
         if plan is None:
             return Plan({}, [], [], "none: the collection has no phases"), [], []
         docs = self._reports.browse(query.collection, plan, limit)
-        live = self._reports.live_replicas(now, self._replicas)
         keys = self._keys(query.collection, live)
         names = replicas.handler_names(live)
-        return plan, [Row.read(doc, now, keys, names) for doc in docs], docs
+        return plan, [Row.read(doc, now, keys, names, legacy) for doc in docs], docs
 
-    def _plan(self, query: Filter, now: datetime, after: str | None) -> Plan | None:
+    def _plan(
+        self, query: Filter, now: datetime, after: str | None, legacy: float | None
+    ) -> Plan | None:
         self._ensure_indexes(query.collection)
         phases = [] if query.phases else self._reports.phases(query.collection)
         if not query.phases and not phases:
             return None
         indexes = self._reports.index_keys(query.collection) if query.fields else []
-        return browsing.plan(query, now, phases, indexes, after)
+        return browsing.plan(query, now, phases, indexes, after, legacy)
 
     # -- acting on one document -------------------------------------------------------
 
@@ -297,7 +308,17 @@ class Operations:
         shard = self._shard(collection, seen, live)
         update = queries.operator_unlock_update()
         after = self._act(
-            collection, seen, update, Action.UNLOCK, now, by, why, phase, keep, shard=shard
+            collection,
+            seen,
+            update,
+            Action.UNLOCK,
+            now,
+            by,
+            why,
+            phase,
+            keep,
+            shard=shard,
+            legacy=replicas.legacy_lock_timeout(live),
         )
         self._record(
             Action.UNLOCK,
@@ -347,7 +368,8 @@ class Operations:
             check_target(collection, to, live, action=Action.RETRY)
         keep = history_length(live)
         shard = self._shard(collection, seen, live)
-        return self._move(Action.RETRY, collection, seen, to, force, by, why, keep, shard)
+        legacy = replicas.legacy_lock_timeout(live)
+        return self._move(Action.RETRY, collection, seen, to, force, by, why, keep, shard, legacy)
 
     def cancel(
         self,
@@ -377,7 +399,10 @@ class Operations:
             check_target(collection, target, live, action=Action.CANCEL)
         keep = history_length(live)
         shard = self._shard(collection, seen, live)
-        return self._move(Action.CANCEL, collection, seen, target, True, by, why, keep, shard)
+        legacy = replicas.legacy_lock_timeout(live)
+        return self._move(
+            Action.CANCEL, collection, seen, target, True, by, why, keep, shard, legacy
+        )
 
     def _move(
         self,
@@ -390,16 +415,23 @@ class Operations:
         why: str,
         keep: int,
         shard: Mapping[str, Any],
+        legacy: float | None,
     ) -> Retried:
         doc_id, source = seen["_id"], seen.get("phase")
         server = self._reports.server_time()
         # ``updatedAt`` starts the phase's clock for the replicas' backoff: the server's.
         now = server or datetime.now(UTC)
-        held = live_lease(seen, now)
+        held = live_lease(seen, now, legacy)
         if held and not force:
+            if queries.in_house_lease(seen, now, legacy):
+                assert legacy is not None
+                until = queries.legacy_expiry(seen["lockedAt"], legacy)
+                raise LeaseHeld(collection, doc_id, queries.IN_HOUSE_HOLDER, until)
             raise LeaseHeld(collection, doc_id, seen.get("lockedBy"), seen.get("lockedUntil"))
         update = queries.operator_move_update(to, now)
-        after = self._act(collection, seen, update, action, now, by, why, to, keep, shard=shard)
+        after = self._act(
+            collection, seen, update, action, now, by, why, to, keep, shard=shard, legacy=legacy
+        )
         scope = {"_id": id_json_or_text(doc_id), "to": to}
         self._record(action, collection, scope, [doc_id], now, by, why)
         return Retried(after, source, to, now, server is not None, held)
@@ -417,6 +449,7 @@ class Operations:
         keep: int,
         extra: Mapping[str, Any] | None = None,
         shard: Mapping[str, Any] | None = None,
+        legacy: float | None = None,
     ) -> Document:
         """Apply an operator's ``update`` to the document as ``seen`` (its phase and lease;
         ``extra``: conditions it must still meet, a bulk action's filter; ``shard``: its
@@ -424,8 +457,10 @@ class Operations:
         history of ``keep`` entries (none: 0). The entry is pushed onto a history that is
         a list (or absent), and set whole over any other value, each fenced on that
         shape: a document whose history a writer changed meanwhile is tried once more, as
-        it is now."""
+        it is now. ``legacy`` (the live replicas' ``legacy_lock_timeout``): the change
+        carries the ``lockedAt`` in-house pods read it by (``queries.legacy_update``)."""
         doc_id = seen["_id"]
+        update = dict(queries.legacy_update(update, legacy))
         guard = queries.operator_guard(doc_id, seen.get("phase"), seen.get("lockToken"), shard)
         if extra:
             guard = {"$and": [guard, dict(extra)]}
@@ -493,7 +528,7 @@ class Operations:
         result = Bulk(action, query, dry_run, target)
         shard_key = self._shard_key(query.collection, live)
         now = self.now()
-        plan = self._plan(query, now, None)
+        plan = self._plan(query, now, None, replicas.legacy_lock_timeout(live))
         if plan is None:
             return result
         seen_ids: set[str] = set()
@@ -577,7 +612,8 @@ class Operations:
                     check_target(query.collection, to, live, action=action)
                 except UnhandledPhase as exc:
                     return str(exc)
-        if action is Action.RETRY and live_lease(doc, now) and not force:
+        legacy = replicas.legacy_lock_timeout(live)
+        if action is Action.RETRY and live_lease(doc, now, legacy) and not force:
             return f"held by a live lease of {row.holder!r} (force to take it)"
         if action is Action.UNLOCK and row.state is LeaseState.FREE:
             return "free already: no lease and no wait to end"
@@ -601,6 +637,7 @@ class Operations:
                 history_length(live),
                 extra=plan.query,
                 shard=sharding.shard_values(doc, shard_key),
+                legacy=legacy,
             )
         except (DocumentChanged, DocumentNotFound):
             return "changed meanwhile (no longer as read, or no longer matching the filter)"

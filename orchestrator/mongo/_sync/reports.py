@@ -64,7 +64,12 @@ class ReportStore(Protocol):
         ...
 
     def phase_summary(
-        self, name: str, now: datetime, match: Mapping[str, Any] | None = None
+        self,
+        name: str,
+        now: datetime,
+        match: Mapping[str, Any] | None = None,
+        *,
+        legacy: float | None = None,
     ) -> list[PhaseCount]:
         """Documents per phase and lease state at ``now``, in one aggregation
         (``queries.status_pipeline``).
@@ -72,6 +77,7 @@ class ReportStore(Protocol):
         :param name: the collection
         :param now: the server's time: leases are judged by their own expiry against it
         :param match: narrows the count (to one document, for the operator's page)
+        :param legacy: the live replicas' ``legacy_lock_timeout``: in-house leases count
         :return: one count per phase holding documents, in no promised order; none for a
             collection that is empty or absent
         :raises StoreError: the aggregation failed
@@ -256,10 +262,17 @@ class Reports:
         return sorted(n for n in names if not n.startswith("system."))
 
     def phase_summary(
-        self, name: str, now: datetime, match: Mapping[str, Any] | None = None
+        self,
+        name: str,
+        now: datetime,
+        match: Mapping[str, Any] | None = None,
+        *,
+        legacy: float | None = None,
     ) -> list[PhaseCount]:
         with driver_errors(f"summarise {name}"):
-            cursor = self._store.collection(name).aggregate(queries.status_pipeline(now, match))
+            cursor = self._store.collection(name).aggregate(
+                queries.status_pipeline(now, match, legacy)
+            )
             rows = cursor.to_list()
         return [PhaseCount.from_row(name, row) for row in rows]
 

@@ -89,7 +89,10 @@ class AsyncOrchestrator:
         """The database this replica works on (``orchestrator run`` checks it is reachable)."""
         name = self.settings.replica_id
         self._store: AsyncLeaseStore = AsyncStore(
-            db, self.settings.write_concern, self.settings.write_timeout
+            db,
+            self.settings.write_concern,
+            self.settings.write_timeout,
+            legacy_lock_timeout=self.settings.legacy_lock_timeout,
         )
         local = clock if clock is not None else SystemClock()
         self.clock = ServerClock(

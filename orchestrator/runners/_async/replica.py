@@ -107,6 +107,7 @@ class AsyncReplicaRecorder:
             paused=self._paused(),
             claim_strategy=settings.claim_strategy,
             claim_candidates=settings.claim_candidates,
+            legacy_lock_timeout=settings.legacy_lock_timeout,
         )
 
     async def begin(self) -> None:

@@ -226,7 +226,7 @@ class AsyncSteps:
             # are read from its fields before the claim.
             taken.append(steps.taken_from(before))
             if timing:
-                due.append(queries.due_since(before))
+                due.append(queries.due_since(before, self._settings.legacy_lock_timeout))
 
         try:
             doc = await self._store.claim(

@@ -108,6 +108,7 @@ class ReplicaRecorder:
             paused=self._paused(),
             claim_strategy=settings.claim_strategy,
             claim_candidates=settings.claim_candidates,
+            legacy_lock_timeout=settings.legacy_lock_timeout,
         )
 
     def begin(self) -> None:

@@ -227,7 +227,7 @@ class Steps:
             # are read from its fields before the claim.
             taken.append(steps.taken_from(before))
             if timing:
-                due.append(queries.due_since(before))
+                due.append(queries.due_since(before, self._settings.legacy_lock_timeout))
 
         try:
             doc = self._store.claim(
