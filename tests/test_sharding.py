@@ -13,9 +13,11 @@ import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from queue import Queue
 from typing import Any, ClassVar
 
 import pytest
+from pymongo import ReturnDocument
 from pymongo.database import Database
 from pymongo.errors import OperationFailure, WriteError
 
@@ -23,6 +25,7 @@ from bench.instrument import CountingDatabase, Meter
 from orchestrator import ConfigError, Orchestrator, Resource, ShardKeyRequired
 from orchestrator.core import queries, sharding
 from orchestrator.core.sharding import ShardState
+from orchestrator.mongo import Store
 from orchestrator.operations import Action, Filter, Operations
 from orchestrator.testing import FakeClock, async_view, memory_database
 from tests.conftest import MakeEither
@@ -193,6 +196,200 @@ async def test_the_peek_strategy_drains_an_unsharded_collection(
         await replica.submit("jobs", {"_id": n, "tenant": f"t{n % 3}", "phase": "Run"})
     assert (await replica.run_once())["advanced"] == 10
     assert db.jobs.count_documents({"phase": "Done"}) == 10
+
+
+class Staging:
+    """Gates around one replica's reads of candidates and claims on ``jobs``, staging the
+    interleaving in which a peek reads a document as free just before another worker of
+    the same replica takes it: each event names what has happened."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.claims: list[Any] = []  # the documents the claims aimed at, in order
+        self.empty: list[Any] = []  # those whose claim matched nothing
+        self.sibling_claiming = threading.Event()  # the second claim is under way
+        self.read = threading.Event()  # a peek read the sibling's document as free
+        self.sibling_stepping = threading.Event()  # its claim came back: it is the replica's
+        self.aimed = threading.Event()  # the peek's claim aims at a document of its list
+
+    def claim(self, target: Any, send: Callable[[], Any]) -> Any:
+        with self.lock:
+            self.claims.append(target)
+            second = len(self.claims) == 2
+            if self.read.is_set() and not self.aimed.is_set():
+                self.aimed.set()
+        if second:
+            self.sibling_claiming.set()
+            assert self.read.wait(10), "hang guard"
+        before = send()
+        if before is None:
+            self.empty.append(target)
+        return before
+
+    def peeked(self, docs: list[Any]) -> list[Any]:
+        if self.sibling_claiming.is_set() and not self.read.is_set():
+            self.read.set()
+            assert self.sibling_stepping.wait(10), "hang guard"
+        return docs
+
+
+class StagedCursor:
+    """A peek's cursor whose read waits on the ``Staging``."""
+
+    def __init__(self, cursor: Any, staging: Staging) -> None:
+        self._cursor = cursor
+        self._staging = staging
+
+    def sort(self, *args: Any) -> StagedCursor:
+        self._cursor = self._cursor.sort(*args)
+        return self
+
+    def limit(self, most: int) -> StagedCursor:
+        self._cursor = self._cursor.limit(most)
+        return self
+
+    def to_list(self) -> list[Any]:
+        return self._staging.peeked(self._cursor.to_list())
+
+
+class StagedCollection:
+    def __init__(self, collection: Any, staging: Staging) -> None:
+        self._collection = collection
+        self._staging = staging
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._collection, name)
+
+    def find(self, *args: Any, **kwargs: Any) -> Any:
+        cursor = self._collection.find(*args, **kwargs)
+        peek = args[1:2] == (queries.peek_projection(()),)
+        return StagedCursor(cursor, self._staging) if peek else cursor
+
+    def find_one_and_update(self, query: Any, update: Any, **kwargs: Any) -> Any:
+        def send() -> Any:
+            return self._collection.find_one_and_update(query, update, **kwargs)
+
+        if kwargs.get("return_document") is not ReturnDocument.BEFORE or "_id" not in query:
+            return send()
+        return self._staging.claim(query["_id"], send)
+
+
+class StagedDatabase:
+    """``db`` whose ``jobs`` collection is staged."""
+
+    def __init__(self, db: Database[Any], staging: Staging) -> None:
+        self._db = db
+        self._staging = staging
+
+    def get_collection(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        collection = self._db.get_collection(name, *args, **kwargs)
+        return StagedCollection(collection, self._staging) if name == "jobs" else collection
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._db, name)
+
+
+def test_a_peek_leaves_out_what_a_worker_of_its_replica_took_after_reading_it(
+    db: Database[Any], clock: FakeClock
+) -> None:
+    """Worker 1 runs a step; worker 2 peeks, and claims document b. Worker 1 ends its step
+    and peeks (b is still free: the claim of it has not landed) and reads b; b's claim
+    lands and its step starts before worker 1 makes its list of what it read. Before the
+    fix, b was in that list (it is no longer being claimed), and a claim of it matched
+    nothing: counted as a race lost to another replica, it dropped the list (twice in one
+    claim, and the handler sat the tick out with work left: how
+    ``test_the_peek_strategy_drains_an_unsharded_collection`` failed once under load)."""
+    staging = Staging()
+    orch = Orchestrator(
+        StagedDatabase(db, staging),
+        replica_id="pod-1",
+        clock=clock,
+        claim_strategy="peek",
+        claim_candidates=1,
+        max_concurrency=2,
+        lock_timeout=30,
+        tick=1.0,
+        clock_refresh=1e6,
+    )
+    orch.measure_clock()
+
+    @orch.phase("jobs", "Run")
+    def run(lease: Any) -> Any:
+        if lease.id == staging.claims[0]:  # its step lasts until the other worker claims
+            assert staging.sibling_claiming.wait(10), "hang guard"
+        elif lease.id == staging.claims[1]:  # and this one until the peek's claim aims
+            staging.sibling_stepping.set()
+            assert staging.aimed.wait(10), "hang guard"
+        return lease.advance("Done")
+
+    try:
+        for name in "abcd":
+            orch.submit("jobs", {"_id": name, "phase": "Run"})
+        counts = orch.run_once()
+    finally:
+        orch.stop(timeout=5)
+    assert staging.read.is_set() and staging.aimed.is_set()  # staged as told
+    assert staging.empty == []  # no claim aimed at what this replica had taken
+    assert counts["advanced"] == 4 and len(staging.claims) == 4
+
+
+class Overtaken:
+    """The first ``times`` reads of candidates by the thread named ``reader`` each wait,
+    once they have read, until another claim has taken what they found."""
+
+    def __init__(self, reader: str, times: int) -> None:
+        self.reader = reader
+        self.times = times
+        self.found: Queue[list[Any]] = Queue()
+        self.taken = threading.Semaphore(0)
+        self.empty: list[Any] = []  # the documents of claims that matched nothing
+
+    def peeked(self, docs: list[Any]) -> list[Any]:
+        if threading.current_thread().name == self.reader and self.times:
+            self.times -= 1
+            self.found.put(docs)
+            assert self.taken.acquire(timeout=10), "hang guard"
+        return docs
+
+    def claim(self, target: Any, send: Callable[[], Any]) -> Any:
+        before = send()
+        if before is None:
+            self.empty.append(target)
+        return before
+
+
+def test_a_claim_reads_again_when_its_replica_took_all_its_read_found(
+    db: Database[Any], clock: FakeClock
+) -> None:
+    """Twice, another claim of the replica takes the one document a claim's read found,
+    while the read is under way: those reads leave no list, and do not count against
+    ``PEEKS_PER_CLAIM`` (documents may still be free: none is lost to another replica);
+    the claim reads a third time and takes c. Before the fix, both lists held what the
+    replica had taken: both claims of them matched nothing, as races lost to another
+    replica, and the claim came back None with c free (the failure of
+    ``test_the_peek_strategy_drains_an_unsharded_collection`` under load)."""
+    now = clock.now()
+    for n, name in enumerate("abc"):
+        db.jobs.insert_one({"_id": name, "phase": "Run", "updatedAt": now + timedelta(seconds=n)})
+    staging = Overtaken("overtaken", times=2)
+    store = Store(StagedDatabase(db, staging))  # type: ignore[arg-type]
+    plan = sharding.ClaimPlan(strategy="peek", candidates=1, key="run")
+    update = queries.claim_update(now, now + timedelta(seconds=30), "t", "pod-1")
+
+    def claim() -> Any:
+        return store.claim("jobs", {"phase": "Run"}, now, 3600.0, None, update, plan=plan)
+
+    got: list[Any] = []
+    reader = threading.Thread(target=lambda: got.append(claim()), name="overtaken")
+    reader.start()
+    for name in "ab":
+        assert staging.found.get(timeout=10) == [{"_id": name}]
+        assert claim()["_id"] == name  # taken meanwhile by the replica's other claim
+        staging.taken.release()
+    reader.join(10)
+    assert staging.empty == []  # no claim aimed at what the replica had taken
+    [taken] = got
+    assert taken is not None and taken["_id"] == "c"
 
 
 # -- without the shard key: one ConfigError, not a loop -----------------------------------
@@ -465,6 +662,49 @@ def test_a_list_leaves_out_what_this_replica_claims_and_goes_on_a_lost_race() ->
     assert not queue.refill([{"_id": 2}], 0, t0)  # still being claimed here: left out
     assert queue.refill([{"_id": 5}], 0, t0)
     assert queue.take(t0, 1.0) == {"_id": 5}
+
+
+@pytest.mark.pure
+def test_a_peek_leaves_out_what_this_replica_won_after_it_was_sent() -> None:
+    """A read may find free a document a sibling worker's claim takes just after it: once
+    that claim is back, the document is no longer being claimed, but it is this replica's,
+    and a claim of it would match nothing (read as a race lost to another replica)."""
+    t0 = datetime(2026, 1, 1, tzinfo=UTC)
+    docs = [{"_id": n} for n in range(4)]
+    queue = sharding.Candidates()
+    first = queue.sent()
+    assert queue.listed(first, docs[:1], 0, t0) == {"_id": 0}  # the peeking claim's own
+    queue.over(first)
+    assert queue.take(t0, 1.0) is None  # the rest of its list: none
+    won = queue.sent()  # sent while 0 is being claimed: 0 is still free for its read
+    queue.done({"_id": 0}, lost=False)
+    later = queue.sent()  # sent after 0 was won: its read cannot find 0 free
+    queue.done({"_id": 1}, lost=False)  # (1 was free for both reads, then taken)
+    assert queue.listed(later, docs, 0, t0) == {"_id": 0}  # 0 is free again, or not read
+    assert [queue.take(t0, 1.0) for _ in range(2)] == [{"_id": 2}, {"_id": 3}]
+    queue.over(later)
+    # 0 and 1 were won since it was sent, 2 and 3 are being claimed.
+    assert queue.listed(won, [*docs, {"_id": 4}], 0, t0) == {"_id": 4}
+    assert queue.take(t0, 1.0) is None
+    queue.over(won)
+    assert queue._won == {}  # nothing is remembered while no peek is under way
+    queue.done({"_id": 3}, lost=False)
+    assert queue._won == {}
+
+
+@pytest.mark.pure
+def test_a_peek_whose_read_failed_forgets_what_it_kept_for_it() -> None:
+    t0 = datetime(2026, 1, 1, tzinfo=UTC)
+    queue = sharding.Candidates()
+    failed, other = queue.sent(), queue.sent()
+    queue.done({"_id": 1}, lost=False)
+    queue.over(failed)  # its read raised: no list
+    assert queue.listed(other, [{"_id": 1}], 0, t0) is None  # the other still leaves 1 out
+    queue.over(other)
+    assert queue._won == {}
+    again = queue.sent()
+    assert queue.listed(again, [{"_id": 1}], 0, t0) == {"_id": 1}  # released since
+    queue.over(again)
 
 
 @pytest.mark.pure

@@ -211,7 +211,8 @@ SORTED = ClaimPlan(strategy="sorted")
 PEEKS_PER_CLAIM = 2
 """Candidate lists one claim reads at most: when its list runs out, or its candidate was
 taken by another replica meanwhile (a lost race drops the list), it peeks again, then
-finds nothing this time."""
+finds nothing this time. A read that leaves no list (every document it found was taken
+by this replica's other workers meanwhile, ``Candidates.listed``) does not count."""
 
 
 def seed(replica_id: str) -> int:
@@ -240,21 +241,34 @@ def spread(docs: Sequence[Any], start: int) -> list[Any]:
     return [*docs[at:], *docs[:at]]
 
 
+@dataclass(frozen=True)
+class Peek:
+    """A read of candidates under way (``Candidates.sent``): ``since`` counts the claims
+    this replica had won when it was sent."""
+
+    since: int
+
+
 class Candidates:
     """One handler's peeked documents, in this replica's order, handed out one claim at a
     time (safe across the threaded engine's workers: a candidate goes to one claim).
 
     A peek does not see which of its documents this replica's other workers are claiming
     right now (they are still free until their claim lands): those are left out of a new
-    list. A claim that finds its candidate taken (a lost race) means other replicas are
-    working through the same documents: the rest of the list is dropped, and the next
-    claim peeks afresh, where documents claimed since are no longer free."""
+    list, and so are those their claims won after the peek was sent (its read may have
+    found them still free). A claim that finds its candidate taken (a lost race) then
+    means other replicas are working through the same documents: the rest of the list is
+    dropped, and the next claim peeks afresh, where documents claimed since are no longer
+    free."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._docs: deque[Mapping[str, Any]] = deque()
         self._peeked_at: datetime | None = None
         self._claiming: dict[str, int] = {}
+        self._wins = 0  # claims won while a peek was under way
+        self._won: dict[str, int] = {}  # their documents, by the count at the latest win
+        self._out: dict[int, int] = {}  # peeks under way, by their ``since``
 
     def take(self, now: datetime, max_age: float) -> Mapping[str, Any] | None:
         """The next candidate, None when the list is used up or older than ``max_age``."""
@@ -263,10 +277,13 @@ class Candidates:
                 self._docs.clear()
             if not self._docs:
                 return None
-            doc = self._docs.popleft()
-            mark = _mark(doc)
-            self._claiming[mark] = self._claiming.get(mark, 0) + 1
-            return doc
+            return self._hand_out()
+
+    def _hand_out(self) -> Mapping[str, Any]:
+        doc = self._docs.popleft()
+        mark = _mark(doc)
+        self._claiming[mark] = self._claiming.get(mark, 0) + 1
+        return doc
 
     def done(self, doc: Mapping[str, Any], *, lost: bool) -> None:
         """``doc``'s claim came back; ``lost``: another replica had taken it."""
@@ -277,6 +294,9 @@ class Candidates:
                 self._claiming[mark] = left
             if lost:
                 self._docs.clear()
+            elif self._out:  # a read under way may have found it free
+                self._wins += 1
+                self._won[mark] = self._wins
 
     @property
     def claiming(self) -> int:
@@ -285,14 +305,52 @@ class Candidates:
         with self._lock:
             return len(self._claiming)
 
+    def sent(self) -> Peek:
+        """A peek is sent now: until it is ``over``, the claims won are remembered."""
+        with self._lock:
+            self._out[self._wins] = self._out.get(self._wins, 0) + 1
+            return Peek(self._wins)
+
+    def over(self, peek: Peek) -> None:
+        """``peek``'s list is made, or its read failed: wins none of the peeks still under
+        way can have read as free are forgotten."""
+        with self._lock:
+            left = self._out.pop(peek.since) - 1
+            if left:
+                self._out[peek.since] = left
+            if not self._out:
+                self._won.clear()
+                return
+            oldest = min(self._out)
+            self._won = {mark: won for mark, won in self._won.items() if won > oldest}
+
     def refill(self, docs: Sequence[Mapping[str, Any]], start: int, now: datetime) -> bool:
         """A new peek's ``docs`` (oldest first), in this replica's order from ``start``,
-        without those this replica is claiming now; False when none is left."""
+        without those this replica is claiming now; False when none is left. The fleet
+        model's (``bench/fleet.py``), which sends no ``Peek``; the engines use ``listed``."""
         with self._lock:
-            fresh = [doc for doc in docs if _mark(doc) not in self._claiming]
-            self._docs = deque(spread(fresh, start))
-            self._peeked_at = now
-            return bool(self._docs)
+            return self._refill(docs, start, now, None)
+
+    def listed(
+        self, peek: Peek, docs: Sequence[Mapping[str, Any]], start: int, now: datetime
+    ) -> Mapping[str, Any] | None:
+        """``peek``'s ``docs`` (oldest first) as the new list, in this replica's order from
+        ``start``, without those this replica is claiming now or won since ``peek`` was
+        sent; its first candidate goes to the claim that peeked (so other workers cannot
+        use the list up before it aims), the rest to the next claims. None: none is left."""
+        with self._lock:
+            return self._hand_out() if self._refill(docs, start, now, peek.since) else None
+
+    def _refill(
+        self, docs: Sequence[Mapping[str, Any]], start: int, now: datetime, since: int | None
+    ) -> bool:
+        def mine(mark: str) -> bool:
+            return mark in self._claiming or (since is not None and self._won.get(mark, 0) > since)
+
+        fresh = [doc for doc in docs if not mine(_mark(doc))]
+        self._docs = deque(spread(fresh, start))
+        self._peeked_at = now
+        return bool(self._docs)
 
 
 def _mark(doc: Mapping[str, Any]) -> str:

@@ -222,7 +222,11 @@ class AsyncStore:
         were too, so the list is dropped and a fresh peek (where documents claimed since
         are no longer free) gives the next candidates. A list serves this handler's next
         claims until then, until it runs out, or until it is older than ``plan.max_age``;
-        a claim reads at most ``PEEKS_PER_CLAIM`` lists. The document as it was, or None."""
+        its first candidate goes to the claim that read it. A claim reads at most
+        ``PEEKS_PER_CLAIM`` lists, and reads again, uncounted, when this replica's other
+        workers took every document its read found (``Candidates.listed`` leaves them out):
+        at least ``plan.candidates`` documents taken while that read was under way. The
+        document as it was, or None."""
         coll = self.collection(name)
         queue = self._candidates.get((name, plan.key))
         if queue is None:
@@ -233,13 +237,19 @@ class AsyncStore:
             if candidate is None:
                 if peeks == sharding.PEEKS_PER_CLAIM:
                     return None
+                peek = queue.sent()
+                try:
+                    cursor = coll.find(dict(query), queries.peek_projection(plan.shard_key))
+                    most = plan.candidates + queue.claiming  # those are left out of the list
+                    docs = await cursor.sort(queries.CLAIM_SORT).limit(most).to_list()
+                    candidate = queue.listed(peek, docs, plan.seed, judged_at)
+                finally:
+                    queue.over(peek)
+                if candidate is None:
+                    if len(docs) < most:
+                        return None  # none is free but what this replica's workers took
+                    continue  # this replica took all it read meanwhile: more may be free
                 peeks += 1
-                cursor = coll.find(dict(query), queries.peek_projection(plan.shard_key))
-                most = plan.candidates + queue.claiming  # those are left out of the list
-                docs = await cursor.sort(queries.CLAIM_SORT).limit(most).to_list()
-                if not queue.refill(docs, plan.seed, judged_at):
-                    return None
-                continue
             before: Document | None = None
             try:
                 before = await coll.find_one_and_update(
