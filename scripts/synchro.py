@@ -35,6 +35,7 @@ REPLACEMENTS = {
     "AsyncLeaseStore": "LeaseStore",
     "AsyncOrchestrator": "Orchestrator",
     "AsyncSteps": "Steps",
+    "AsyncLimits": "Limits",
     "AsyncReplicaRecorder": "ReplicaRecorder",
     "AsyncPauseWatch": "PauseWatch",
     "AsyncWorkers": "Workers",

@@ -92,7 +92,8 @@ def test_handler_options_and_submitted_documents_are_explained_the_same_way() ->
         def create(lease: Lease[Gateway]) -> None: ...
 
     assert str(caught.value) == (
-        "invalid handler options: max_atempts: no such field (did you mean 'max_attempts'?)"
+        'invalid handler options of gateways {"phase": "Creating"}: max_atempts: no such field'
+        " (did you mean 'max_attempts'?)"
     )
     with pytest.raises(ConfigError) as caught:
         orch.submit(Gateway, {"name": 3, "phase": "Creating"})

@@ -672,6 +672,9 @@ RUNNER_ONLY = {
     "taken_from",
     "carrier",
     "carried",
+    "slots",
+    "holds_slots",
+    "free_slots",
 }  # what the runner calls or sets, not a handler
 
 

@@ -15,8 +15,10 @@ while the other replicas tick past the expiry), operator unlock and retry racing
 (through ``orchestrator.operations``, guarded by what the operator saw, as the command
 line and the page do), outside phase changes (a cancel) racing a stalled ``remove()``, malformed
 documents, colliding submits, replicas with different lock timeouts and ``max_wait``
-(600 s and 30 days), and handlers that share one name (made by one helper function) on
-different phases; it shrinks any failure to a short list of steps.
+(600 s and 30 days), handlers that share one name (made by one helper function) on
+different phases, and handlers with cluster-wide limits (``global_limit``, ``rate_limit``:
+a step holding its lease holds its slot, no slot is left taken by a step that ended, no
+more starts per period than the rate); it shrinks any failure to a short list of steps.
 
 Every write to the collection goes through a recorder that sees the documents before and
 after it and attributes it to the lease that attempted it (by the token its filter names:
@@ -72,6 +74,7 @@ from hypothesis.stateful import (
 
 from orchestrator import AsyncOrchestrator, LeaseLost, Orchestrator, Outcome, Resource
 from orchestrator.core import queries
+from orchestrator.core.limits import parse_rate
 from orchestrator.core.queries import as_utc
 from orchestrator.operations import (
     DocumentChanged,
@@ -105,6 +108,15 @@ SETTLE = max(MAX_WAITS) + max(LOCK_TIMEOUTS) + CLOCK_REFRESH + 1
 TOLERANCE = 0.0011  # BSON dates keep milliseconds
 HANG_GUARD = 60.0  # real seconds: only a deadlock reaches it; nothing here is timed
 LEASE_ONLY = frozenset({"lockedAt", "lockedUntil", "lockToken", "lockedBy"})
+SLOTS = "orchestrator.slots"
+LIMITS: dict[str, dict[str, dict[str, Any]]] = {
+    "none": {},
+    "global": {"on_A": {"global_limit": 1}},
+    "global 2": {"on_A": {"global_limit": 2}, "on_B": {"global_limit": 1}},
+    "rate": {"on_B": {"rate_limit": "1/minute"}},
+    "both": {"on_A": {"global_limit": 1, "rate_limit": "2/minute"}, "on_B": {"global_limit": 2}},
+}
+"""The cluster-wide limits of a run, by handler label (every replica of the run alike)."""
 START = datetime(2026, 1, 1, tzinfo=UTC)
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
@@ -198,6 +210,17 @@ class UnconfirmedLeaseHeld(Violation):
 
 class ConfirmedLeaseDropped(Violation):
     """An extension confirmed well before the lease's expiry left the lease lost."""
+
+
+class LimitExceeded(Violation):
+    """A step of a handler with a global_limit held its lease without a slot of the limit,
+    more slots than the limit were made, or more steps of a rate-limited handler started
+    within one period than its rate allows."""
+
+
+class SlotLeftHeld(Violation):
+    """A slot of a global_limit is still taken after the step it was taken for ended (or
+    its claim found nothing), the step neither crashed nor stalls."""
 
 
 class OperatorMisapplied(Violation):
@@ -676,6 +699,9 @@ class LeaseMachine(RuleBasedStateMachine):
         self.pending: list[OperatorView] = []
         self.operator_view: OperatorView | None = None  # the operator's action being applied
         self.count = 0
+        self.limits: dict[str, dict[str, Any]] = {}  # the run's limits, by handler label
+        self.keys: dict[str, str] = {}  # handler label -> handler key (the slots' handler)
+        self.starts: dict[str, list[datetime]] = {}  # rate-limited label -> its steps' starts
 
     # -- bookkeeping ----------------------------------------------------------------------
 
@@ -754,7 +780,8 @@ class LeaseMachine(RuleBasedStateMachine):
             ("on_failed", {"phase": FAILED}),
             ("watch", {"kind": "w"}),
         ):
-            orch.when(COLLECTION, match)(self.handler(replica, label))
+            orch.when(COLLECTION, match, **self.limits.get(label, {}))(self.handler(replica, label))
+            self.keys[label] = orch.handlers[-1].key
         self.replicas.append(replica)
         FIGURES["replicas"] += 1
         FIGURES[f"replicas: {engine}"] += 1
@@ -1175,6 +1202,7 @@ class LeaseMachine(RuleBasedStateMachine):
                 PausedWorkClaimed,
                 f"{replica.name} claimed {doc.get('name')} for {label}, which it had paused",
             )
+        self.check_limits(label, lease)
         behaviour = await self.next_behaviour(replica, attempt)
         FIGURES["steps"] += 1
         FIGURES[f"step: {behaviour.name}"] += 1
@@ -1203,6 +1231,36 @@ class LeaseMachine(RuleBasedStateMachine):
         if error is not None:
             raise error
         return result
+
+    def check_limits(self, label: str, lease: Any) -> None:
+        """A step of a limited handler starts with a slot of its global limit, taken for
+        its lease until the lease's expiry, and no more than its rate allows have started
+        in the period up to its start (judged by the claims' times, the server's)."""
+        options = self.limits.get(label, {})
+        if "global_limit" in options:
+            FIGURES["steps under a global_limit"] += 1
+            slot = self.raw[SLOTS].find_one({"kind": "global", "token": lease.token})
+            expiry = queries.bson_time(lease.expires_at)
+            if slot is None or slot["until"] < expiry:
+                self.violate(
+                    LimitExceeded,
+                    f"{label}'s step on {lease.doc.get('name')} started without its slot of"
+                    f" global_limit={options['global_limit']}: {slot}",
+                )
+        rate = options.get("rate_limit")
+        if rate is not None:
+            FIGURES["steps under a rate_limit"] += 1
+            count, period = parse_rate(rate).count, parse_rate(rate).period
+            started = as_utc(lease.doc["lockedAt"])
+            starts = self.starts.setdefault(label, [])
+            starts.append(started)
+            window = [t for t in starts if started - timedelta(seconds=period) < t <= started]
+            if len(window) > count:
+                self.violate(
+                    LimitExceeded,
+                    f"{len(window)} steps of {label} started within {period:g}s up to"
+                    f" {at(started)} (rate_limit={rate})",
+                )
 
     async def next_behaviour(self, replica: Replica, attempt: Attempt) -> Do:
         stall = self.stall
@@ -1408,11 +1466,19 @@ class LeaseMachine(RuleBasedStateMachine):
 
     # -- rules ----------------------------------------------------------------------------
 
-    @initialize(configs=st.lists(replica_configs, min_size=2, max_size=3), twins=st.booleans())
-    def start(self, configs: list[tuple[int, int, int, str, float]], twins: bool) -> None:
+    @initialize(
+        limits=st.sampled_from(["both", "global", "global 2", "none", "none", "rate"]),
+        configs=st.lists(replica_configs, min_size=2, max_size=3),
+        twins=st.booleans(),
+    )
+    def start(
+        self, limits: str, configs: list[tuple[int, int, int, str, float]], twins: bool
+    ) -> None:
         FIGURES["runs"] += 1
         FIGURES["runs with handlers sharing a name"] += twins
+        FIGURES[f"runs with limits: {limits}"] += 1
         self.twins = twins
+        self.limits = LIMITS[limits]
         for config in configs:
             self.add_replica(*config)
 
@@ -1758,12 +1824,77 @@ class LeaseMachine(RuleBasedStateMachine):
         before = Counter(self.claims_by_doc)
         for replica in self.alive():
             self.tick(replica)
+        # A rate limit lets so many steps start per period: what it holds back is claimed
+        # in the periods after, one tick of each replica a period.
+        for _ in range(MAX_DOCUMENTS if self.rate_limited() else 0):
+            if not self.unclaimed(before):
+                break
+            self.clock.advance(60)
+            for replica in self.alive():
+                self.tick(replica)
         for doc_id, doc in self.mirror.items():
             waiting = claimers(doc, self.docs[doc_id].failed_by)
             if waiting and self.claims_by_doc[doc_id] == before[doc_id]:
                 self.violate(DocumentStuck, f"{doc} was not claimed (by {sorted(waiting)})")
 
+    def rate_limited(self) -> bool:
+        return any("rate_limit" in options for options in self.limits.values())
+
+    def unclaimed(self, before: Counter[Any]) -> bool:
+        """Whether a document some handler may claim was not claimed since ``before``."""
+        return any(
+            claimers(doc, self.docs[doc_id].failed_by)
+            and self.claims_by_doc[doc_id] == before[doc_id]
+            for doc_id, doc in self.mirror.items()
+        )
+
     # -- invariants -----------------------------------------------------------------------
+
+    @invariant()
+    def global_limits_hold(self) -> None:
+        """At most N slots of a global_limit=N; a step of its handler holding a live lease
+        holds a slot of it until at least the lease's expiry (so at most N such steps run
+        at once); and a slot is taken only by a step that runs (or crashed, or stalls, or
+        was left to expire with its lease)."""
+        now = self.clock.now()
+        for label, options in self.limits.items():
+            count = options.get("global_limit")
+            if count is None:
+                continue
+            slots = list(self.raw[SLOTS].find({"handler": self.keys[label], "kind": "global"}))
+            if len(slots) > count or any(s["n"] >= count for s in slots):
+                raise LimitExceeded(f"{len(slots)} slots of {label}'s global_limit={count}")
+            by_token = {s["token"]: s for s in slots if s["token"] is not None}
+            for doc in self.mirror.values():
+                token = doc.get("lockToken")
+                attempt = self.attempts.get(token) if isinstance(token, str) else None
+                until = doc.get("lockedUntil")
+                if (
+                    attempt is None
+                    or attempt.handler != label
+                    or attempt.crashed
+                    or attempt.lease is None
+                    or not attempt.lease.held
+                    or not isinstance(until, datetime)
+                    or as_utc(until) <= now
+                ):
+                    continue
+                slot = by_token.get(token)
+                if slot is None or slot["until"] < until:
+                    raise LimitExceeded(
+                        f"{attempt.replica.name}'s step of {label} on {doc.get('name')} holds"
+                        f" its lease until {at(as_utc(until))} without its slot: {slot}"
+                    )
+            for slot in slots:
+                if as_utc(slot["until"]) <= now or slot["token"] is None:
+                    continue
+                owner = self.attempts.get(slot["token"])
+                if owner is None or not (owner.crashed or owner.stalled or owner.left_to_expire):
+                    raise SlotLeftHeld(
+                        f"slot {slot['n']} of {label}'s global_limit={count} is taken until"
+                        f" {at(as_utc(slot['until']))} by"
+                        f" {'no step' if owner is None else owner.replica.name + ' (ended)'}"
+                    )
 
     @invariant()
     def nothing_violated(self) -> None:

@@ -31,6 +31,7 @@ from pymongo.errors import DocumentTooLarge as DriverDocumentTooLarge
 
 from orchestrator import ConfigError, StoreError
 from orchestrator.core import queries
+from orchestrator.core.limits import Limit
 from orchestrator.core.queries import as_utc, bson_time
 from orchestrator.core.resource import EPOCH
 from orchestrator.core.status import PhaseCount, RecentError
@@ -376,6 +377,75 @@ async def test_one_probe_covers_every_collection_and_says_when_work_comes_due(
     )
     counted = await store.probe(groups[:1], now, HORIZON, None, "pod.records")
     assert counted.live == 1 and counted.pauses is None
+
+
+# -- the slots of cluster-wide limits ----------------------------------------------------------
+
+SLOTS = "orchestrator.slots"
+
+
+def take_update(now: datetime, token: str, seconds: float = 30) -> dict[str, Any]:
+    return queries.take_slot_update(token, now + timedelta(seconds=seconds), "pod-1", now)
+
+
+async def test_each_free_slot_is_taken_by_one_taker_at_a_time(
+    backend: Backend, clock: FakeClock
+) -> None:
+    now = clock.now()
+    limit = Limit("global", 3)
+    rivals = [backend.open() for _ in range(3)]  # replicas making the slots at once, too
+
+    async def take(n: int) -> Any:
+        store = rivals[n % len(rivals)]
+        return await store.take_slot(SLOTS, "k", limit, now, take_update(now, f"t{n}"))
+
+    results = await asyncio.gather(*(take(n) for n in range(8)))
+    taken = sorted(doc["_id"] for doc in results if doc is not None)
+    assert taken == ["k/global/0", "k/global/1", "k/global/2"], "each slot taken once"
+    assert all(doc["token"] is None and doc["until"] == as_utc(EPOCH) for doc in results if doc)
+    store = rivals[0]
+    first = await read(store, SLOTS, {"_id": "k/global/0"})
+    assert first is not None and first["handler"] == "k" and first["n"] == 0
+    assert as_utc(first["until"]) == as_utc(bson_time(now + timedelta(seconds=30)))
+    free = queries.free_slot_update()
+    assert await store.write(SLOTS, queries.slot_fence("k/global/0", "stale"), free) is False
+    assert await store.write(SLOTS, queries.slot_fence("k/global/0", first["token"]), free)
+    again = await take(9)
+    assert again is not None and again["_id"] == "k/global/0" and again["token"] is None
+    # Taken back after it expired: the slot as its last holder left it.
+    later = now + timedelta(seconds=31)
+    expired = await store.take_slot(SLOTS, "k", limit, later, take_update(later, "t10"))
+    assert expired is not None and expired["token"] in {f"t{n}" for n in range(10)}
+    assert as_utc(expired["until"]) == as_utc(bson_time(now + timedelta(seconds=30)))
+    # Made again by another store (a replica starting): the slots are kept as they are.
+    await backend.open().ensure_slots(SLOTS, "k", limit)
+    docs = await read_all(store.collection(SLOTS).find({"handler": "k"}))
+    assert len(docs) == 3 and all(d["token"] is not None for d in docs)
+
+
+async def test_a_rate_slot_given_back_is_as_it_was_and_the_next_free_one_is_known(
+    backend: Backend, clock: FakeClock
+) -> None:
+    store = backend.open()
+    now = clock.now()
+    limit = Limit("rate", 2, "minute")
+    assert await store.next_slot(SLOTS, "r", limit) is None  # no slot made yet
+    first = await store.take_slot(SLOTS, "r", limit, now, take_update(now, "a", 60))
+    second = await store.take_slot(SLOTS, "r", limit, now, take_update(now, "b", 60))
+    assert first is not None and second is not None
+    assert await store.take_slot(SLOTS, "r", limit, now, take_update(now, "c", 60)) is None
+    assert await store.next_slot(SLOTS, "r", limit) == as_utc(
+        bson_time(now + timedelta(seconds=60))
+    )
+    # "b" found no document: its slot is given back, as it was before its take.
+    restore = queries.restore_slot_update(second["until"], second["token"])
+    assert await store.write(SLOTS, queries.slot_fence(second["_id"], "b"), restore)
+    assert await store.next_slot(SLOTS, "r", limit) == as_utc(EPOCH)
+    third = await store.take_slot(SLOTS, "r", limit, now, take_update(now, "d", 60))
+    assert third is not None and third["_id"] == second["_id"]
+    # A limit of another count uses its own first slots only.
+    one = Limit("rate", 1, "minute")
+    assert await store.take_slot(SLOTS, "r", one, now, take_update(now, "e", 60)) is None
 
 
 # -- fenced writes -----------------------------------------------------------------------------

@@ -26,6 +26,7 @@ from orchestrator.core.resource import EPOCH
 
 if TYPE_CHECKING:
     from orchestrator.core.clock import ServerClock
+    from orchestrator.core.limits import Slot
     from orchestrator.core.registry import Handler
     from orchestrator.core.settings import Settings
 
@@ -150,6 +151,10 @@ class LeaseCore(Generic[R]):
         self.carried: Carry | None = None
         """The next step this step's release carried the lease into, until an error
         recorded after it released the document after all."""
+        self.slots: list[Slot] = []
+        """The slots of its handler's limits taken for this step (``orchestrator.core.
+        limits``), set by the engine at the claim: a global limit's slot is renewed with
+        the lease and freed when the step ends or the lease is lost."""
 
     @property
     def id(self) -> Any:
@@ -422,6 +427,17 @@ class LeaseCore(Generic[R]):
             self._released_phase = (
                 self.doc.get("phase") if write.next_phase is SAME else write.next_phase
             )
+
+    @property
+    def holds_slots(self) -> bool:
+        """Whether this step still holds a slot of its handler's global limit."""
+        return bool(self._held_slots())
+
+    def _held_slots(self) -> list[Slot]:
+        """The slots this step still holds that follow its lease (a global limit's): renewed
+        with it, freed with it. A rate limit's slot counts a start: it stays taken for its
+        period, whatever becomes of the step."""
+        return [slot for slot in self.slots if slot.limit.follows_lease and not slot.freed]
 
     def _extended(self, now: datetime, until: datetime) -> None:
         self.locked_at = now

@@ -10,7 +10,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from orchestrator.core import queries, sharding
+from orchestrator.core import limits, queries, sharding
 from orchestrator.core.backoff import BackoffPolicy
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.resource import Resource
@@ -48,6 +48,9 @@ class Handler:
     """The fields its collection is sharded on, as declared (every write names them)."""
     plan: sharding.ClaimPlan = sharding.SORTED
     """How its claim finds a document (the replica's strategy; peeking with a shard key)."""
+    limits: tuple[limits.Limit, ...] = ()
+    """Its cluster-wide limits (``global_limit``, ``rate_limit``): a slot of each is taken
+    before each of its claims (``orchestrator.core.limits``); none, no extra round trip."""
 
 
 def resolve(target: Target) -> tuple[str, type[Resource] | None]:
@@ -64,12 +67,14 @@ def resolve(target: Target) -> tuple[str, type[Resource] | None]:
     raise ConfigError(f"expected a collection name or a Resource model, not {target!r}")
 
 
-def options(given: Mapping[str, Any]) -> HandlerOptions:
-    """Validated at decoration time, so a misspelt option fails at import, not at 3 a.m."""
+def options(given: Mapping[str, Any], handler: str | None = None) -> HandlerOptions:
+    """Validated at decoration time, so a misspelt option fails at import, not at 3 a.m.;
+    ``handler`` names the registration in the refusal (its collection and filter)."""
     try:
         return HandlerOptions(**given)
     except ValidationError as exc:
-        raise ConfigError(explain(exc, "handler options", HandlerOptions)) from exc
+        what = "handler options" if handler is None else f"handler options of {handler}"
+        raise ConfigError(explain(exc, what, HandlerOptions)) from exc
 
 
 class Registry:
@@ -138,6 +143,7 @@ class Registry:
                 tick=settings.tick,
                 key=handler_key,
             ),
+            limits=limits.limits_of(opts.global_limit, opts.rate_limit),
         )
         if model is not None:
             self.add_model(model)
@@ -216,6 +222,11 @@ def model_shard_key(model: type[Resource]) -> tuple[str, ...]:
         return ()
     fields = sharding.check_shard_key(model.shard_key, f"{model.__name__}.shard_key")
     return tuple(model.field_name(k) for k in fields)
+
+
+def key_of(collection: str, match: Mapping[str, Any]) -> str:
+    """The key a registration on ``collection`` with ``match`` gets (``Handler.key``)."""
+    return f"{collection} {_canonical(match)}"
 
 
 def _canonical(match: Mapping[str, Any]) -> str:

@@ -113,6 +113,10 @@ class HandlerInfo:
     failed_phase: str
     shard_key: tuple[str, ...] = ()
     """The collection's shard key as the handler declares it (operators' changes name it)."""
+    global_limit: int | None = None
+    """Its ``global_limit`` (steps at once across the replicas), None without one."""
+    rate_limit: str | None = None
+    """Its ``rate_limit`` as ``10/minute``, None without one."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -122,6 +126,8 @@ class HandlerInfo:
             "key": self.key,
             "failedPhase": self.failed_phase,
             "shardKey": list(self.shard_key),
+            "globalLimit": self.global_limit,
+            "rateLimit": self.rate_limit,
         }
 
     @classmethod
@@ -134,6 +140,8 @@ class HandlerInfo:
             key=str(doc.get("key", "")),
             failed_phase=str(doc.get("failedPhase", "")),
             shard_key=tuple(str(k) for k in doc.get("shardKey") or ()),
+            global_limit=_optional_int(doc.get("globalLimit")),
+            rate_limit=None if doc.get("rateLimit") is None else str(doc["rateLimit"]),
         )
 
 
@@ -335,7 +343,9 @@ class Disagreement:
 def disagreements(records: Iterable[ReplicaRecord]) -> list[Disagreement]:
     """The settings on which ``records`` differ, the lock timeout first, then the in-house
     pods' lock timeout (set on some replicas only: the others take those pods' leases and
-    write leases they cannot read), the tick, the concurrency and the library's version.
+    write leases they cannot read), the tick, the concurrency and the library's version;
+    then the handlers' cluster-wide limits (``global_limit of KEY``, ``rate_limit of KEY``)
+    that replicas running one handler disagree on.
 
     Mixed settings do not break leases (each lease carries its holder's expiry), but they
     are rarely meant: a rolling change left half done, or one deployment configured apart.
@@ -354,6 +364,32 @@ def disagreements(records: Iterable[ReplicaRecord]) -> list[Disagreement]:
                     setting, tuple((_shown(value), tuple(sorted(ids))) for value, ids in ordered)
                 )
             )
+    return found + _limit_disagreements(rows)
+
+
+_LIMITS = ("global_limit", "rate_limit")
+"""The handlers' limits ``disagreements`` compares, per handler, after the settings."""
+
+
+def _limit_disagreements(rows: list[ReplicaRecord]) -> list[Disagreement]:
+    """Per handler key and limit, the replicas running that handler with different values
+    of it (a replica without the handler does not disagree): a limit replicas disagree on
+    is kept as the highest of them, since each takes only the slots its own count allows."""
+    found: list[Disagreement] = []
+    keys = sorted({h.key for record in rows for h in record.handlers})
+    for setting in _LIMITS:
+        for key in keys:
+            groups: dict[str, list[str]] = {}
+            for record in rows:
+                for handler in record.handlers:
+                    if handler.key == key:
+                        value = getattr(handler, setting)
+                        shown = "none" if value is None else str(value)
+                        groups.setdefault(shown, []).append(record.replica_id)
+            if len(groups) > 1:
+                ordered = sorted(groups.items(), key=lambda item: (-len(item[1]), item[0]))
+                values = tuple((value, tuple(sorted(set(ids)))) for value, ids in ordered)
+                found.append(Disagreement(f"{setting} of {key}", values))
     return found
 
 
@@ -397,6 +433,10 @@ def _int(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"not an integer: {value!r}")
     return value
+
+
+def _optional_int(value: Any) -> int | None:
+    return None if value is None else _int(value)
 
 
 def handled_phases(records: Iterable[ReplicaRecord], collection: str) -> tuple[set[str], bool]:

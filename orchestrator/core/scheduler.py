@@ -126,6 +126,7 @@ class Scheduler:
         self._cursor = 0
         self._stopping = False
         self._paused: frozenset[str] = frozenset()  # keys of handlers an operator paused
+        self._limited: set[int] = set()  # idle for want of a slot of their limits only
 
     # -- what happened ------------------------------------------------------------------
 
@@ -133,11 +134,13 @@ class Scheduler:
         """The handler list changed: registration only appends, so indexes stay valid."""
         self._handlers = list(handlers)
         self._idle.clear()
+        self._limited.clear()
 
     def tick(self) -> None:
         """A new tick: due relocks and expired leases may be claimable now; budgets reset."""
         self._claims.clear()
         self._idle.clear()  # a failed probe leaves every handler to find out by claiming
+        self._limited.clear()
         count = len(self._handlers)
         self._start = (self._start + 1) % count if count else 0
         self._cursor = self._start
@@ -152,6 +155,7 @@ class Scheduler:
     def wake(self) -> None:
         """Work may have appeared (a local submit): look again before the next tick."""
         self._idle.clear()
+        self._limited.clear()
         self._generation += 1
 
     def stop(self) -> None:
@@ -172,6 +176,7 @@ class Scheduler:
         self._paused = keys
         if resumed:
             self._idle.clear()
+            self._limited.clear()
             self._generation += 1
         return True
 
@@ -194,6 +199,7 @@ class Scheduler:
                 self._idle.discard(index)
             else:
                 self._idle.add(index)
+                self._limited.discard(index)  # no work: no slot would make it claim
 
     def claimed(self, claim: Claim, doc_key: str | None) -> bool:
         """A claim came back with a document (``doc_key``) or without one (None, also when
@@ -212,13 +218,37 @@ class Scheduler:
         self._claims[key] += 1
         return self._claims[key] > self._budget
 
+    def limited(self, handler: Handler) -> None:
+        """``handler``'s claim was not sent for want of a free slot of its cluster-wide
+        limits: it is idle (``claimed``, with no document) until the next tick, or until a
+        step of this replica frees a slot of it (``unlimited``)."""
+        if handler in self._handlers:
+            self._limited.add(self._handlers.index(handler))
+
+    def unlimited(self, handler: Handler) -> bool:
+        """A step of this replica freed a slot of ``handler``'s limits: if only the limit
+        kept it idle, it claims again now. Returns whether it does."""
+        if handler not in self._handlers:
+            return False
+        index = self._handlers.index(handler)
+        if index not in self._limited:
+            return False
+        self._limited.discard(index)
+        if index not in self._idle:
+            return False
+        self._idle.discard(index)
+        return True
+
     def carry(self, handler: Handler, doc_key: str) -> bool:
         """May the step that is freeing ``doc_key`` carry its lease on into ``handler``'s
         next step, in the same write, instead of releasing it to be claimed again? Not
-        when stopping, when the handler is paused or not this replica's, or when the
+        when stopping, when the handler is paused or not this replica's, when it has a
+        cluster-wide limit (each of its steps takes a slot with its claim), or when the
         document used its budget for the tick (it is released then, and waits if claimed
         again). A yes counts as a claim of the document; its slot stays taken."""
         if self._stopping or handler.key in self._paused or handler not in self._handlers:
+            return False
+        if handler.limits:
             return False
         key = (handler.collection, doc_key)
         if self._claims[key] >= self._budget:
@@ -235,6 +265,7 @@ class Scheduler:
         self._busy -= 1
         if outcome.frees_work and wakes:
             self._idle.clear()
+            self._limited.clear()
             self._generation += 1
 
     # -- what to do ---------------------------------------------------------------------

@@ -23,6 +23,7 @@ from orchestrator.core.audit import AUDIT_COLLECTION
 from orchestrator.core.backoff import BackoffPolicy, ExponentialBackoff, ProgressiveBackoff
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.history import DEFAULT_HISTORY, DEFAULT_TRACEBACK, MAX_HISTORY
+from orchestrator.core.limits import MAX_SLOTS, SLOTS_COLLECTION, parse_rate
 from orchestrator.core.pauses import PAUSES_COLLECTION
 from orchestrator.core.replicas import REPLICAS_COLLECTION
 from orchestrator.core.validation import explain
@@ -181,6 +182,14 @@ class Settings(BaseModel):
         description="The audit trail (operators' actions, leases taken over from dead"
         " replicas), each entry deleted 90 days on by a TTL index.",
     )
+    slots_collection: str = Field(
+        SLOTS_COLLECTION,
+        min_length=1,
+        max_length=120,
+        description="Where the slots of handlers with a global_limit or a rate_limit are"
+        " kept (one small document per unit of each limit); every replica of a deployment"
+        " must name the same one.",
+    )
     claim_strategy: Literal["auto", "sorted", "peek"] = Field(
         "auto",
         description="How a claim finds its document: sorted (one findAndModify takes the"
@@ -201,7 +210,9 @@ class Settings(BaseModel):
     relock_policy: BackoffPolicy = Field(default_factory=ProgressiveBackoff)
     retry_policy: BackoffPolicy = Field(default_factory=ExponentialBackoff)
 
-    @field_validator("replicas_collection", "pauses_collection", "audit_collection")
+    @field_validator(
+        "replicas_collection", "pauses_collection", "audit_collection", "slots_collection"
+    )
     @classmethod
     def _collection_name(cls, value: str) -> str:
         if value.startswith("system.") or "$" in value or "\x00" in value:
@@ -270,6 +281,26 @@ class HandlerOptions(BaseModel):
         " collection name; a model says it as `shard_key`): every claim, write and delete"
         " then names them and targets one shard.",
     )
+    global_limit: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_SLOTS,
+        strict=True,
+        description="At most this many of the handler's steps run at once across every"
+        " replica (a slot per step, held as long as its lease).",
+    )
+    rate_limit: str | None = Field(
+        None,
+        description="At most this many of the handler's steps start per period across every"
+        ' replica: "10/minute" (N/second, N/minute or N/hour; N/s, N/min, N/h).',
+    )
+
+    @field_validator("rate_limit")
+    @classmethod
+    def _rate(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_rate(value)
+        return value
 
     @field_validator("to", "shard_key", mode="before")
     @classmethod

@@ -58,6 +58,8 @@ SHARD_KEY_NOT_FOUND = 61
 """A sharded collection's refusal, before MongoDB 8.0 (7.1 on Atlas), of a findAndModify,
 a single delete or an upsert whose filter does not name the whole shard key."""
 INVALID_OPTIONS = 72
+DUPLICATE_KEY = 11000
+"""An insert refused by a unique index: a limit's slot another replica made first."""
 """InvalidOptions: among others, a sharded collection's refusal of a single update that
 names neither its ``_id`` nor its shard key."""
 

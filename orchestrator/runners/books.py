@@ -241,14 +241,15 @@ class Books(Generic[L]):
             self._sched.due()
             self._notify(more_work=True, everyone=True)
 
-    def due_in(self, seconds: float, job: Callable[[], object]) -> None:
+    def due_in(self, seconds: float, job: Callable[[], object], name: str = "due") -> None:
         """Call ``job`` (which calls ``due``) in ``seconds``, before the next tick, while
-        serving: one such wake at a time, the latest asked replacing the one before."""
+        serving: one such wake at a time per ``name``, the latest asked replacing the one
+        before (a probe's due time, a rate limit's next slot)."""
         with self.lock:
             timer = self._timer if self._serving else None
         if timer is not None:  # outside the lock: the timer has its own
             when = datetime.now(UTC) + timedelta(seconds=seconds)
-            timer.add_job(job, "date", run_date=when, id="due", replace_existing=True)
+            timer.add_job(job, "date", run_date=when, id=name, replace_existing=True)
 
     def claim_broke(self, claim: Claim) -> None:
         """A claim ended in something unexpected: its slot is freed."""
@@ -267,6 +268,19 @@ class Books(Generic[L]):
                 self._running[step.lease.token] = step
             self._notify(more_work=step is not None)
             return self._sched.stopping
+
+    def limited(self, handler: Handler) -> None:
+        """``handler`` found no free slot of its cluster-wide limits: its claim comes back
+        empty, and it waits for the next tick or a slot freed here (``slot_freed``)."""
+        with self.lock:
+            self._sched.limited(handler)
+
+    def slot_freed(self, handler: Handler) -> None:
+        """A step of this replica freed a slot of ``handler``'s global limit: if the limit
+        kept ``handler`` idle here, a worker claims for it now."""
+        with self.lock:
+            if self._sched.unlimited(handler):
+                self._notify(more_work=True)
 
     def reserve(self, lease: LeaseCore[Any], phase: str) -> Handler | None:
         """A ``Carrier``: the handler that takes ``lease``'s document on in ``phase`` at

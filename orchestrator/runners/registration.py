@@ -15,6 +15,7 @@ from orchestrator.core.registry import (
     Handler,
     Registry,
     Target,
+    key_of,
     model_shard_key,
     options,
     resolve,
@@ -65,8 +66,9 @@ class Registration:
     def _decorator(
         self, target: Target, match: Mapping[str, Any], phase: str | None, opts: dict[str, Any]
     ) -> Callable[[F], F]:
-        resolve(target)
-        handler_options = options(opts)
+        collection, _ = resolve(target)
+        named = match if isinstance(match, Mapping) else {}
+        handler_options = options(opts, key_of(collection, named))
 
         def decorate(func: F) -> F:
             self._check(func)

@@ -13,6 +13,7 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Protocol
 
+from orchestrator.core.limits import Limit
 from orchestrator.core.pauses import Pause
 from orchestrator.core.queries import Matches
 from orchestrator.core.replicas import ReplicaRecord
@@ -121,3 +122,23 @@ class AsyncLeaseStore(Protocol):
     async def append_audit(self, name: str, entry: Mapping[str, Any]) -> None:
         """Add ``entry`` to the audit trail (``audit``), making its TTL index first if
         this store has not yet."""
+
+    async def ensure_slots(self, name: str, key: str, limit: Limit) -> None:
+        """The slots of ``limit`` of the handler ``key`` in ``name`` (``queries.
+        slot_documents``) and their index, made once per store; slots already there are
+        kept as they are."""
+
+    async def take_slot(
+        self,
+        name: str,
+        key: str,
+        limit: Limit,
+        judged_at: datetime,
+        update: Mapping[str, Any],
+    ) -> Document | None:
+        """Atomically take a slot of ``limit`` free at ``judged_at`` with ``update``; the
+        slot as it was before (``_id``, ``until``, ``token``), or None when none is free.
+        Of replicas taking at once, each gets its own slot."""
+
+    async def next_slot(self, name: str, key: str, limit: Limit) -> datetime | None:
+        """When the next slot of ``limit`` comes free (its earliest ``until``), or None."""

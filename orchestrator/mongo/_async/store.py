@@ -31,13 +31,14 @@ from pymongo import AsyncMongoClient, ReturnDocument
 from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.errors import (
+    BulkWriteError,
     DuplicateKeyError,
     OperationFailure,
     PyMongoError,
     ServerSelectionTimeoutError,
 )
 
-from orchestrator.core import audit, history, pauses, queries, sharding
+from orchestrator.core import audit, history, limits, pauses, queries, sharding
 from orchestrator.core.errors import ConfigError, ShardKeyRequired, StoreError
 from orchestrator.core.queries import as_utc
 from orchestrator.core.redact import redact
@@ -88,6 +89,7 @@ class AsyncStore:
         self._collections: dict[str, AsyncCollection[Document]] = {}
         self._unique_done: set[tuple[str, tuple[str, ...]]] = set()
         self._audit_indexed: set[str] = set()
+        self._slots_made: set[tuple[str, str, limits.Limit]] = set()
         self._lock = asyncio.Lock()
         self._legacy_hello = False
         self._no_union = False  # the server lacks $unionWith: a probe per collection
@@ -606,6 +608,64 @@ class AsyncStore:
         with driver_errors(f"append to {name}"):
             await self.collection(name).insert_one(dict(entry))
 
+    # -- cluster-wide limits ------------------------------------------------------------
+
+    async def ensure_slots(self, name: str, key: str, limit: limits.Limit) -> None:
+        """The slots of ``limit`` of the handler ``key`` in ``name``, and their index: made
+        once per store (a slot already there, taken or not, is kept as it is). One read when
+        they are all there, else one insert of them all, the existing ones refused by the
+        ``_id`` index."""
+        marker = (name, key, limit)
+        if marker in self._slots_made:
+            return
+        await self.ensure_index(
+            name, queries.SLOT_INDEX, index_name=queries.SLOT_INDEX_NAME, unique=False
+        )
+        coll = self.collection(name)
+        with driver_errors(f"make the slots of {key} in {name}"):
+            have = await coll.count_documents(queries.slots_filter(key, limit))
+            if have < limit.count:
+                try:
+                    await coll.insert_many(queries.slot_documents(key, limit), ordered=False)
+                except BulkWriteError as exc:
+                    errors = exc.details.get("writeErrors", [])
+                    if any(e.get("code") != common.DUPLICATE_KEY for e in errors):
+                        raise
+        self._slots_made.add(marker)
+
+    async def take_slot(
+        self,
+        name: str,
+        key: str,
+        limit: limits.Limit,
+        judged_at: datetime,
+        update: Mapping[str, Any],
+    ) -> Document | None:
+        """Take a slot of ``limit`` that is free at ``judged_at`` with ``update``
+        (``queries.take_slot_update``): one find-and-modify, so of replicas taking at once
+        each gets its own slot. The slot as it was before (its ``_id``, ``until`` and
+        ``token``), or None when none is free. The slots are made first, once per store."""
+        await self.ensure_slots(name, key, limit)
+        with driver_errors(f"take a slot of {key}"):
+            return await self.collection(name).find_one_and_update(
+                queries.take_slot_filter(key, limit, judged_at),
+                dict(update),
+                projection=queries.SLOT_PROJECTION,
+                return_document=ReturnDocument.BEFORE,
+            )
+
+    async def next_slot(self, name: str, key: str, limit: limits.Limit) -> datetime | None:
+        """When the next slot of ``limit`` comes free (the earliest ``until``), or None when
+        there is no slot to read."""
+        with driver_errors(f"read the slots of {key}"):
+            doc = await self.collection(name).find_one(
+                queries.slots_filter(key, limit),
+                queries.SLOT_PROJECTION,
+                sort=queries.NEXT_SLOT_SORT,
+            )
+        until = None if doc is None else doc.get("until")
+        return as_utc(until) if isinstance(until, datetime) else None
+
     # -- collections --------------------------------------------------------------------
 
     async def drop(self, name: str) -> None:
@@ -618,6 +678,7 @@ class AsyncStore:
         self._sharding.pop(name, None)
         self._refused.pop(name, None)
         self._candidates = {k: v for k, v in self._candidates.items() if k[0] != name}
+        self._slots_made = {made for made in self._slots_made if made[0] != name}
 
 
 async def connect_async(

@@ -14,6 +14,7 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Protocol
 
+from orchestrator.core.limits import Limit
 from orchestrator.core.pauses import Pause
 from orchestrator.core.queries import Matches
 from orchestrator.core.replicas import ReplicaRecord
@@ -122,3 +123,23 @@ class LeaseStore(Protocol):
     def append_audit(self, name: str, entry: Mapping[str, Any]) -> None:
         """Add ``entry`` to the audit trail (``audit``), making its TTL index first if
         this store has not yet."""
+
+    def ensure_slots(self, name: str, key: str, limit: Limit) -> None:
+        """The slots of ``limit`` of the handler ``key`` in ``name`` (``queries.
+        slot_documents``) and their index, made once per store; slots already there are
+        kept as they are."""
+
+    def take_slot(
+        self,
+        name: str,
+        key: str,
+        limit: Limit,
+        judged_at: datetime,
+        update: Mapping[str, Any],
+    ) -> Document | None:
+        """Atomically take a slot of ``limit`` free at ``judged_at`` with ``update``; the
+        slot as it was before (``_id``, ``until``, ``token``), or None when none is free.
+        Of replicas taking at once, each gets its own slot."""
+
+    def next_slot(self, name: str, key: str, limit: Limit) -> datetime | None:
+        """When the next slot of ``limit`` comes free (its earliest ``until``), or None."""

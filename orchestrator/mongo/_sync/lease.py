@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import contextlib
 import threading
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import pymongo
 
 from orchestrator.core import queries
-from orchestrator.core.errors import StoreError
+from orchestrator.core.errors import LeaseLost, StoreError
 from orchestrator.core.lease import LeaseCore, Outcome, Write
 from orchestrator.core.outcomes import LeaseWrite, StepOutcome
 from orchestrator.mongo.common import DocumentTooLarge
@@ -31,6 +32,8 @@ __all__ = ["Lease"]
 R = TypeVar("R")
 
 _UNCONFIRMED = "its extension was not confirmed before it expired"
+_EXPIRED = "it expired before its extension was sent"
+_SLOT_TAKEN = "its slot of the handler's global_limit was taken (it expired) before its renewal"
 
 
 class Lease(LeaseCore[R]):
@@ -95,27 +98,66 @@ class Lease(LeaseCore[R]):
         the document from then on, so an extension that fails, or is confirmed only
         after the expiry, leaves the lease lost (the step's later writes raise
         ``LeaseLost``). On a server the write is bounded by the time left
-        (``pymongo.timeout``), so it does not outlive the lease it extends.
+        (``pymongo.timeout``), so it does not outlive the lease it extends. The slot of the
+        handler's ``global_limit``, if any, is renewed first, to the same expiry, so the
+        step never holds its lease without its slot; a slot taken meanwhile leaves the
+        lease lost, and a lease lost frees its slot.
         """
         now, until, update = self._extend_write()
         with self._lock:
             self._check_allowed(LeaseWrite.EXTEND)
             left = self._seconds_left()
             if left <= 0:
-                raise self._lost(LeaseWrite.EXTEND, "it expired before its extension was sent")
+                raise self._lose(LeaseWrite.EXTEND, "it expired before its extension was sent")
             fence = self._fence(False)  # held: the token, and the shard key if declared
             try:
                 with pymongo.timeout(left):
-                    matched = self._store.write(self.collection, fence, update)
+                    kept = self._renew_slots(until)
+                    matched = kept and self._store.write(self.collection, fence, update)
             except StoreError:
                 if self._seconds_left() <= 0:
-                    raise self._lost(LeaseWrite.EXTEND, _UNCONFIRMED) from None
+                    raise self._lose(LeaseWrite.EXTEND, _UNCONFIRMED) from None
                 raise
+            if not kept:
+                raise self._lose(LeaseWrite.EXTEND, _SLOT_TAKEN)
             if not matched:
-                raise self._lost(LeaseWrite.EXTEND)
+                raise self._lose(LeaseWrite.EXTEND)
             if self._seconds_left() <= 0:
-                raise self._lost(LeaseWrite.EXTEND, _UNCONFIRMED)
+                raise self._lose(LeaseWrite.EXTEND, _UNCONFIRMED)
             self._extended(now, until)
+
+    def free_slots(self) -> None:
+        """Free the slots of the handler's ``global_limit`` this step holds (its step ended,
+        or step_timeout took it back), each fenced on this lease's token: a slot another
+        step took since is not touched. Each is freed once; a failure (``StoreError``)
+        leaves it to expire with the lease."""
+        with self._lock:
+            self._free_slots()
+
+    def _renew_slots(self, until: datetime) -> bool:
+        """Renew the held global slots to ``until``; False when one was taken meanwhile
+        (it expired and another step took it): it is not this step's any more."""
+        name = self._settings.slots_collection
+        for slot in self._held_slots():
+            fence = queries.slot_fence(slot.id, slot.token)
+            if not self._store.write(name, fence, queries.extend_slot_update(until)):
+                slot.freed = True
+                return False
+            slot.until = until
+        return True
+
+    def _free_slots(self) -> None:
+        name = self._settings.slots_collection
+        for slot in self._held_slots():
+            slot.freed = True
+            fence = queries.slot_fence(slot.id, slot.token)
+            self._store.write(name, fence, queries.free_slot_update())
+
+    def _lose(self, action: LeaseWrite, reason: str | None = None) -> LeaseLost:
+        """``_lost``, its global slots freed first (if that fails they expire with it)."""
+        with contextlib.suppress(StoreError):
+            self._free_slots()
+        return self._lost(action, reason)
 
     # -- what the loop calls --------------------------------------------------------------
 

@@ -30,6 +30,7 @@ import pymongo
 from bson.codec_options import CodecOptions
 from pymongo import MongoClient, ReturnDocument
 from pymongo.errors import (
+    BulkWriteError,
     DuplicateKeyError,
     OperationFailure,
     PyMongoError,
@@ -38,7 +39,7 @@ from pymongo.errors import (
 from pymongo.synchronous.collection import Collection
 from pymongo.synchronous.database import Database
 
-from orchestrator.core import audit, history, pauses, queries, sharding
+from orchestrator.core import audit, history, limits, pauses, queries, sharding
 from orchestrator.core.errors import ConfigError, ShardKeyRequired, StoreError
 from orchestrator.core.queries import as_utc
 from orchestrator.core.redact import redact
@@ -89,6 +90,7 @@ class Store:
         self._collections: dict[str, Collection[Document]] = {}
         self._unique_done: set[tuple[str, tuple[str, ...]]] = set()
         self._audit_indexed: set[str] = set()
+        self._slots_made: set[tuple[str, str, limits.Limit]] = set()
         self._lock = threading.Lock()
         self._legacy_hello = False
         self._no_union = False  # the server lacks $unionWith: a probe per collection
@@ -603,6 +605,64 @@ class Store:
         with driver_errors(f"append to {name}"):
             self.collection(name).insert_one(dict(entry))
 
+    # -- cluster-wide limits ------------------------------------------------------------
+
+    def ensure_slots(self, name: str, key: str, limit: limits.Limit) -> None:
+        """The slots of ``limit`` of the handler ``key`` in ``name``, and their index: made
+        once per store (a slot already there, taken or not, is kept as it is). One read when
+        they are all there, else one insert of them all, the existing ones refused by the
+        ``_id`` index."""
+        marker = (name, key, limit)
+        if marker in self._slots_made:
+            return
+        self.ensure_index(
+            name, queries.SLOT_INDEX, index_name=queries.SLOT_INDEX_NAME, unique=False
+        )
+        coll = self.collection(name)
+        with driver_errors(f"make the slots of {key} in {name}"):
+            have = coll.count_documents(queries.slots_filter(key, limit))
+            if have < limit.count:
+                try:
+                    coll.insert_many(queries.slot_documents(key, limit), ordered=False)
+                except BulkWriteError as exc:
+                    errors = exc.details.get("writeErrors", [])
+                    if any(e.get("code") != common.DUPLICATE_KEY for e in errors):
+                        raise
+        self._slots_made.add(marker)
+
+    def take_slot(
+        self,
+        name: str,
+        key: str,
+        limit: limits.Limit,
+        judged_at: datetime,
+        update: Mapping[str, Any],
+    ) -> Document | None:
+        """Take a slot of ``limit`` that is free at ``judged_at`` with ``update``
+        (``queries.take_slot_update``): one find-and-modify, so of replicas taking at once
+        each gets its own slot. The slot as it was before (its ``_id``, ``until`` and
+        ``token``), or None when none is free. The slots are made first, once per store."""
+        self.ensure_slots(name, key, limit)
+        with driver_errors(f"take a slot of {key}"):
+            return self.collection(name).find_one_and_update(
+                queries.take_slot_filter(key, limit, judged_at),
+                dict(update),
+                projection=queries.SLOT_PROJECTION,
+                return_document=ReturnDocument.BEFORE,
+            )
+
+    def next_slot(self, name: str, key: str, limit: limits.Limit) -> datetime | None:
+        """When the next slot of ``limit`` comes free (the earliest ``until``), or None when
+        there is no slot to read."""
+        with driver_errors(f"read the slots of {key}"):
+            doc = self.collection(name).find_one(
+                queries.slots_filter(key, limit),
+                queries.SLOT_PROJECTION,
+                sort=queries.NEXT_SLOT_SORT,
+            )
+        until = None if doc is None else doc.get("until")
+        return as_utc(until) if isinstance(until, datetime) else None
+
     # -- collections --------------------------------------------------------------------
 
     def drop(self, name: str) -> None:
@@ -615,6 +675,7 @@ class Store:
         self._sharding.pop(name, None)
         self._refused.pop(name, None)
         self._candidates = {k: v for k, v in self._candidates.items() if k[0] != name}
+        self._slots_made = {made for made in self._slots_made if made[0] != name}
 
 
 def connect(uri: str, database: str | None = None, *, timeout: float = 5.0) -> Database[Document]:

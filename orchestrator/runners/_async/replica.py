@@ -15,7 +15,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from orchestrator.core import replicas
+from orchestrator.core import limits, replicas
 from orchestrator.core.clock import ServerClock
 from orchestrator.core.errors import OrchestratorError
 from orchestrator.core.extras import library_version
@@ -93,7 +93,13 @@ class AsyncReplicaRecorder:
             steps=steps,
             handlers=[
                 replicas.HandlerInfo(
-                    h.collection, h.phase, h.name, h.key, h.failed_phase, h.shard_key
+                    h.collection,
+                    h.phase,
+                    h.name,
+                    h.key,
+                    h.failed_phase,
+                    h.shard_key,
+                    *limits.published(h.limits),
                 )
                 for h in self._registry.handlers
             ],

@@ -22,6 +22,7 @@ from orchestrator.core import audit, history, queries, scheduler, steps
 from orchestrator.core.clock import Clock, ServerClock
 from orchestrator.core.errors import LeaseLost, ShardKeyRequired, StoreError
 from orchestrator.core.lease import Outcome
+from orchestrator.core.limits import Slot
 from orchestrator.core.operator import id_json_or_text
 from orchestrator.core.outcomes import StepOutcome
 from orchestrator.core.pauses import Pause
@@ -33,6 +34,7 @@ from orchestrator.core.validation import explain
 from orchestrator.mongo._async.clock import measure
 from orchestrator.mongo._async.contract import AsyncLeaseStore
 from orchestrator.mongo._async.lease import AsyncLease
+from orchestrator.runners._async.limits import AsyncLimits
 from orchestrator.runners.books import Books
 from orchestrator.runners.calls import AsyncHandlerCalls
 from orchestrator.runners.reporter import Reporter
@@ -77,6 +79,9 @@ class AsyncSteps:
         self._calls = calls
         self._on_due = on_due  # the timer's job when a due time comes (``_wake_when_due``)
         self._on_pauses = on_pauses  # told the pauses a probe read with its answer
+        self._limits = AsyncLimits(
+            store=store, clock=clock, settings=settings, books=books, report=report, on_due=on_due
+        )
 
     # -- the server's clock -------------------------------------------------------------
 
@@ -172,6 +177,7 @@ class AsyncSteps:
                 # release carried on is handed back, not run.
                 await self._hand_back(carried.lease, f"its previous step ended {outcome}")
                 carried = None
+            await self._free_slots(step.lease)
             if outcome is None or not self._books.finished(step, outcome, carried):
                 # step_timeout counted it and freed its slot: not counted again; a lease
                 # its release carried on is handed back, not run by a worker let go.
@@ -213,10 +219,13 @@ class AsyncSteps:
         return lease
 
     async def _claim(self, handler: Handler) -> Step[Held] | None:
-        """Claim a document for ``handler``: its step, not started, or None."""
+        """Claim a document for ``handler``: its step, not started, or None. A handler with
+        cluster-wide limits takes a slot of each first (none free: no claim, None); a
+        global limit's slot lasts as long as the lease, from the same time."""
         token = secrets.token_hex(8)
         now = self._clock.now()
         until = now + timedelta(seconds=self._settings.lock_timeout)
+        slots: list[Slot] = []
         due: list[datetime | None] = []
         taken: list[str | None] = []
         timing = self._report.events.active
@@ -229,6 +238,11 @@ class AsyncSteps:
                 due.append(queries.due_since(before, self._settings.legacy_lock_timeout))
 
         try:
+            if handler.limits:
+                limited = await self._limits.take(handler, now, until, token)
+                if limited is None:
+                    return None
+                slots = limited
             doc = await self._store.claim(
                 handler.collection,
                 handler.match,
@@ -242,6 +256,7 @@ class AsyncSteps:
             )
         except ShardKeyRequired as exc:
             # Said once: the collection's handlers are set aside, so no loop of errors.
+            await self._limits.give_back(slots)
             self._books.refuse(handler.collection)
             self._books.count("shard_key_required")
             self._report.line(
@@ -251,7 +266,8 @@ class AsyncSteps:
         except StoreError as exc:
             # The database is unreachable (or the reply was lost after the claim applied:
             # that lease then expires unused). This handler sits the tick out; the others,
-            # and the next tick, go on.
+            # and the next tick, go on. No step starts: its slots are given back.
+            await self._limits.give_back(slots)
             self._books.count("claim_errors")
             self._report.line(
                 logging.WARNING,
@@ -261,12 +277,32 @@ class AsyncSteps:
             )
             return None
         if doc is None:
+            await self._limits.give_back(slots)
             return None
         lease = self._lease(handler, doc, token, now, taken_from=taken[0] if taken else None)
+        lease.slots = slots
         if lease.taken_from is not None:
             await self._taken_over(lease, now)
         latency = steps.claim_latency(now, due[0] if due else None)
         return Step(lease, self._books.next_number(), self._local.monotonic(), latency)
+
+    async def _free_slots(self, lease: Held) -> None:
+        """The step is over (or step_timeout took it back): the slot of its handler's
+        global limit is freed, fenced on its lease's token, and the handler may claim again
+        here if only the limit held it back. A failure leaves the slot to expire with the
+        lease."""
+        if not lease.holds_slots:
+            return
+        try:
+            await lease.free_slots()
+        except StoreError as exc:
+            self._report.log(
+                logging.WARNING,
+                f"could not free its slot of the global_limit; it expires with the lease: {exc}",
+                lease,
+                "slot-unfreed",
+            )
+        self._books.slot_freed(lease.handler)
 
     async def _taken_over(self, lease: Held, now: datetime) -> None:
         """Say that this claim took over a dead (or stalled) replica's lease: in the log, the
@@ -554,5 +590,6 @@ class AsyncSteps:
                 step.lease,
                 StepOutcome.TIMED_OUT,
             )
+        await self._free_slots(step.lease)  # it may run on, but holds no lease: nor a slot
         if self._books.timed_out(step, self._crew.let_go):
             self._report.finished(step, StepOutcome.TIMED_OUT)

@@ -167,7 +167,9 @@ class Orchestrator:
         Options: ``max_attempts``, ``failed_phase``, ``relock_policy``, ``retry_policy``,
         ``to`` (the phases it may advance to; any other advance is refused), ``shard_key``
         (the collection's shard key, on a sharded cluster: every claim and write then
-        targets one shard).
+        targets one shard), ``global_limit`` (at most that many of its steps run at once
+        across every replica), ``rate_limit`` (at most that many start per second, minute
+        or hour across every replica: ``"10/minute"``).
         """
         return self._registration.phase(target, phase, **opts)
 
@@ -204,7 +206,8 @@ class Orchestrator:
         return stored
 
     def ensure_indexes(self) -> None:
-        """The claim index on every registered collection, and the unique keys of submit."""
+        """The claim index on every registered collection, the unique keys of submit, and
+        the slots of the handlers' cluster-wide limits."""
         self._crew.enter()
         collections, unique = self._registration.indexes()
         registry = self._registration.registry
@@ -220,6 +223,9 @@ class Orchestrator:
             self._store.ensure_errors_index(collection)
         for collection, keys in unique:
             self._store.ensure_unique(collection, keys)
+        for handler in registry.handlers:
+            for limit in handler.limits:
+                self._store.ensure_slots(self.settings.slots_collection, handler.key, limit)
 
     def measure_clock(self) -> None:
         """Measure the server's clock if a measurement is due (workers do before each

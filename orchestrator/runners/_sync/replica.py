@@ -16,7 +16,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from orchestrator.core import replicas
+from orchestrator.core import limits, replicas
 from orchestrator.core.clock import ServerClock
 from orchestrator.core.errors import OrchestratorError
 from orchestrator.core.extras import library_version
@@ -94,7 +94,13 @@ class ReplicaRecorder:
             steps=steps,
             handlers=[
                 replicas.HandlerInfo(
-                    h.collection, h.phase, h.name, h.key, h.failed_phase, h.shard_key
+                    h.collection,
+                    h.phase,
+                    h.name,
+                    h.key,
+                    h.failed_phase,
+                    h.shard_key,
+                    *limits.published(h.limits),
                 )
                 for h in self._registry.handlers
             ],

@@ -1,0 +1,181 @@
+"""A replica's side of the cluster-wide limits (``global_limit``, ``rate_limit``): the slots
+taken before a limited handler's claim, and given back when the claim finds nothing.
+
+What a slot is and how it is judged is ``orchestrator.core.limits``'s; a step's held slot
+is renewed and freed by its lease (``AsyncLease.extend``, ``free_slots``). Written once, as
+async code; the sync engine's ``Limits`` is generated from it (``scripts/synchro.py``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import Counter
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from typing import Any
+
+from orchestrator.core import queries
+from orchestrator.core.clock import ServerClock
+from orchestrator.core.errors import StoreError
+from orchestrator.core.limits import Limit, Slot
+from orchestrator.core.registry import Handler
+from orchestrator.core.settings import Settings
+from orchestrator.mongo._async.contract import AsyncLeaseStore
+from orchestrator.mongo._async.lease import AsyncLease
+from orchestrator.runners.books import Books
+from orchestrator.runners.reporter import Reporter
+
+__all__ = ["AsyncLimits"]
+
+
+class AsyncLimits:
+    """Takes a slot of each of a handler's limits before its claim (one find-and-modify
+    each), so a handler without limits costs nothing more.
+
+    No free slot: the claim is not sent and the handler is idle here until the next tick,
+    or until one of this replica's own steps frees a slot of it (``Books.slot_freed``). A
+    rate limit's next free slot is read then (one read), so this replica does not ask again
+    before it (no round trip at all) and, when it comes before the next tick, wakes then
+    (``Books.due_in``)."""
+
+    def __init__(
+        self,
+        *,
+        store: AsyncLeaseStore,
+        clock: ServerClock,
+        settings: Settings,
+        books: Books[AsyncLease[Any]],
+        report: Reporter,
+        on_due: Callable[[], object],
+    ) -> None:
+        self._store = store
+        self._clock = clock
+        self._settings = settings
+        self._books = books
+        self._report = report
+        self._on_due = on_due
+        self._lock = threading.Lock()  # the times below, read and set from any worker
+        self._not_before: dict[tuple[str, Limit], datetime] = {}
+        """Per rate limit, when its next slot comes free, as last read: not asked before."""
+        self._given_back: Counter[tuple[str, Limit]] = Counter()
+        """Per rate limit, slots this replica gave back: a read of the next free one made
+        across a give-back may have seen that slot taken, and is not kept."""
+
+    async def take(
+        self, handler: Handler, now: datetime, until: datetime, token: str
+    ) -> list[Slot] | None:
+        """A slot of each of ``handler``'s limits for the lease ``token`` claimed at ``now``
+        until ``until``, or None (none taken) when one has no free slot. Raises
+        ``StoreError`` with none held (a lost reply may leave one taken: it expires)."""
+        judged = now - timedelta(seconds=self._clock.uncertainty)
+        taken: list[Slot] = []
+        try:
+            for limit in handler.limits:
+                slot = await self._take(handler, limit, now, judged, until, token)
+                if slot is None:
+                    await self.give_back(taken)
+                    self._books.limited(handler)
+                    self._report.line(
+                        logging.DEBUG,
+                        f"{handler.name} waits for a slot: its {limit.kind} limit"
+                        f" ({limit.describe()}) is reached across the replicas",
+                        "limited",
+                        collection=handler.collection,
+                        handler=handler.name,
+                    )
+                    return None
+                taken.append(slot)
+        except StoreError:
+            await self.give_back(taken)
+            raise
+        return taken
+
+    async def _take(
+        self,
+        handler: Handler,
+        limit: Limit,
+        now: datetime,
+        judged: datetime,
+        until: datetime,
+        token: str,
+    ) -> Slot | None:
+        held_until = until if limit.follows_lease else now + timedelta(seconds=limit.period)
+        with self._lock:
+            known = self._not_before.get((handler.key, limit))
+            given_back = self._given_back[(handler.key, limit)]
+        if known is not None and judged < known:
+            self._books.count("limited")
+            return None  # its next slot comes free later: nothing to ask the server yet
+        update = queries.take_slot_update(token, held_until, self._settings.replica_id, now)
+        before = await self._store.take_slot(
+            self._settings.slots_collection, handler.key, limit, judged, update
+        )
+        if before is None:
+            self._books.count("limited")
+            if not limit.follows_lease:
+                await self._wait_for_rate(handler, limit, judged, given_back)
+            return None
+        slot = Slot(
+            handler.key,
+            limit,
+            str(before["_id"]),
+            token,
+            held_until,
+            before.get("until"),
+            before.get("token"),
+        )
+        if slot.recovered:
+            self._books.count("slots_recovered")
+            self._report.line(
+                logging.INFO,
+                f"took back a slot of {handler.name}'s global_limit its holder never freed"
+                " (it died or stalled past its lease)",
+                "slot-recovered",
+                collection=handler.collection,
+                handler=handler.name,
+            )
+        return slot
+
+    async def _wait_for_rate(
+        self, handler: Handler, limit: Limit, judged: datetime, given_back: int
+    ) -> None:
+        """A rate limit reached: when its next slot comes free, this replica asks again (and
+        wakes then, if that is before the next tick). ``given_back``: this replica's give-
+        backs of the limit before its take; one since, and what was read is not kept."""
+        free_at = await self._store.next_slot(self._settings.slots_collection, handler.key, limit)
+        if free_at is None or free_at <= judged:
+            return
+        with self._lock:
+            if self._given_back[(handler.key, limit)] != given_back:
+                return
+            self._not_before[(handler.key, limit)] = free_at
+        delay = (free_at - judged).total_seconds()
+        if 0 < delay < self._settings.tick:
+            self._books.due_in(delay, self._on_due, f"limit {handler.key}")
+
+    async def give_back(self, slots: list[Slot]) -> None:
+        """The claim these slots were taken for found no document (or failed): a global
+        slot is freed, a rate slot restored as it was (the start it counted never
+        happened), each fenced on its token. Never raises: a slot not given back expires.
+        A rate slot given back may be free now: its next free time is read afresh (a
+        worker of this replica, claiming meanwhile, may have read it taken)."""
+        name = self._settings.slots_collection
+        for slot in slots:
+            if slot.limit.follows_lease:
+                update = queries.free_slot_update()
+            else:
+                update = queries.restore_slot_update(slot.before_until, slot.before_token)
+            slot.freed = True
+            try:
+                await self._store.write(name, queries.slot_fence(slot.id, slot.token), update)
+            except StoreError as exc:
+                self._report.line(
+                    logging.WARNING,
+                    f"could not give back a slot of {slot.key}; it expires at its time: {exc}",
+                    "slot-unfreed",
+                )
+            if not slot.limit.follows_lease:
+                with self._lock:  # once it landed: a take from now on sees it free
+                    self._given_back[(slot.key, slot.limit)] += 1
+                    self._not_before.pop((slot.key, slot.limit), None)
