@@ -14,6 +14,9 @@ from pydantic.alias_generators import to_camel
 EPOCH = datetime(1970, 1, 1)
 """``lockedUntil`` of a document nobody holds: long past, so claimable at once."""
 
+PRIORITY_FIELD = "claimPriority"
+"""Where ``submit(..., priority=N)`` stores a document's priority (``queries.MAX_PRIORITY``)."""
+
 LEASE_FIELDS = frozenset(
     {
         "lockedAt",
@@ -28,6 +31,7 @@ LEASE_FIELDS = frozenset(
         "failedBy",
         "createdAt",
         "orchestratorHistory",
+        PRIORITY_FIELD,
     }
 )
 """Fields the orchestrator owns: handlers cannot set them through a lease."""
@@ -73,6 +77,7 @@ class Resource(BaseModel):
     last_error: ErrorRecord | None = None
     previous_error: ErrorRecord | None = None
     failed_by: str | None = None
+    claim_priority: int = 0
 
     @classmethod
     def field_name(cls, name: str) -> str:
