@@ -21,7 +21,7 @@ from orchestrator.operations import Operations
 from orchestrator.testing import memory_database
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
-CLAIM = [("phase", 1), ("lockedUntil", 1), ("updatedAt", 1), ("_id", 1)]
+CLAIM = [("phase", 1), ("claimPriority", -1), ("lockedUntil", 1), ("updatedAt", 1), ("_id", 1)]
 ERRORS = [("phase", 1), ("lastError.at", -1), ("_id", -1)]
 
 
@@ -57,7 +57,8 @@ def test_each_filter_is_served_by_an_index_in_its_order(
 @pytest.mark.pure
 def test_the_claim_index_orders_pages_totally_and_serves_the_claim() -> None:
     assert queries.CLAIM_INDEX == CLAIM
-    assert [k for k, _ in queries.CLAIM_SORT] == [k for k, _ in CLAIM[1:3]]
+    assert CLAIM[1:4] == queries.CLAIM_SORT
+    assert CLAIM[1:] == browse.LEASE_ORDER
     assert queries.ERRORS_INDEX == ERRORS
 
 
@@ -113,6 +114,7 @@ documents = st.lists(
             "phase": st.sampled_from(["A", "B", "Failed"]),
             "lockedUntil": odd_values,
             "updatedAt": odd_values,
+            "claimPriority": odd_values,  # descending in the claim's order
             "lockToken": st.sampled_from(["MISSING", None, "t1"]),
             "lastError": st.one_of(
                 st.just("MISSING"),
@@ -193,6 +195,8 @@ def test_pages_on_the_server_add_up_too(db: Database[Any]) -> None:
         }
         if n % 4 == 0:
             doc["lockToken"] = f"t{n}"
+        if n % 3 == 1:
+            doc["claimPriority"] = n % 7 + 1
         if n % 3 == 0:
             doc["lastError"] = {"type": "E" if n % 2 else "F", "at": now - timedelta(seconds=n)}
         rows.append(doc)

@@ -14,11 +14,13 @@ heartbeat (its extension confirmed in time, its reply slow or late, or its write
 while the other replicas tick past the expiry), operator unlock and retry racing claims
 (through ``orchestrator.operations``, guarded by what the operator saw, as the command
 line and the page do), outside phase changes (a cancel) racing a stalled ``remove()``, malformed
-documents, colliding submits, replicas with different lock timeouts and ``max_wait``
-(600 s and 30 days), handlers that share one name (made by one helper function) on
-different phases, and handlers with cluster-wide limits (``global_limit``, ``rate_limit``:
-a step holding its lease holds its slot, no slot is left taken by a step that ended, no
-more starts per period than the rate); it shrinks any failure to a short list of steps.
+documents, colliding submits, submits with a later start (seconds or a datetime,
+some past a replica's ``max_wait``) and a priority, replicas with different lock
+timeouts and ``max_wait`` (600 s and 30 days), handlers that share one name (made by one
+helper function) on different phases, and handlers with cluster-wide limits
+(``global_limit``, ``rate_limit``: a step holding its lease holds its slot, no slot is
+left taken by a step that ended, no more starts per period than the rate); it shrinks
+any failure to a short list of steps.
 
 Every write to the collection goes through a recorder that sees the documents before and
 after it and attributes it to the lease that attempted it (by the token its filter names:
@@ -28,10 +30,12 @@ no live lease or wait is taken, no stale write lands, the first outcome stands (
 after an unlock or relock is one failed attempt of that phase, after an advance only a
 note, after a remove nothing), only the holder's ``remove()`` in the phase it claimed
 deletes, a lease whose extension was confirmed after its expiry is lost, an operator's
-action applies only to the document as the operator saw it, and every document some
-handler may claim is claimed once every wait has run out. Each invariant raises its own
-``Violation`` subclass: hypothesis then reports distinct defects separately, each with its
-own shrunk example.
+action applies only to the document as the operator saw it, a submit stores the start
+and priority asked (and refuses a start past its replica's ``max_wait``), no claim takes
+a document while one of a higher priority that its handler could claim is free, and
+every document some handler may claim is claimed once every wait has run out. Each
+invariant raises its own ``Violation`` subclass: hypothesis then reports distinct defects
+separately, each with its own shrunk example.
 
 The machine drives time: ``run_once``'s own heartbeat (every second of real time) is off
 in its replicas (``Driven``), so a stalled step's lease is extended only when an example
@@ -72,10 +76,18 @@ from hypothesis.stateful import (
     rule,
 )
 
-from orchestrator import AsyncOrchestrator, LeaseLost, Orchestrator, Outcome, Resource
+from orchestrator import (
+    AsyncOrchestrator,
+    ConfigError,
+    LeaseLost,
+    Orchestrator,
+    Outcome,
+    Resource,
+)
 from orchestrator.core import queries
 from orchestrator.core.limits import parse_rate
 from orchestrator.core.queries import as_utc
+from orchestrator.core.settings import HORIZON
 from orchestrator.operations import (
     DocumentChanged,
     DocumentNotFound,
@@ -223,6 +235,16 @@ class SlotLeftHeld(Violation):
     its claim found nothing), the step neither crashed nor stalls."""
 
 
+class SubmitMisstored(Violation):
+    """A submit's later start or priority was not stored as asked, or a start past the
+    replica's ``max_wait`` was accepted (or one within it refused)."""
+
+
+class PriorityInverted(Violation):
+    """A claim took a document while another its handler could claim then was free with a
+    higher priority."""
+
+
 class OperatorMisapplied(Violation):
     """An operator's unlock or retry changed a document that was no longer as the operator
     saw it, or a retry without ``--force`` took a live lease."""
@@ -339,6 +361,30 @@ def carried_release(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str,
     released.update({k: old[k] for k in ("lockedAt", "lockedBy") if k in old})
     released["lockedUntil"] = EPOCH.replace(tzinfo=None)
     return released
+
+
+STARTS: list[float | str | None] = [None, 0.0, 2.5, 40.0, 700.0, "at+40"]
+"""A submit's ``not_before``: none, seconds from now (700 s is past the 600 s replicas'
+``max_wait``: refused there), or ``at+40``: the server's time 40 s on, as a datetime."""
+PRIORITIES = [0, 0, 1, 5, 9]
+
+
+def rank(doc: Mapping[str, Any]) -> int | None:
+    """A document's priority as the claim orders it: a missing field is 0; None for a
+    stored value of another kind (it sorts by BSON's order of types, not judged here)."""
+    value = doc.get("claimPriority")
+    if value is None:
+        return 0
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def surely_free(doc: Mapping[str, Any], at: datetime) -> bool:
+    """Whether a claim judged at ``at`` finds ``doc``'s lease free, as the README says it
+    judges one: its ``lockedUntil`` is no date in ``(at, at + HORIZON]``."""
+    until = doc.get("lockedUntil")
+    if not isinstance(until, datetime):
+        return True
+    return not at < as_utc(until) <= at + timedelta(seconds=HORIZON)
 
 
 def counter(doc: Mapping[str, Any]) -> int:
@@ -698,6 +744,8 @@ class LeaseMachine(RuleBasedStateMachine):
         self.fault: WriteFault | None = None
         self.pending: list[OperatorView] = []
         self.operator_view: OperatorView | None = None  # the operator's action being applied
+        # The submit under way: its later start (seconds, or the datetime asked) and priority.
+        self.submitting: tuple[float, datetime | None, int] = (0.0, None, 0)
         self.count = 0
         self.limits: dict[str, dict[str, Any]] = {}  # the run's limits, by handler label
         self.keys: dict[str, str] = {}  # handler label -> handler key (the slots' handler)
@@ -884,6 +932,7 @@ class LeaseMachine(RuleBasedStateMachine):
                     if len(changed) == 1:
                         return
                 elif isinstance(new_token, str) and new_token != old.get("lockToken"):
+                    self.chose_highest(doc_id, before, new)
                     self.claimed(doc_id, old, new, now)
                     self.last_writer[doc_id] = self.attempts.get(new_token)
                     self.outside_since.discard(doc_id)
@@ -908,12 +957,72 @@ class LeaseMachine(RuleBasedStateMachine):
 
     def inserted(self, doc_id: Any, doc: dict[str, Any], actor: str | None) -> None:
         if actor == "submit":
-            self.docs[doc_id] = DocModel(free_at=EPOCH, streak=0)
+            self.docs[doc_id] = DocModel(free_at=self.submitted(doc), streak=0)
         elif actor == "malformed":
             self.docs[doc_id] = DocModel(free_at=None, streak=None)
         else:
             self.violate(UnattributedWrite, f"{actor or 'an unknown writer'} inserted {doc}")
             self.docs[doc_id] = DocModel(free_at=None, streak=None)
+
+    def submitted(self, doc: dict[str, Any]) -> datetime:
+        """A submit stores the start asked (from the same server time as ``createdAt``)
+        and its priority (none for 0); returns when the document becomes claimable."""
+        wait, at, priority = self.submitting
+        created = as_utc(doc["createdAt"])
+        if wait <= 0:
+            expected = EPOCH
+        elif at is not None:
+            expected = as_utc(queries.bson_time(at))
+        else:
+            expected = created + timedelta(seconds=wait)
+        stored = free_at(doc)
+        if abs((stored - expected).total_seconds()) > TOLERANCE:
+            self.violate(
+                SubmitMisstored,
+                f"{doc.get('name')} asked to start {wait:g}s on, stored lockedUntil {stored}",
+            )
+        if doc.get("claimPriority", 0) != priority or doc.get("claimPriority") == 0:
+            self.violate(
+                SubmitMisstored,
+                f"{doc.get('name')} asked priority {priority}, stored "
+                f"{doc.get('claimPriority', 'none')}",
+            )
+        return stored
+
+    def chose_highest(
+        self, doc_id: Any, before: Mapping[Any, dict[str, Any]], new: dict[str, Any]
+    ) -> None:
+        """A claim (not a carry: that takes no choice) takes a document of the highest
+        priority among those its handler could claim: judged at the claim's own time
+        (``lockedAt``: against the in-memory server the replicas' estimates carry no
+        uncertainty), for every handler that may have made it, whose filter matches the
+        document; broken only if each of them had a higher-priority document free."""
+        old = before[doc_id]
+        mine = rank(old)
+        judged = new.get("lockedAt")
+        if mine is None or not isinstance(judged, datetime):
+            return
+        at = as_utc(judged)
+        higher: dict[str, list[Any]] = {}
+        chose = False  # another free document of another priority: the order decided
+        for label in claimers(old, self.docs[doc_id].failed_by):
+            free = [
+                (other.get("name"), theirs)
+                for other_id, other in before.items()
+                if other_id != doc_id
+                and (theirs := rank(other)) is not None
+                and label in claimers(other, self.docs[other_id].failed_by)
+                and surely_free(other, at)
+            ]
+            higher[label] = [name for name, theirs in free if theirs > mine]
+            chose = chose or any(theirs != mine for _, theirs in free)
+        FIGURES["claims choosing among priorities"] += chose
+        if higher and all(higher.values()):
+            self.violate(
+                PriorityInverted,
+                f"{new.get('lockedBy')} claimed {old.get('name')} (priority {mine}) while "
+                f"{higher} were free with a higher priority",
+            )
 
     def claimed(self, doc_id: Any, old: dict[str, Any], new: dict[str, Any], now: datetime) -> None:
         """A claim takes only a free or expired lease, and within its replica's budget."""
@@ -1494,12 +1603,38 @@ class LeaseMachine(RuleBasedStateMachine):
         phase=st.sampled_from(["A", "B"]),
         kind=st.sampled_from(["p", "w"]),
         model=st.booleans(),
+        start=st.sampled_from(STARTS),
+        priority=st.sampled_from(PRIORITIES),
     )
-    def submit(self, via: int, phase: str, kind: str, model: bool) -> None:
+    def submit(
+        self, via: int, phase: str, kind: str, model: bool, start: Any, priority: int
+    ) -> None:
         self.action("submit")
-        fields = {"name": self.new_name(), "phase": phase, "kind": kind, "n": 0}
+        name = self.new_name()
+        fields = {"name": name, "phase": phase, "kind": kind, "n": 0}
         replica = self.pick(self.alive(), via)
-        replica.run(partial(replica.orch.submit, Job if model else COLLECTION, fields), "submit")
+        at = self.clock.now() + timedelta(seconds=40) if start == "at+40" else None
+        wait = 40.0 if at is not None else float(start or 0.0)
+        FIGURES[f"submits starting {start or 'at once'}"] += 1
+        FIGURES[f"submits of priority {priority}"] += 1
+        self.submitting = (wait, at, priority)
+        target = Job if model else COLLECTION
+        options = {"not_before": at or start, "priority": priority}
+        try:
+            replica.run(partial(replica.orch.submit, target, fields, **options), "submit")
+        except ConfigError as exc:
+            self.names.remove(name)
+            FIGURES["submits refused: start past max_wait"] += 1
+            if wait <= replica.max_wait:
+                self.violate(SubmitMisstored, f"{replica.name} refused a start {wait:g}s on: {exc}")
+            return
+        finally:
+            self.submitting = (0.0, None, 0)
+        if wait > replica.max_wait:
+            self.violate(
+                SubmitMisstored,
+                f"{replica.name} (max_wait {replica.max_wait:g}) accepted a start {wait:g}s on",
+            )
 
     @precondition(lambda self: self.names)
     @rule(which=st.integers(0, 99), first=st.integers(0, 3), second=st.integers(0, 3))

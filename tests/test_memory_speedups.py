@@ -1,8 +1,9 @@
 """The in-memory store's faster paths give exactly what plain mongomock gives.
 
-They decide claim-shaped filters and date sorts natively, and hand anything else
-(arrays, missing fields, other types, other operators) back to mongomock; here both are
-asked the same queries over documents built to hit every one of those cases.
+They decide claim-shaped filters, and sorts on dates and priorities, natively, and hand
+anything else (arrays, missing fields, other types, other operators) back to mongomock;
+here both are asked the same queries over documents built to hit every one of those
+cases.
 """
 
 from __future__ import annotations
@@ -49,10 +50,14 @@ def _documents(seed: int) -> list[dict[str, Any]]:
             if rng.random() < 0.3:
                 doc["failedBy"] = rng.choice(["h1", "h2"])
             doc["updatedAt"] = BASE + timedelta(seconds=rng.randint(-5, 5))
+            if rng.random() < 0.4:
+                doc["claimPriority"] = rng.randint(1, 3)
         elif rng.random() < 0.9:
             doc["phase"] = rng.choice(["A", "B", ["A", "C"], 3, None])
         if seed != 0 and rng.random() < 0.3:
             doc["failedBy"] = rng.choice(["h1", "h2", 3, None, ["h1"]])
+        if seed != 0 and rng.random() < 0.5:
+            doc["claimPriority"] = rng.choice([rng.randint(0, 3), None, 2.5, "text", True])
         for field in ("lockedUntil", "updatedAt"):
             if seed != 0 and rng.random() < 0.9:
                 doc[field] = (
@@ -98,7 +103,11 @@ def test_finds_and_sorted_claims_match_plain_mongomock(seed: int, spec: dict[str
 
     assert list(fast.find(spec)) == list(plain.find(spec))
     assert fast.count_documents(spec) == plain.count_documents(spec)
-    for sort in (queries.CLAIM_SORT, [("lockedUntil", -1), ("updatedAt", 1)]):
+    for sort in (
+        queries.CLAIM_SORT,
+        [("lockedUntil", -1), ("updatedAt", 1)],
+        [("claimPriority", 1), ("lockedUntil", 1)],
+    ):
         for _ in range(5):  # repeated claims walk down the sort order identically
             update = {"$set": {"lockedUntil": BASE + timedelta(days=1)}, "$inc": {"claims": 1}}
             got = fast.find_one_and_update(

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta, timezone
+from typing import Any
 
 import pytest
 from bson import ObjectId
 
 from orchestrator import EPOCH, ConfigError
+from orchestrator.core import browse
 from orchestrator.core import queries as q
 
 pytestmark = pytest.mark.pure
@@ -60,8 +64,111 @@ def test_claim_update_sets_time_expiry_token_and_holder() -> None:
             "lockedBy": "pod-1",
         }
     }
-    assert q.CLAIM_SORT == [("lockedUntil", 1), ("updatedAt", 1)]
-    assert [k for k, _ in q.CLAIM_INDEX] == ["phase", "lockedUntil", "updatedAt", "_id"]
+    assert q.CLAIM_SORT == [("claimPriority", -1), ("lockedUntil", 1), ("updatedAt", 1)]
+    assert [k for k, _ in q.CLAIM_INDEX] == [
+        "phase",
+        "claimPriority",
+        "lockedUntil",
+        "updatedAt",
+        "_id",
+    ]
+
+
+def _pinned(query: Mapping[str, Any]) -> set[str]:
+    """The fields ``query`` pins to points (an equality or an ``$in`` of values), at its
+    top level or in an ``$and``: the index keys a planner holds fixed."""
+    points: set[str] = set()
+    for key, value in query.items():
+        if key == "$and":
+            for part in value:
+                points |= _pinned(part)
+        elif not key.startswith("$") and (
+            not isinstance(value, Mapping) or set(value) in ({"$in"}, {"$eq"})
+        ):
+            points.add(key)
+    return points
+
+
+def _served_in_order(
+    index: list[tuple[str, int]], query: Mapping[str, Any], sort: list[tuple[str, int]]
+) -> bool:
+    """Whether ``index`` serves ``query``'s ``sort`` without sorting in memory: the keys
+    before the sort's are pinned to points by ``query``, and the sort is the next keys of
+    the index, each in its direction (or each reversed: a backward scan)."""
+    start = next((i for i, (k, _) in enumerate(index) if k == sort[0][0]), -1)
+    if start < 0 or not {k for k, _ in index[:start]} <= _pinned(query):
+        return False
+    following = index[start : start + len(sort)]
+    backward = [(k, -way) for k, way in following]
+    return sort in (following, backward)
+
+
+def test_the_claim_peek_probe_and_browse_read_the_claim_index_in_its_order() -> None:
+    """mongomock and the wire server plan no query, so the claim's index use is checked by
+    its shape: after the equality on phase (the index's first key), the claim's sort is
+    the index's next keys in their directions, priority first, so the server walks the
+    index priority by priority and sorts nothing in memory; the peek sorts the same way.
+    The probe's due branch sorts on lockedUntil alone: it pins every stored priority
+    (missing, 1 to 9), so each (phase, priority) run is read in lockedUntil order and the
+    runs merge; and browse pages in the index's own order."""
+    claim = q.claim_filter({"phase": "A"}, NOW, 3600)
+    assert _served_in_order(q.CLAIM_INDEX, claim, q.CLAIM_SORT)
+    assert _served_in_order(q.CLAIM_INDEX, {"phase": "A"}, browse.LEASE_ORDER)
+    assert not _served_in_order(q.CLAIM_INDEX, claim, [("lockedUntil", 1)])  # the check bites
+    pipeline = q.probe_pipeline([("jobs", [({"phase": "A"}, None)])], NOW, 3600)
+    due = next(b["$unionWith"]["pipeline"] for b in pipeline if "$unionWith" in b)
+    assert due[1] == {"$sort": {"lockedUntil": 1}}
+    assert _served_in_order(q.CLAIM_INDEX, due[0]["$match"]["$or"][0], [("lockedUntil", 1)])
+    assert due[0]["$match"]["$or"][0]["$and"][-1] == {
+        "claimPriority": {"$in": [None, *range(1, q.MAX_PRIORITY + 1)]}
+    }
+    assert q.peek_projection(("tenant",)) == {"_id": 1, "claimPriority": 1, "tenant": 1}
+
+
+def test_a_priority_is_an_int_from_0_to_9_stored_only_when_above_0() -> None:
+    assert q.check_priority(0) == 0 and q.check_priority(9) == 9
+    for bad in (-1, 10, True, 1.0, "5", None):
+        with pytest.raises(ConfigError, match="priority is an int from 0"):
+            q.check_priority(bad)
+    assert "claimPriority" not in q.new_document({"phase": "A"}, NOW)
+    assert "claimPriority" not in q.new_document({"phase": "A"}, NOW, priority=0)
+    assert q.new_document({"phase": "A"}, NOW, priority=7)["claimPriority"] == 7
+
+
+def test_a_later_start_is_a_wait_from_the_server_clock_bounded_by_max_wait() -> None:
+    """Seconds from now, or an aware datetime; at or before now is at once (the epoch, as a
+    plain submit); past max_wait refused, not cut short; the rest refused in one line."""
+    later = NOW + timedelta(seconds=90)
+    assert q.start_time(None, NOW, 3600) == EPOCH
+    assert q.start_time(0, NOW, 3600) == EPOCH
+    assert q.start_time(90, NOW, 3600) == later
+    assert q.start_time(90.5, NOW, 3600) == later + timedelta(seconds=0.5)
+    assert q.start_time(later.astimezone(timezone(timedelta(hours=9))), NOW, 3600) == later
+    assert q.start_time(NOW - timedelta(days=3), NOW, 3600) == EPOCH
+    assert q.start_time(3600, NOW, 3600) == NOW + timedelta(hours=1)
+    with pytest.raises(ConfigError, match=r"3601s ahead, past max_wait \(3600s\)"):
+        q.start_time(3601, NOW, 3600)
+    with pytest.raises(ConfigError, match="past max_wait"):
+        q.start_time(NOW + timedelta(days=2), NOW, 3600)
+    assert q.check_not_before(None) is None
+    assert q.check_not_before(later) is later
+    assert q.check_not_before(0) == 0
+    refusals = {
+        "naive datetime": datetime(2026, 1, 1, 12),
+        "seconds >= 0": -1,
+        "finite": math.nan,
+        "finite number": math.inf,
+        "not bool": True,
+        "not str": "soon",
+        "not timedelta": timedelta(seconds=5),
+    }
+    for why, bad in refusals.items():
+        with pytest.raises(ConfigError, match="not_before") as refused:
+            q.check_not_before(bad)
+        assert "\n" not in str(refused.value), why
+    doc = q.new_document({"phase": "A"}, NOW, until=later)
+    assert doc["lockedUntil"] == q.bson_time(later)
+    assert doc["createdAt"] == q.bson_time(NOW)
 
 
 def test_every_release_clears_the_token_so_the_old_holder_is_fenced_out() -> None:

@@ -639,6 +639,25 @@ def test_each_replica_goes_round_the_candidates_from_its_own_place() -> None:
 
 
 @pytest.mark.pure
+def test_each_replica_goes_round_one_priority_before_the_next() -> None:
+    """A peek's list is in the claim's order; a replica starts at its own place among the
+    documents of the highest priority, and takes none of a lower one before them."""
+    docs = [
+        {"_id": 1, "claimPriority": 5},
+        {"_id": 2, "claimPriority": 5},
+        {"_id": 3, "claimPriority": 5},
+        {"_id": 4, "claimPriority": 2},
+        {"_id": 5},
+        {"_id": 6},
+    ]
+    ids = [doc["_id"] for doc in sharding.spread(docs, 4)]
+    assert ids == [2, 3, 1, 4, 5, 6]
+    for n in range(20):
+        ranks = [d.get("claimPriority", 0) for d in sharding.spread(docs, sharding.seed(f"p{n}"))]
+        assert ranks == sorted(ranks, reverse=True)
+
+
+@pytest.mark.pure
 def test_a_list_leaves_out_what_this_replica_claims_and_goes_on_a_lost_race() -> None:
     t0 = datetime(2026, 1, 1, tzinfo=UTC)
     docs = [{"_id": n} for n in range(4)]

@@ -597,16 +597,25 @@ async def test_an_index_on_the_keys_that_cannot_do_the_job_is_refused_by_name(
     assert await read_all(jobs.find({})) == []
 
 
-async def test_an_earlier_versions_index_of_the_same_name_is_replaced(backend: Backend) -> None:
+EARLIER_CLAIM_INDEXES = [
+    [("phase", 1), ("lockedAt", 1)],
+    [("phase", 1), ("lockedUntil", 1), ("updatedAt", 1)],
+    [("phase", 1), ("lockedUntil", 1), ("updatedAt", 1), ("_id", 1)],  # before priorities
+]
+
+
+@pytest.mark.parametrize(
+    "earlier", EARLIER_CLAIM_INDEXES, ids=["lockedAt", "no _id", "no priority"]
+)
+async def test_an_earlier_versions_index_of_the_same_name_is_replaced(
+    backend: Backend, earlier: list[tuple[str, int]]
+) -> None:
     store = backend.open()
-    await resolve(
-        store.collection("jobs").create_index(
-            [("phase", 1), ("lockedAt", 1)], name=queries.CLAIM_INDEX_NAME
-        )
-    )
+    await resolve(store.collection("jobs").create_index(earlier, name=queries.CLAIM_INDEX_NAME))
     assert await store.ensure_claim_index("jobs") == queries.CLAIM_INDEX_NAME
     keys = await index_keys(store, "jobs")
     assert keys[queries.CLAIM_INDEX_NAME] == queries.CLAIM_INDEX
+    assert len(keys) == 2  # replaced, not added beside it
 
 
 # -- errors ------------------------------------------------------------------------------------

@@ -120,7 +120,7 @@ def test_ensure_indexes_creates_the_claim_index_and_unique_keys(
     orch.ensure_indexes()
     for name in ("gateways", "domains"):
         keys = {tuple(k for k, _ in info["key"]) for info in db[name].index_information().values()}
-        assert ("phase", "lockedUntil", "updatedAt", "_id") in keys
+        assert ("phase", "claimPriority", "lockedUntil", "updatedAt", "_id") in keys
         assert ("phase", "lastError.at", "_id") in keys
     gateways = db.gateways.index_information()
     assert any(info.get("unique") and info["key"] == [("name", 1)] for info in gateways.values())

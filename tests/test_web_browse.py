@@ -76,8 +76,9 @@ def test_a_list_pages_by_keyset_and_says_which_index_served_it(
     while target is not None:
         shown = read(page.get(target))
         seen += documents_of(shown)
-        assert "orchestrator_claim_until (phase, lockedUntil, updatedAt, _id)" in shown.text_of(
-            "served"
+        assert (
+            "orchestrator_claim_until (phase, claimPriority desc, lockedUntil, updatedAt, _id)"
+            in shown.text_of("served")
         )
         target = shown.links.get("Next page →")
         if target is not None:
@@ -169,7 +170,7 @@ def test_lease_badges_say_what_the_lease_fields_alone_do_not(
     expected = {
         "gw-held": ("leased", "held by pod-2's live lease until"),
         "gw-stuck": ("overdue", "pod-9's lease ran out unreleased"),
-        "gw-waiting": ("waiting", "sitting out a relock or retry until"),
+        "gw-waiting": ("waiting", "or a later start set at submit, until"),
         "gw-new": ("free", "a handler of its phase may claim it now"),
         "gw-1": ("at rest", "no live replica handles phase Ready: it rests there"),
         "gw-broken": ("failed", "provision gave up; it stays here until retried"),

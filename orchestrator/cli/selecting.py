@@ -68,7 +68,7 @@ def filter_options(phase_names: Sequence[str] = ("--phase",)) -> Callable[[F], F
             type=click.Choice(STATES, case_sensitive=False),
             help="Documents in this lease state: leased (a live lease), overdue (a lease "
             "past its expiry: its holder died or is stuck), waiting (sitting out a relock or "
-            "retry), free, or failed (carrying an error).",
+            "retry, or a later start set at submit), free, or failed (carrying an error).",
         )(command)
         return click.option(
             *phase_names,

@@ -9,7 +9,8 @@ page starts after the last document shown, by the sort's own fields), never by s
 Which index serves which filter (``plan``):
 
 - phase, lease state (leased, overdue, waiting, free), or none: the claim index
-  ``CLAIM_INDEX`` (phase, lockedUntil, updatedAt, _id), in its order. Without a phase the
+  ``CLAIM_INDEX`` (phase, claimPriority desc, lockedUntil, updatedAt, _id), in its order
+  (the next to be claimed first). Without a phase the
   query names every phase the collection has (``$in``, from ``distinct``, itself served
   by the index), which the server merges in index order.
 - failed (a recorded error), and an error type: ``ERRORS_INDEX`` (phase,
@@ -46,7 +47,8 @@ DEFAULT_LIMIT = 50
 class LeaseState(StrEnum):
     """A document's lease state, as the status counts judge it (``queries.status_pipeline``):
     ``leased`` a live lease holds it; ``overdue`` a lease past its expiry still names it
-    (its holder died or is stuck: claimable); ``waiting`` it sits out a relock or retry;
+    (its holder died or is stuck: claimable); ``waiting`` it sits out a relock's or retry's
+    wait, or a later start set at submit (``not_before``);
     ``free`` none of those (claimable now, unless its handler failed it); ``failed`` its
     latest attempt failed (it carries an error)."""
 
@@ -110,11 +112,14 @@ class Plan:
     """Which index serves it, in words (for operators, and the closing note)."""
 
 
-LEASE_ORDER: list[tuple[str, int]] = [(name, 1) for name, _ in CLAIM_INDEX[1:]]
-"""lockedUntil, updatedAt, _id: the claim index's order within a phase (the next to be
-claimed first)."""
+LEASE_ORDER: list[tuple[str, int]] = list(CLAIM_INDEX[1:])
+"""claimPriority (descending), lockedUntil, updatedAt, _id: the claim index's order within
+a phase (the next to be claimed first)."""
 ERROR_ORDER: list[tuple[str, int]] = list(ERRORS_INDEX[1:])
 """The latest error first."""
+
+CLAIM_KEYS = ", ".join(f"{name}{' desc' if way < 0 else ''}" for name, way in CLAIM_INDEX)
+"""The claim index's keys as operators read them."""
 
 LIST_PROJECTION: dict[str, Any] = {HISTORY_FIELD: 0}
 """A list shows a document's lease and key, never its history (up to ``MAX_HISTORY``
@@ -191,7 +196,7 @@ def plan(
         served = f"{queries.ERRORS_INDEX_NAME} (phase, lastError.at desc, _id desc)"
     else:
         hint, sort = list(CLAIM_INDEX), LEASE_ORDER
-        served = f"{queries.CLAIM_INDEX_NAME} (phase, lockedUntil, updatedAt, _id)"
+        served = f"{queries.CLAIM_INDEX_NAME} ({CLAIM_KEYS})"
     if after is not None:
         parts.append(_after(sort, _decode(after, len(sort))))
     query = parts[0] if len(parts) == 1 else {"$and": parts}

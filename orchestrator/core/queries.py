@@ -7,6 +7,7 @@ UTC truncated to milliseconds, as BSON stores them.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -17,25 +18,41 @@ from bson.errors import BSONError
 
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.redact import redact
-from orchestrator.core.resource import EPOCH, LEASE_FIELDS, TRACE_FIELD
+from orchestrator.core.resource import EPOCH, LEASE_FIELDS, PRIORITY_FIELD, TRACE_FIELD
 from orchestrator.core.sharding import shard_values
 
 if TYPE_CHECKING:
     from orchestrator.core.limits import Limit
     from orchestrator.core.replicas import ReplicaRecord
 
-CLAIM_SORT: list[tuple[str, int]] = [("lockedUntil", 1), ("updatedAt", 1)]
-"""Longest free first (its wait is longest overdue), then the longest untouched."""
+MAX_PRIORITY = 9
+"""Priorities run 0 (the default) to 9, higher claimed first. ``PRIORITY_FIELD`` is stored
+only when above 0, so a document without it (submitted before priorities, without one, or
+written by the in-house pattern during a migration) is priority 0: a missing field sorts
+lowest in the claim's descending order, and no priority is negative, so none ranks below
+it. The field is named apart from the application's own (a business ``priority``, of any
+type, would reorder the claims). Ten levels keep the probe's due branch a handful of
+index seeks (``due_filter``)."""
+
+PRIORITIES: list[int | None] = [None, *range(1, MAX_PRIORITY + 1)]
+"""Every stored form of a priority: missing (null in an index), or 1 to ``MAX_PRIORITY``."""
+
+CLAIM_SORT: list[tuple[str, int]] = [(PRIORITY_FIELD, -1), ("lockedUntil", 1), ("updatedAt", 1)]
+"""Highest priority first; within one, the longest free (its wait is longest overdue),
+then the longest untouched."""
 
 CLAIM_INDEX: list[tuple[str, int]] = [
     ("phase", 1),
+    (PRIORITY_FIELD, -1),
     ("lockedUntil", 1),
     ("updatedAt", 1),
     ("_id", 1),
 ]
-"""Serves the claim filter (phase equality, lockedUntil range) and its sort without a scan;
-``_id`` last makes its order total, so operators page through a phase by it
-(``browse``). An earlier version's index of this name, without ``_id``, is replaced."""
+"""Serves the claim filter (phase equality, lockedUntil range) and its sort without a scan:
+after the equality on phase, ``CLAIM_SORT`` is the index's own order, so a claim reads its
+document off the index, priority by priority, never sorting in memory. ``_id`` last makes
+its order total, so operators page through a phase by it (``browse``). An earlier
+version's index of this name (without the priority, or without ``_id``) is replaced."""
 
 CLAIM_INDEX_NAME = "orchestrator_claim_until"
 
@@ -242,13 +259,20 @@ Matches = Sequence[tuple[Mapping[str, Any], Mapping[str, Any] | None]]
 
 def due_filter(matches: Matches, now: datetime, horizon: float) -> dict[str, Any]:
     """What any of these handlers could claim later, and when: documents they select whose
-    ``lockedUntil`` is a date in ``(now, now + horizon]`` (a lease held or a wait under
-    way). The earliest is the next moment work appears without anyone writing."""
+    ``lockedUntil`` is a date in ``(now, now + horizon]`` (a lease held, a wait under way,
+    or a later start set at submit). The earliest is the next moment work appears without
+    anyone writing."""
     window = {"$gt": bson_time(now), "$lte": bson_time(now + timedelta(seconds=horizon))}
     branches = []
     for match, exclusion in matches:
         parts = [dict(match), *([dict(exclusion)] if exclusion else [])]
         parts.append({"lockedUntil": window})
+        # Each stored priority named: with the phase's equality, every index key before
+        # lockedUntil is a point, so the server can read the earliest of each priority
+        # and merge them (MongoDB's "explode for sort") instead of sorting every lease
+        # and wait of the phase. A malformed priority is left out of the due time only:
+        # a tick's probe still finds it due.
+        parts.append({PRIORITY_FIELD: {"$in": list(PRIORITIES)}})
         branches.append({"$and": parts})
     return {"$or": branches}
 
@@ -366,8 +390,10 @@ def probe_pipeline(
 
 
 def peek_projection(shard_key: Iterable[str]) -> dict[str, Any]:
-    """What a peek reads of each candidate: what a targeted claim names it by."""
-    return {"_id": 1, **dict.fromkeys(shard_key, 1)}
+    """What a peek reads of each candidate: what a targeted claim names it by, and its
+    priority (each replica goes round the candidates of one priority before the next:
+    ``sharding.spread``)."""
+    return {"_id": 1, PRIORITY_FIELD: 1, **dict.fromkeys(shard_key, 1)}
 
 
 def shard_filter(doc: Mapping[str, Any], shard_key: Iterable[str]) -> dict[str, Any]:
@@ -640,16 +666,91 @@ def fail_update(
 
 
 def new_document(
-    doc: Mapping[str, Any], now: datetime, carrier: Mapping[str, str] | None = None
+    doc: Mapping[str, Any],
+    now: datetime,
+    carrier: Mapping[str, str] | None = None,
+    *,
+    until: datetime = EPOCH,
+    priority: int = 0,
 ) -> dict[str, Any]:
-    """A submitted document: unlocked, in its first phase, with no lease history; with
-    the listeners' ``carrier`` (a trace context) when they gave one, none stored else."""
+    """A submitted document: unlocked, in its first phase, with no lease history;
+    claimable from ``until`` (``start_time``: a wait, as a relock's, so every claim,
+    probe and count already treats it so) and stored with its ``priority`` when it has
+    one (``PRIORITY_FIELD``); with the listeners' ``carrier`` (a trace context) when they
+    gave one, none stored else."""
     stamped = bson_time(now)
     fresh = {k: v for k, v in doc.items() if k not in LEASE_FIELDS}
-    fresh.update(lockedUntil=EPOCH, attempts=0, relocks=0, createdAt=stamped, updatedAt=stamped)
+    fresh.update(
+        lockedUntil=bson_time(until), attempts=0, relocks=0, createdAt=stamped, updatedAt=stamped
+    )
+    if priority:
+        fresh[PRIORITY_FIELD] = priority
     if carrier:
         fresh[TRACE_FIELD] = dict(carrier)
     return fresh
+
+
+def check_priority(value: Any) -> int:
+    """``submit``'s ``priority``: an int from 0 to ``MAX_PRIORITY`` (not a bool)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(
+            f"submit: priority is an int from 0 to {MAX_PRIORITY}, not {type(value).__name__}"
+            f" {value!r}"
+        )
+    if not 0 <= value <= MAX_PRIORITY:
+        raise ConfigError(
+            f"submit: priority is an int from 0 (the default) to {MAX_PRIORITY} (claimed"
+            f" first), not {value}"
+        )
+    return value
+
+
+NotBefore = datetime | float | int | None
+"""``submit``'s ``not_before``: an aware datetime, seconds from now, or None (at once)."""
+
+
+def check_not_before(value: Any) -> NotBefore:
+    """``submit``'s ``not_before``, checked before any I/O: None, an aware datetime, or a
+    finite number of seconds >= 0 (not a bool)."""
+    if value is None:
+        return None
+    if isinstance(value, datetime):
+        if value.tzinfo is None or value.utcoffset() is None:
+            raise ConfigError(
+                "submit: not_before is a naive datetime; give an aware one"
+                " (datetime.now(UTC) + ...) or seconds from now"
+            )
+        return value
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigError(
+            "submit: not_before is an aware datetime or seconds from now, not"
+            f" {type(value).__name__} {value!r}"
+        )
+    if not math.isfinite(value) or value < 0:
+        raise ConfigError(
+            f"submit: not_before needs a finite number of seconds >= 0, not {value!r}"
+        )
+    return value
+
+
+def start_time(not_before: NotBefore, now: datetime, max_wait: float) -> datetime:
+    """The ``lockedUntil`` of a document submitted at ``now`` (the server's time, as every
+    lease is judged) to start at ``not_before`` (``check_not_before``'s): ``EPOCH``
+    (claimable at once) when that is not after ``now``. Bounded like any wait: a start
+    more than ``max_wait`` seconds ahead is refused, not cut short (a relock cut short is
+    only asked again; work started early may not be undone)."""
+    if not_before is None:
+        return EPOCH
+    if isinstance(not_before, datetime):
+        until, wait = not_before, (not_before - now).total_seconds()
+    else:
+        until, wait = now + timedelta(seconds=not_before), float(not_before)
+    if wait > max_wait:
+        raise ConfigError(
+            f"submit: not_before is {wait:g}s ahead, past max_wait ({max_wait:g}s), the bound"
+            " of every wait; raise max_wait (up to 30 days) or submit later"
+        )
+    return until if wait > 0 else EPOCH
 
 
 def unique_filter(doc: Mapping[str, Any], keys: Iterable[str]) -> dict[str, Any]:

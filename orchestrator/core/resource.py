@@ -18,6 +18,8 @@ TRACE_FIELD = "orchestratorTrace"
 """The trace context stored on a document at submit (text keys to text values: W3C
 ``traceparent``, ``tracestate``), when a listener gives one (``SubmittingEvent``); each of
 its steps' ``StepClaimedEvent`` carries it back."""
+PRIORITY_FIELD = "claimPriority"
+"""Where ``submit(..., priority=N)`` stores a document's priority (``queries.MAX_PRIORITY``)."""
 
 LEASE_FIELDS = frozenset(
     {
@@ -34,6 +36,7 @@ LEASE_FIELDS = frozenset(
         "createdAt",
         "orchestratorHistory",
         TRACE_FIELD,
+        PRIORITY_FIELD,
     }
 )
 """Fields the orchestrator owns: handlers cannot set them through a lease."""
@@ -79,6 +82,7 @@ class Resource(BaseModel):
     last_error: ErrorRecord | None = None
     previous_error: ErrorRecord | None = None
     failed_by: str | None = None
+    claim_priority: int = 0
 
     @classmethod
     def field_name(cls, name: str) -> str:

@@ -20,10 +20,11 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from itertools import groupby
 from typing import Any, Literal
 
 from orchestrator.core.errors import ConfigError, ShardKeyRequired
-from orchestrator.core.resource import LEASE_FIELDS
+from orchestrator.core.resource import LEASE_FIELDS, PRIORITY_FIELD
 
 ClaimStrategy = Literal["auto", "sorted", "peek"]
 
@@ -178,12 +179,14 @@ def refused(collection: str, declared: Sequence[str] | None, server: str) -> Sha
 class ClaimPlan:
     """How one handler's claim finds its document.
 
-    ``sorted``: one ``findAndModify`` takes the longest-free document (every replica aims
-    at the same one). ``peek``: a read of the ``candidates`` longest-free documents (their
-    ``_id`` and shard key), then a claim of one at a time by ``_id`` and shard key, in an
-    order rotated by ``seed`` (the replica's), so replicas aim at different documents; a
-    list serves later claims until it runs out, loses a race (``Candidates``) or is
-    ``max_age`` seconds old. A declared ``shard_key`` always peeks. ``key``: the
+    ``sorted``: one ``findAndModify`` takes the first document in the claim's order
+    (highest priority, then longest free: every replica aims at the same one). ``peek``: a
+    read of the first ``candidates`` documents in that order (their ``_id``, priority and
+    shard key), then a claim of one at a time by ``_id`` and shard key, in an order rotated
+    by ``seed`` (the replica's) within each priority (``spread``), so replicas aim at
+    different documents; a list serves later claims until it runs out, loses a race
+    (``Candidates``) or is ``max_age`` seconds old (so work submitted meanwhile with a
+    higher priority waits at most that long). A declared ``shard_key`` always peeks. ``key``: the
     handler's key, whose list it is.
 
     32 candidates by default: draining 600 one-step documents on the in-memory store
@@ -233,12 +236,22 @@ def plan(
 
 
 def spread(docs: Sequence[Any], start: int) -> list[Any]:
-    """``docs`` (oldest first) rotated to start at ``start`` modulo their number: each
-    replica begins at its own place in the list and goes round it."""
-    if not docs:
-        return []
-    at = start % len(docs)
-    return [*docs[at:], *docs[:at]]
+    """``docs`` (in the claim's order: highest priority first, then longest free) with the
+    run of each priority rotated to start at ``start`` modulo its length: each replica
+    begins at its own place among the documents of the highest priority and goes round
+    them, then the next priority's, so no replica takes lower-priority work from its list
+    before higher."""
+    spread_out: list[Any] = []
+    for _, group in groupby(docs, key=_priority):
+        run = list(group)
+        at = start % len(run)
+        spread_out += [*run[at:], *run[:at]]
+    return spread_out
+
+
+def _priority(doc: Any) -> Any:
+    """A peeked candidate's stored priority (None: none, priority 0)."""
+    return doc.get(PRIORITY_FIELD) if isinstance(doc, Mapping) else None
 
 
 @dataclass(frozen=True)
@@ -325,9 +338,10 @@ class Candidates:
             self._won = {mark: won for mark, won in self._won.items() if won > oldest}
 
     def refill(self, docs: Sequence[Mapping[str, Any]], start: int, now: datetime) -> bool:
-        """A new peek's ``docs`` (oldest first), in this replica's order from ``start``,
-        without those this replica is claiming now; False when none is left. The fleet
-        model's (``bench/fleet.py``), which sends no ``Peek``; the engines use ``listed``."""
+        """A new peek's ``docs`` (in the claim's order), in this replica's order from
+        ``start``, without those this replica is claiming now; False when none is left.
+        The fleet model's (``bench/fleet.py``), which sends no ``Peek``; the engines use
+        ``listed``."""
         with self._lock:
             return self._refill(docs, start, now, None)
 

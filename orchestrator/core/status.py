@@ -22,7 +22,8 @@ from orchestrator.core.replicas import Disagreement, ReplicaRecord
 @dataclass(frozen=True)
 class PhaseCount:
     """``leased``: held by a live lease; ``overdue``: held past the lock timeout (its
-    replica died or is stuck; claimable); ``waiting``: sitting out a relock or retry;
+    replica died or is stuck; claimable); ``waiting``: sitting out a relock or retry, or
+    a later start set at submit (``not_before``);
     ``failed``: whose last attempt failed."""
 
     collection: str

@@ -252,7 +252,7 @@ _DOCUMENT_GAUGES = (
     (
         "orchestrator_documents_waiting",
         "waiting",
-        "Documents sitting out a relock or retry wait.",
+        "Documents sitting out a relock or retry wait, or a later start.",
     ),
     (
         "orchestrator_documents_overdue",

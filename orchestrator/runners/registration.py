@@ -20,7 +20,7 @@ from orchestrator.core.registry import (
     options,
     resolve,
 )
-from orchestrator.core.resource import Resource
+from orchestrator.core.resource import PRIORITY_FIELD, Resource
 from orchestrator.core.validation import explain
 
 __all__ = ["Registration", "Submission"]
@@ -94,6 +94,12 @@ class Registration:
         phase = fields.get("phase")
         if not isinstance(phase, str) or not phase or phase.startswith("$"):
             raise ConfigError("submit: the document needs a 'phase' (a non-empty string)")
+        for name, instead in (("lockedUntil", "not_before"), (PRIORITY_FIELD, "priority")):
+            if name in fields:
+                raise ConfigError(
+                    f"submit: field {name!r} is managed by the orchestrator; pass"
+                    f" submit(..., {instead}=...) instead"
+                )
         queries.check_fields(
             {k: v for k, v in fields.items() if k not in {"_id", "phase", "updatedAt"}}
         )

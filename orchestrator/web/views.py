@@ -53,6 +53,7 @@ LEASE_ROWS = (
     ("attempts", "attempts in this phase"),
     ("relocks", "relocks in this phase"),
     ("failedBy", "failed by (handler)"),
+    ("claimPriority", "claim priority (- is 0)"),
     ("updatedAt", "phase entered or updated at"),
     ("createdAt", "created at"),
     (TRACE_FIELD, "trace context (stored at submit)"),
@@ -193,7 +194,9 @@ class Fleet:
             )
         if row.state is LeaseState.WAITING:
             return Badge(
-                "waiting", f"sitting out a relock or retry until {when(row.until, self.at)}"
+                "waiting",
+                f"sitting out a relock or retry, or a later start set at submit, until"
+                f" {when(row.until, self.at)}",
             )
         if row.failed_by is not None:
             handler = self.handler(row.failed_by)

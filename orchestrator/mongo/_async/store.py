@@ -160,18 +160,20 @@ class AsyncStore:
         plan: sharding.ClaimPlan | None = None,
         live: int | None = None,
     ) -> Document | None:
-        """One atomic find-and-modify: the longest-free document ``match`` selects whose
-        lease is free at ``judged_at`` (and that ``exclusion`` lets through), taken with
-        ``update`` (``claim_update``); None when there is none.
+        """One atomic find-and-modify: the first document ``match`` selects whose lease is
+        free at ``judged_at`` (and that ``exclusion`` lets through), in ``CLAIM_SORT``
+        order, taken with ``update`` (``claim_update``); None when there is none.
 
         Atomic, so that of replicas claiming at once exactly one gets each document; in
-        ``CLAIM_SORT`` order, so that a document waiting longest is served first and none
-        starves behind fresher ones. The server returns the document as it was, and the
-        claim's ``$set`` is applied here: ``seen``, when given, gets that document first
-        (its lease fields say how long it was due: the events' claim latency).
+        ``CLAIM_SORT`` order (``CLAIM_INDEX``'s, so read off the index), so that the
+        highest priority is served first and, within it, the document waiting longest,
+        none starving behind fresher ones of its priority. The server returns the
+        document as it was, and the claim's ``$set`` is applied here: ``seen``, when
+        given, gets that document first (its lease fields say how long it was due: the
+        events' claim latency).
 
         ``plan`` (the handler's; by default sorted, no shard key): a peeking plan reads
-        the longest-free candidates first and claims one by its ``_id`` and shard key
+        the first candidates in that order and claims one by its ``_id`` and shard key
         (``_peek_and_claim``). The first claim on a collection asks the server whether it
         is sharded, and on what; a collection sharded on another key than the declared one,
         or a server refusing a claim for want of its shard key, raises ``ShardKeyRequired``
@@ -216,8 +218,9 @@ class AsyncStore:
         judged_at: datetime,
         plan: sharding.ClaimPlan,
     ) -> Document | None:
-        """Peek-then-claim: read the ``plan.candidates`` longest-free documents' ``_id`` and
-        shard key (a read may go to every shard), then claim them one at a time in the
+        """Peek-then-claim: read the first ``plan.candidates`` documents' ``_id``, priority
+        and shard key in the claim's order (a read may go to every shard), then claim them
+        one at a time in the
         replica's order (``sharding.spread``), each by a find-and-modify naming its ``_id``
         and shard key (one shard) and re-checking ``query``. One that matches nothing was
         taken by another replica meanwhile (a lost race): the others of its list likely

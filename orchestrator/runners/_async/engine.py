@@ -25,7 +25,7 @@ from orchestrator.core.clock import Clock, ServerClock, SystemClock
 from orchestrator.core.errors import ConfigError, OrchestratorError
 from orchestrator.core.events import Listener, Listeners
 from orchestrator.core.registry import Handler, Registry, Target
-from orchestrator.core.resource import Resource
+from orchestrator.core.resource import EPOCH, Resource
 from orchestrator.core.settings import Settings
 from orchestrator.core.steps import StopReport, stop_summary
 from orchestrator.mongo import AsyncLease, AsyncStore
@@ -185,6 +185,8 @@ class AsyncOrchestrator:
         doc: Mapping[str, Any] | Resource,
         *,
         unique: str | Iterable[str] | None = None,
+        not_before: datetime | float | None = None,
+        priority: int = 0,
     ) -> Document:
         """Create a document in its first phase, unlocked; with ``unique`` keys, idempotent:
         concurrent submits of one key create one document and all return it.
@@ -193,15 +195,31 @@ class AsyncOrchestrator:
         collection name, those of the model registered on it), else to ``_id`` when the
         document has one. Listeners may store a trace context on it (``SubmittingEvent``):
         the trace its steps' spans join.
+
+        ``not_before`` (an aware datetime, or seconds from now): nothing claims the
+        document before then. It is a wait like a relock's (its ``lockedUntil``, judged by
+        the server's clock), bounded like one: more than ``max_wait`` ahead is refused
+        (``ConfigError``), not cut short. ``priority`` (0 to ``queries.MAX_PRIORITY``,
+        default 0): among the documents of a handler due at once, higher is claimed
+        first, then the longest free. A document with the default stores no priority
+        field, so one written without (before priorities, or by other code) ranks as 0.
+        A second submit of an existing key changes neither.
         """
         self._crew.enter()
         new = self._registration.submission(target, doc, unique)
+        start = queries.check_not_before(not_before)
+        rank = queries.check_priority(priority)
         await self._steps.measure_if_due()
         trace = self._report.submitting(new.collection, new.fields)
+        now = self.clock.now()
+        until = queries.start_time(start, now, self.settings.max_wait)
         stored = await self._store.insert(
-            new.collection, queries.new_document(new.fields, self.clock.now(), trace), new.keys
+            new.collection,
+            queries.new_document(new.fields, now, trace, until=until, priority=rank),
+            new.keys,
         )
-        self._books.submitted()
+        if until == EPOCH:  # due now: idle workers look at once; a later start, at its time
+            self._books.submitted()
         return stored
 
     async def ensure_indexes(self) -> None:

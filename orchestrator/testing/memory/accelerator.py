@@ -203,7 +203,8 @@ def _either(tests: list[_Test]) -> _Test:
 
 def _first_sorted(docs: list[Mapping[str, Any]], sort: Any) -> Any:
     """The first of ``docs`` in ``sort`` order (stable, as mongomock sorts), None when there
-    are none, ``_MISSING`` when a sort key is not a date of one kind in every document."""
+    are none, ``_MISSING`` when a sort key is neither a date of one kind in every document
+    nor an int or nothing (null, missing) in each (a priority)."""
     if not docs:
         return None
     if not isinstance(sort, list | tuple):
@@ -218,9 +219,13 @@ def _first_sorted(docs: list[Mapping[str, Any]], sort: Any) -> Any:
         if direction not in (1, -1):
             return _MISSING
         values = [doc.get(key, _MISSING) for doc in ordered]
-        if any(type(v) is not datetime for v in values):
-            return _MISSING
-        if len({v.tzinfo is None for v in values}) != 1:
+        if all(type(v) is datetime for v in values):
+            if len({v.tzinfo is None for v in values}) != 1:
+                return _MISSING
+        elif all(v is _MISSING or v is None or type(v) is int for v in values):
+            # A priority: missing and null sort alike, below every number (BSON's order).
+            values = [(0, 0) if v is _MISSING or v is None else (1, v) for v in values]
+        else:
             return _MISSING
         ranked = sorted(range(len(ordered)), key=values.__getitem__, reverse=direction < 0)
         ordered = [ordered[i] for i in ranked]
