@@ -11,7 +11,7 @@ import pytest
 from bson import ObjectId
 
 from orchestrator import EPOCH, ConfigError
-from orchestrator.core import browse
+from orchestrator.core import browse, starts
 from orchestrator.core import queries as q
 
 pytestmark = pytest.mark.pure
@@ -126,10 +126,10 @@ def test_the_claim_peek_probe_and_browse_read_the_claim_index_in_its_order() -> 
 
 
 def test_a_priority_is_an_int_from_0_to_9_stored_only_when_above_0() -> None:
-    assert q.check_priority(0) == 0 and q.check_priority(9) == 9
+    assert starts.check_priority(0) == 0 and starts.check_priority(9) == 9
     for bad in (-1, 10, True, 1.0, "5", None):
         with pytest.raises(ConfigError, match="priority is an int from 0"):
-            q.check_priority(bad)
+            starts.check_priority(bad)
     assert "claimPriority" not in q.new_document({"phase": "A"}, NOW)
     assert "claimPriority" not in q.new_document({"phase": "A"}, NOW, priority=0)
     assert q.new_document({"phase": "A"}, NOW, priority=7)["claimPriority"] == 7
@@ -139,20 +139,20 @@ def test_a_later_start_is_a_wait_from_the_server_clock_bounded_by_max_wait() -> 
     """Seconds from now, or an aware datetime; at or before now is at once (the epoch, as a
     plain submit); past max_wait refused, not cut short; the rest refused in one line."""
     later = NOW + timedelta(seconds=90)
-    assert q.start_time(None, NOW, 3600) == EPOCH
-    assert q.start_time(0, NOW, 3600) == EPOCH
-    assert q.start_time(90, NOW, 3600) == later
-    assert q.start_time(90.5, NOW, 3600) == later + timedelta(seconds=0.5)
-    assert q.start_time(later.astimezone(timezone(timedelta(hours=9))), NOW, 3600) == later
-    assert q.start_time(NOW - timedelta(days=3), NOW, 3600) == EPOCH
-    assert q.start_time(3600, NOW, 3600) == NOW + timedelta(hours=1)
+    assert starts.start_time(None, NOW, 3600) == EPOCH
+    assert starts.start_time(0, NOW, 3600) == EPOCH
+    assert starts.start_time(90, NOW, 3600) == later
+    assert starts.start_time(90.5, NOW, 3600) == later + timedelta(seconds=0.5)
+    assert starts.start_time(later.astimezone(timezone(timedelta(hours=9))), NOW, 3600) == later
+    assert starts.start_time(NOW - timedelta(days=3), NOW, 3600) == EPOCH
+    assert starts.start_time(3600, NOW, 3600) == NOW + timedelta(hours=1)
     with pytest.raises(ConfigError, match=r"3601s ahead, past max_wait \(3600s\)"):
-        q.start_time(3601, NOW, 3600)
+        starts.start_time(3601, NOW, 3600)
     with pytest.raises(ConfigError, match="past max_wait"):
-        q.start_time(NOW + timedelta(days=2), NOW, 3600)
-    assert q.check_not_before(None) is None
-    assert q.check_not_before(later) is later
-    assert q.check_not_before(0) == 0
+        starts.start_time(NOW + timedelta(days=2), NOW, 3600)
+    assert starts.check_not_before(None) is None
+    assert starts.check_not_before(later) is later
+    assert starts.check_not_before(0) == 0
     refusals = {
         "naive datetime": datetime(2026, 1, 1, 12),
         "seconds >= 0": -1,
@@ -164,7 +164,7 @@ def test_a_later_start_is_a_wait_from_the_server_clock_bounded_by_max_wait() -> 
     }
     for why, bad in refusals.items():
         with pytest.raises(ConfigError, match="not_before") as refused:
-            q.check_not_before(bad)
+            starts.check_not_before(bad)
         assert "\n" not in str(refused.value), why
     doc = q.new_document({"phase": "A"}, NOW, until=later)
     assert doc["lockedUntil"] == q.bson_time(later)

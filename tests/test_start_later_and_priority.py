@@ -20,7 +20,7 @@ from pymongo.database import Database
 
 from orchestrator import ConfigError, Lease, Orchestrator
 from orchestrator.cli import connecting
-from orchestrator.core import queries
+from orchestrator.core import queries, starts
 from orchestrator.core.browse import Filter, LeaseState
 from orchestrator.core.queries import as_utc, bson_time
 from orchestrator.core.settings import HORIZON
@@ -206,7 +206,7 @@ def test_a_later_start_is_stored_on_the_server_clock_in_milliseconds() -> None:
     replica's estimate of the server's clock), as BSON keeps it."""
     now = datetime(2026, 1, 1, 12, 0, 0, 123456, tzinfo=UTC)
     doc = queries.new_document(
-        {"phase": "Queued"}, now, until=queries.start_time(1.5, now, 3600), priority=1
+        {"phase": "Queued"}, now, until=starts.start_time(1.5, now, 3600), priority=1
     )
     assert doc["lockedUntil"] == bson_time(now + timedelta(seconds=1.5))
     assert doc["createdAt"] == bson_time(now)

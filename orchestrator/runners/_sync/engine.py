@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 
 from pymongo.synchronous.database import Database
 
-from orchestrator.core import queries, replicas, sharding
+from orchestrator.core import queries, replicas, sharding, starts
 from orchestrator.core.clock import Clock, ServerClock, SystemClock
 from orchestrator.core.errors import ConfigError, OrchestratorError
 from orchestrator.core.events import Listener, Listeners
@@ -208,12 +208,12 @@ class Orchestrator:
         """
         self._crew.enter()
         new = self._registration.submission(target, doc, unique)
-        start = queries.check_not_before(not_before)
-        rank = queries.check_priority(priority)
+        start = starts.check_not_before(not_before)
+        rank = starts.check_priority(priority)
         self._steps.measure_if_due()
         trace = self._report.submitting(new.collection, new.fields)
         now = self.clock.now()
-        until = queries.start_time(start, now, self.settings.max_wait)
+        until = starts.start_time(start, now, self.settings.max_wait)
         stored = self._store.insert(
             new.collection,
             queries.new_document(new.fields, now, trace, until=until, priority=rank),
