@@ -19,7 +19,7 @@ from pymongo.database import Database
 from bench.instrument import CountingDatabase, Meter
 from orchestrator import ConfigError, Lease, Orchestrator, Settings
 from orchestrator.core import queries
-from orchestrator.core.limits import SLOTS_COLLECTION, Limit, Slot, limits_of, parse_rate
+from orchestrator.core.limits import SLOTS_COLLECTION, Limit, LimitKind, Slot, limits_of, parse_rate
 from orchestrator.core.queries import as_utc
 from orchestrator.core.registry import Handler
 from orchestrator.core.replicas import HandlerInfo, disagreements, new_record
@@ -141,12 +141,12 @@ def ticking(pod: Replica) -> asyncio.Future[dict[str, int]]:
 @pytest.mark.parametrize(
     ("text", "limit"),
     [
-        ("10/minute", Limit("rate", 10, "minute")),
-        ("1/second", Limit("rate", 1, "second")),
-        ("3/s", Limit("rate", 3, "second")),
-        ("5 / Min", Limit("rate", 5, "minute")),
-        ("7/h", Limit("rate", 7, "hour")),
-        ("10000/hour", Limit("rate", 10_000, "hour")),
+        ("10/minute", Limit(LimitKind.RATE, 10, "minute")),
+        ("1/second", Limit(LimitKind.RATE, 1, "second")),
+        ("3/s", Limit(LimitKind.RATE, 3, "second")),
+        ("5 / Min", Limit(LimitKind.RATE, 5, "minute")),
+        ("7/h", Limit(LimitKind.RATE, 7, "hour")),
+        ("10000/hour", Limit(LimitKind.RATE, 10_000, "hour")),
     ],
 )
 def test_a_rate_limit_is_n_per_second_minute_or_hour(text: str, limit: Limit) -> None:
@@ -197,7 +197,7 @@ def test_a_handler_s_limits_are_its_rate_then_its_global_limit() -> None:
     def other(lease: Lease[Any]) -> None: ...
 
     limited, free = orch.handlers
-    assert limited.limits == (Limit("rate", 10, "minute"), Limit("global", 2))
+    assert limited.limits == (Limit(LimitKind.RATE, 10, "minute"), Limit(LimitKind.GLOBAL, 2))
     assert free.limits == ()
     assert limits_of(None, None) == ()
     assert Settings().slots_collection == SLOTS_COLLECTION == "orchestrator.slots"
@@ -208,7 +208,7 @@ def test_a_handler_s_limits_are_its_rate_then_its_global_limit() -> None:
 @pytest.mark.pure
 def test_slot_writes_are_fenced_and_judged_by_the_server_s_time() -> None:
     now = datetime(2026, 1, 1, tzinfo=UTC)
-    rate = Limit("rate", 3, "minute")
+    rate = Limit(LimitKind.RATE, 3, "minute")
     assert queries.take_slot_filter(KEY, rate, now) == {
         "handler": KEY,
         "kind": "rate",
@@ -223,9 +223,9 @@ def test_slot_writes_are_fenced_and_judged_by_the_server_s_time() -> None:
     assert queries.slot_fence("s", "t") == {"_id": "s", "token": "t"}
     assert queries.free_slot_update() == {"$set": {"until": EPOCH, "token": None}}
     assert queries.restore_slot_update(None, None) == {"$set": {"until": EPOCH, "token": None}}
-    taken = Slot(KEY, Limit("global", 1), "s", "t", now, now - timedelta(seconds=1), "old")
+    taken = Slot(KEY, Limit(LimitKind.GLOBAL, 1), "s", "t", now, now - timedelta(seconds=1), "old")
     assert taken.recovered, "a global slot left taken by a holder that never freed it"
-    assert not Slot(KEY, Limit("global", 1), "s", "t", now, UTC_EPOCH, None).recovered
+    assert not Slot(KEY, Limit(LimitKind.GLOBAL, 1), "s", "t", now, UTC_EPOCH, None).recovered
     assert not Slot(KEY, rate, "s", "t", now, now - timedelta(seconds=1), "old").recovered
 
 
@@ -250,7 +250,7 @@ def _handler(phase: str, limits: tuple[Limit, ...] = ()) -> Handler:
 def test_the_scheduler_carries_no_lease_into_a_limited_handler_and_wakes_it_on_a_freed_slot() -> (
     None
 ):
-    limited, free = _handler("A", (Limit("global", 1),)), _handler("B")
+    limited, free = _handler("A", (Limit(LimitKind.GLOBAL, 1),)), _handler("B")
     sched = Scheduler([limited, free], max_concurrency=4, budget=100)
     sched.tick()
     probe = sched.next()

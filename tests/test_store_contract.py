@@ -31,7 +31,7 @@ from pymongo.errors import DocumentTooLarge as DriverDocumentTooLarge
 
 from orchestrator import ConfigError, StoreError
 from orchestrator.core import queries
-from orchestrator.core.limits import Limit
+from orchestrator.core.limits import Limit, LimitKind
 from orchestrator.core.queries import as_utc, bson_time
 from orchestrator.core.resource import EPOCH
 from orchestrator.core.status import PhaseCount, RecentError
@@ -392,7 +392,7 @@ async def test_each_free_slot_is_taken_by_one_taker_at_a_time(
     backend: Backend, clock: FakeClock
 ) -> None:
     now = clock.now()
-    limit = Limit("global", 3)
+    limit = Limit(LimitKind.GLOBAL, 3)
     rivals = [backend.open() for _ in range(3)]  # replicas making the slots at once, too
 
     async def take(n: int) -> Any:
@@ -428,7 +428,7 @@ async def test_a_rate_slot_given_back_is_as_it_was_and_the_next_free_one_is_know
 ) -> None:
     store = backend.open()
     now = clock.now()
-    limit = Limit("rate", 2, "minute")
+    limit = Limit(LimitKind.RATE, 2, "minute")
     assert await store.next_slot(SLOTS, "r", limit) is None  # no slot made yet
     first = await store.take_slot(SLOTS, "r", limit, now, take_update(now, "a", 60))
     second = await store.take_slot(SLOTS, "r", limit, now, take_update(now, "b", 60))
@@ -444,7 +444,7 @@ async def test_a_rate_slot_given_back_is_as_it_was_and_the_next_free_one_is_know
     third = await store.take_slot(SLOTS, "r", limit, now, take_update(now, "d", 60))
     assert third is not None and third["_id"] == second["_id"]
     # A limit of another count uses its own first slots only.
-    one = Limit("rate", 1, "minute")
+    one = Limit(LimitKind.RATE, 1, "minute")
     assert await store.take_slot(SLOTS, "r", one, now, take_update(now, "e", 60)) is None
 
 

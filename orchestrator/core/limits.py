@@ -26,7 +26,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal
+from enum import StrEnum
+from typing import Any
 
 from orchestrator.core.queries import as_utc
 from orchestrator.core.resource import EPOCH
@@ -56,7 +57,12 @@ _RATE = re.compile(r"\s*(\d+)\s*/\s*([a-z]+)\s*")
 RATE_FORMS = "N/second, N/minute or N/hour (or N/s, N/min, N/h), N from 1 to 10000"
 """What ``rate_limit`` accepts, as its refusal says it."""
 
-Kind = Literal["global", "rate"]
+
+class LimitKind(StrEnum):
+    """What a limit counts: steps running at once, or steps started per period."""
+
+    GLOBAL = "global"
+    RATE = "rate"
 
 
 @dataclass(frozen=True)
@@ -64,7 +70,7 @@ class Limit:
     """One limit of a handler: ``count`` steps at once (``global``), or ``count`` starts per
     ``period`` (``rate``, its period's name in ``unit``)."""
 
-    kind: Kind
+    kind: LimitKind
     count: int
     unit: str = ""
 
@@ -76,11 +82,11 @@ class Limit:
     @property
     def follows_lease(self) -> bool:
         """Whether the slot lasts as long as the step's lease (a global limit's)."""
-        return self.kind == "global"
+        return self.kind is LimitKind.GLOBAL
 
     def describe(self) -> str:
         """As the replicas publish it: ``2`` for a global limit, ``10/minute`` for a rate."""
-        return str(self.count) if self.kind == "global" else f"{self.count}/{self.unit}"
+        return str(self.count) if self.kind is LimitKind.GLOBAL else f"{self.count}/{self.unit}"
 
 
 def parse_rate(text: Any) -> Limit:
@@ -95,7 +101,7 @@ def parse_rate(text: Any) -> Limit:
     count = int(found.group(1))
     if not 1 <= count <= MAX_SLOTS:
         raise ValueError(f"must be {RATE_FORMS}")
-    return Limit("rate", count, unit)
+    return Limit(LimitKind.RATE, count, unit)
 
 
 def limits_of(global_limit: int | None, rate_limit: str | None) -> tuple[Limit, ...]:
@@ -105,7 +111,7 @@ def limits_of(global_limit: int | None, rate_limit: str | None) -> tuple[Limit, 
     if rate_limit is not None:
         found.append(parse_rate(rate_limit))
     if global_limit is not None:
-        found.append(Limit("global", global_limit))
+        found.append(Limit(LimitKind.GLOBAL, global_limit))
     return tuple(found)
 
 
@@ -138,6 +144,6 @@ class Slot:
 def published(found: tuple[Limit, ...]) -> tuple[int | None, str | None]:
     """A handler's limits as its replica's record publishes them: its ``global_limit`` and
     its ``rate_limit`` (``10/minute``), None for each it has not."""
-    count = next((limit.count for limit in found if limit.kind == "global"), None)
-    rate = next((limit.describe() for limit in found if limit.kind == "rate"), None)
+    count = next((limit.count for limit in found if limit.kind is LimitKind.GLOBAL), None)
+    rate = next((limit.describe() for limit in found if limit.kind is LimitKind.RATE), None)
     return count, rate

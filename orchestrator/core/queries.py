@@ -934,7 +934,7 @@ SLOT_INDEX_NAME = "orchestrator_slots"
 
 def slot_id(key: str, limit: Limit, n: int) -> str:
     """The ``_id`` of the ``n``-th slot of ``limit`` of the handler ``key``."""
-    return f"{key}/{limit.kind}/{n}"
+    return f"{key}/{limit.kind.value}/{n}"
 
 
 def slot_documents(key: str, limit: Limit) -> list[dict[str, Any]]:
@@ -944,7 +944,7 @@ def slot_documents(key: str, limit: Limit) -> list[dict[str, Any]]:
         {
             "_id": slot_id(key, limit, n),
             "handler": key,
-            "kind": limit.kind,
+            "kind": limit.kind.value,
             "n": n,
             "until": EPOCH,
             "token": None,
@@ -957,7 +957,7 @@ def slots_filter(key: str, limit: Limit) -> dict[str, Any]:
     """The slots of ``limit`` of the handler ``key`` (those of a larger count some other
     replica uses are left out); read earliest ``until`` first (``NEXT_SLOT_SORT``), the
     first says when the next one comes free."""
-    return {"handler": key, "kind": limit.kind, "n": {"$lt": limit.count}}
+    return {"handler": key, "kind": limit.kind.value, "n": {"$lt": limit.count}}
 
 
 def take_slot_filter(key: str, limit: Limit, judged_at: datetime) -> dict[str, Any]:
