@@ -19,7 +19,15 @@ from pymongo.database import Database
 from bench.instrument import CountingDatabase, Meter
 from orchestrator import ConfigError, Lease, Orchestrator, Settings
 from orchestrator.core import queries
-from orchestrator.core.limits import SLOTS_COLLECTION, Limit, LimitKind, Slot, limits_of, parse_rate
+from orchestrator.core.limits import (
+    SLOTS_COLLECTION,
+    SLOTS_RECHECK,
+    Limit,
+    LimitKind,
+    Slot,
+    limits_of,
+    parse_rate,
+)
 from orchestrator.core.queries import as_utc
 from orchestrator.core.registry import Handler
 from orchestrator.core.replicas import HandlerInfo, disagreements, new_record
@@ -484,6 +492,26 @@ async def test_a_claim_that_finds_nothing_frees_its_global_slot(
     await pod.run_once()  # its step, then one more claim (it had work): nothing, given back
     assert db.jobs.count_documents({"phase": "Done"}) == 1
     assert [(s["until"], s["token"]) for s in slots(db)] == [(EPOCH, None)]
+
+
+async def test_slots_an_operator_removed_while_replicas_run_are_made_again(
+    replicas: MakeEither, db: Database[Any], clock: FakeClock
+) -> None:
+    """A replica makes its slots once; if they go (the collection dropped, the documents
+    deleted), its next take that finds none counts them and makes them again, so the
+    limited handler does not wait forever on slots nobody will make."""
+    pod = await replicas("pod-1")
+    gauge = Gauge()
+    register(pod, gauge, global_limit=2)
+    await pod.submit("jobs", {"phase": "Running"})
+    await pod.run_once()
+    assert len(slots(db)) == 2
+    db[SLOTS_COLLECTION].delete_many({})
+    clock.advance(SLOTS_RECHECK)
+    await pod.submit("jobs", {"phase": "Running"})
+    await pod.run_once()
+    assert db.jobs.count_documents({"phase": "Done"}) == 2
+    assert len(slots(db)) == 2 and held(db, pod.clock.now()) == []
 
 
 # -- rate_limit --------------------------------------------------------------------------------

@@ -38,6 +38,11 @@ SLOTS_COLLECTION = "orchestrator.slots"
 MAX_SLOTS = 10_000
 """The most a limit may count: each unit is a slot document, made when a replica starts."""
 
+SLOTS_RECHECK = 10.0
+"""Seconds between two counts of a limit's slots by a replica whose takes find none free:
+slots an operator removed (or their whole collection) are made again within this, at
+the cost of one read per limit per 10 s while its work waits for a slot."""
+
 PERIODS = {"second": 1.0, "minute": 60.0, "hour": 3600.0}
 """A rate limit's periods, in seconds, by the name it is written with."""
 

@@ -90,6 +90,8 @@ class AsyncStore:
         self._unique_done: set[tuple[str, tuple[str, ...]]] = set()
         self._audit_indexed: set[str] = set()
         self._slots_made: set[tuple[str, str, limits.Limit]] = set()
+        self._slots_checked: dict[tuple[str, str, limits.Limit], datetime] = {}
+        """When a take that found no free slot last counted the slots (``take_slot``)."""
         self._lock = asyncio.Lock()
         self._legacy_hello = False
         self._no_union = False  # the server lacks $unionWith: a probe per collection
@@ -647,8 +649,32 @@ class AsyncStore:
         """Take a slot of ``limit`` that is free at ``judged_at`` with ``update``
         (``queries.take_slot_update``): one find-and-modify, so of replicas taking at once
         each gets its own slot. The slot as it was before (its ``_id``, ``until`` and
-        ``token``), or None when none is free. The slots are made first, once per store."""
+        ``token``), or None when none is free. The slots are made first, once per store;
+        when none is free they are counted again, at most every ``limits.SLOTS_RECHECK``
+        seconds, and made again if some are gone (an operator removed them, or the
+        collection): a limit never waits on slots nobody will make."""
         await self.ensure_slots(name, key, limit)
+        before = await self._take_slot(name, key, limit, judged_at, update)
+        marker = (name, key, limit)
+        checked = self._slots_checked.get(marker)
+        if before is not None or (
+            checked is not None
+            and (judged_at - checked).total_seconds() < limits.SLOTS_RECHECK
+        ):
+            return before
+        self._slots_checked[marker] = judged_at
+        self._slots_made.discard(marker)
+        await self.ensure_slots(name, key, limit)
+        return await self._take_slot(name, key, limit, judged_at, update)
+
+    async def _take_slot(
+        self,
+        name: str,
+        key: str,
+        limit: limits.Limit,
+        judged_at: datetime,
+        update: Mapping[str, Any],
+    ) -> Document | None:
         with driver_errors(f"take a slot of {key}"):
             return await self.collection(name).find_one_and_update(
                 queries.take_slot_filter(key, limit, judged_at),
