@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import threading
+from types import SimpleNamespace
 from typing import Any
 
 import anyio
@@ -12,6 +13,7 @@ import pytest
 from pymongo.database import Database
 
 from orchestrator import Lease, LeaseLost
+from orchestrator.runners._sync import engine
 from orchestrator.testing import FakeClock
 from orchestrator.testing.faults import Faults
 from tests.conftest import MakeReplica
@@ -246,3 +248,45 @@ async def test_an_extension_confirmed_only_after_the_lease_expired_leaves_it_los
     assert isinstance(box["lost"], LeaseLost)
     assert box["lease"].lost
     assert replica.stats().get("lost") == 1
+
+
+def test_run_once_without_its_heartbeat_leaves_it_to_the_caller(
+    make: MakeReplica, db: Database[Any], clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``run_once(heartbeat=False)`` never beats on its own, however long it waits (here
+    every wait would be past a beat: the engine's monotonic clock leaps): a harness on a
+    fake clock calls ``heartbeat()`` itself. With the default a beat comes at once."""
+    leaps = iter(range(0, 10**9, 1000))
+    monkeypatch.setattr(engine, "time", SimpleNamespace(monotonic=lambda: float(next(leaps))))
+    worker = make("pod-worker", step_timeout=None)
+    beat = threading.Event()
+    beats: list[int] = []
+    claimed, go = threading.Event(), threading.Event()
+
+    def spy() -> None:
+        beats.append(1)
+        beat.set()
+
+    monkeypatch.setattr(worker, "_safe_heartbeat", spy)
+
+    @worker.phase("jobs", "Running")
+    def hold(lease: Lease[Any]) -> Any:
+        claimed.set()
+        assert go.wait(10)
+        return lease.advance("Done")
+
+    for heartbeat in (False, True):
+        claimed.clear()
+        go.clear()
+        worker.submit("jobs", {"phase": "Running"})
+        tick = threading.Thread(target=worker.run_once, kwargs={"heartbeat": heartbeat})
+        tick.start()
+        assert claimed.wait(5)
+        if heartbeat:
+            assert beat.wait(5)  # the default: it beats while the step runs
+        go.set()
+        tick.join(5)
+        assert not tick.is_alive()
+        if not heartbeat:
+            assert beats == []  # the whole tick, and no beat of its own
+    assert db.jobs.count_documents({"phase": "Done"}) == 2

@@ -38,8 +38,8 @@ invariant raises its own ``Violation`` subclass: hypothesis then reports distinc
 separately, each with its own shrunk example.
 
 The machine drives time: ``run_once``'s own heartbeat (every second of real time) is off
-in its replicas (``Driven``), so a stalled step's lease is extended only when an example
-says so, and every example replays exactly.
+(``run_once(heartbeat=False)``), so a stalled step's lease is extended only when an
+example says so, and every example replays exactly.
 
 CI runs the "ci" profile; ``HYPOTHESIS_PROFILE=soak uv run pytest tests/test_invariants.py -s``
 runs longer, and ``-s`` prints the figures (runs, actions and steps of each kind, stale
@@ -449,22 +449,6 @@ def acting_as(actor: str | None) -> Iterator[None]:
         _context.actor = None
 
 
-class DrivenOrchestrator(Orchestrator):
-    """A threaded replica whose heartbeat runs only when the machine says so: run_once's
-    own, every second of real time, would extend a stalled step's lease at a moment no
-    example could replay."""
-
-    def _safe_heartbeat(self) -> None:
-        return None
-
-
-class DrivenAsyncOrchestrator(AsyncOrchestrator):
-    """The asyncio replica, its heartbeat run by the machine only (``DrivenOrchestrator``)."""
-
-    async def _safe_heartbeat(self) -> None:
-        return None
-
-
 class ScriptedPolicy:
     """Waits the machine scripted, bad ones included, so every expected wait is known."""
 
@@ -802,7 +786,7 @@ class LeaseMachine(RuleBasedStateMachine):
             "max_concurrency": 1,  # steps in claim order: the same example runs the same way
             "max_attempts": MAX_ATTEMPTS,
             "max_unlocks_per_tick": budget,
-            "heartbeat": True,  # run by the machine's heartbeat action only (Driven...)
+            "heartbeat": True,  # run by the machine's heartbeat action only (run_once's is off)
             "step_timeout": None,
             "clock_refresh": CLOCK_REFRESH,
             "max_wait": max_wait,
@@ -812,9 +796,9 @@ class LeaseMachine(RuleBasedStateMachine):
         orch: Orchestrator | AsyncOrchestrator
         loop = thread = None
         if engine == "threaded":
-            orch = DrivenOrchestrator(self.db, **options)  # type: ignore[arg-type]
+            orch = Orchestrator(self.db, **options)  # type: ignore[arg-type]
         else:
-            orch = DrivenAsyncOrchestrator(self.adb, **options)  # type: ignore[arg-type]
+            orch = AsyncOrchestrator(self.adb, **options)  # type: ignore[arg-type]
             loop = asyncio.new_event_loop()
             thread = threading.Thread(target=loop.run_forever, name=f"loop-{name}", daemon=True)
             thread.start()
@@ -1492,7 +1476,7 @@ class LeaseMachine(RuleBasedStateMachine):
     def tick(self, replica: Replica) -> None:
         replica.claims.clear()
         try:
-            replica.run(replica.orch.run_once)
+            replica.run(partial(replica.orch.run_once, heartbeat=False))
         except TickHung:
             raise
         except BaseException as exc:
@@ -1515,7 +1499,7 @@ class LeaseMachine(RuleBasedStateMachine):
         stall = Stall(replica, then, where)
         self.stall = stall
         replica.claims.clear()
-        stall.future = replica.start(replica.orch.run_once)
+        stall.future = replica.start(partial(replica.orch.run_once, heartbeat=False))
         stall.future.add_done_callback(lambda _: stall.claimed.set())  # nothing to claim
         if not stall.claimed.wait(HANG_GUARD):
             raise TickHung(f"{replica.name}'s tick neither stalled nor returned")

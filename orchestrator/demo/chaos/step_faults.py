@@ -128,8 +128,9 @@ class StepFaults:
     def wake_hung(self) -> None:
         """At the end of the run, every step that never returned wakes and tries to write."""
         for hung in self._hung:
+            # One at a time: two woken together would draw their replica's faults in an
+            # order the threads' timing decides, and the same seed would not replay.
             hung.release.set()
-        for hung in self._hung:
             # step_timeout shut its pool, so the thread ends with its step; the timeout is
             # only a guard against a bug hanging the run.
             hung.thread.join(timeout=30)

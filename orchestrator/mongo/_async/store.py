@@ -658,8 +658,7 @@ class AsyncStore:
         marker = (name, key, limit)
         checked = self._slots_checked.get(marker)
         if before is not None or (
-            checked is not None
-            and (judged_at - checked).total_seconds() < limits.SLOTS_RECHECK
+            checked is not None and (judged_at - checked).total_seconds() < limits.SLOTS_RECHECK
         ):
             return before
         self._slots_checked[marker] = judged_at

@@ -266,9 +266,15 @@ class Orchestrator:
 
     # -- the workers --------------------------------------------------------------------
 
-    def run_once(self) -> dict[str, int]:
+    def run_once(self, *, heartbeat: bool = True) -> dict[str, int]:
         """One tick: claim and run steps until no handler finds work and every step started
-        has finished. Returns the outcome counts of this tick."""
+        has finished. Returns the outcome counts of this tick.
+
+        Meanwhile a heartbeat keeps long steps' leases alive, every interval of real time.
+        ``heartbeat=False``: none; the caller calls ``heartbeat()`` when it means to (a
+        harness on a fake clock, whose run a seed must replay: a heartbeat fired because a
+        loaded machine made this wait longer would read the clock and the pauses, or take
+        a step back, at a moment no seed decides)."""
         self._crew.enter()
         if IN_STEP.get() is self:
             raise OrchestratorError(
@@ -280,9 +286,11 @@ class Orchestrator:
         # Long steps' leases are kept alive meanwhile: a heartbeat every interval, not at
         # every wake-up (a test's own heartbeat calls stay its own).
         interval = min(self.settings.tick, self.settings.lock_timeout / 6)
-        beat = time.monotonic() + interval
-        while not self._crew.settled(self._books.once_over, max(beat - time.monotonic(), 0.0)):
-            if time.monotonic() >= beat:
+        beat = time.monotonic() + interval if heartbeat else None
+        while not self._crew.settled(
+            self._books.once_over, None if beat is None else max(beat - time.monotonic(), 0.0)
+        ):
+            if beat is not None and time.monotonic() >= beat:
                 self._safe_heartbeat()
                 beat = time.monotonic() + interval
         errors = self._books.end_once()
@@ -331,8 +339,11 @@ class Orchestrator:
         """``heartbeat``; ``unless_probed`` (the loop's): the pauses are not read again if a
         tick's probe read them since the last heartbeat."""
         self._crew.enter()
-        extended = self._steps.heartbeat()
+        # The pauses first: a step taken back below frees its worker at once, and what
+        # claims there next honours them; and nothing of this heartbeat's reads then runs
+        # beside that worker's claim (a seeded run draws its faults in one order).
         self._pauses.read(unless_probed=unless_probed)
+        extended = self._steps.heartbeat()
         self._record.refresh()
         return extended
 
