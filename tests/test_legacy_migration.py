@@ -13,6 +13,7 @@ import itertools
 import json
 import math
 import random
+import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -22,7 +23,7 @@ from typing import Any
 import pytest
 from pymongo.database import Database
 
-from orchestrator import ConfigError, Lease, Orchestrator, Outcome, Settings
+from orchestrator import ConfigError, Lease, LeaseLost, Orchestrator, Outcome, Settings
 from orchestrator.cli import connecting
 from orchestrator.core import queries, sharding
 from orchestrator.core.browse import Filter, LeaseState, Row, judge
@@ -799,3 +800,40 @@ def test_orchestrator_status_shows_the_setting_and_warns_of_a_disagreement(
     code, out, _ = run(["status", "--uri", URI, "--json"], capsys)
     shown = {r["replica_id"]: r["legacy_lock_timeout"] for r in json.loads(out)["replicas"]}
     assert shown == {"new-a": LEGACY, "next-a": None}
+
+
+def test_a_replica_s_late_write_after_an_old_pod_took_its_expired_lease_is_refused(
+    make: MakeReplica, db: Database[Any], clock: FakeClock
+) -> None:
+    """A replica's step stalls past its lease; an old pod then claims the document (it
+    writes only ``lockedAt``, leaving the replica's ``lockToken`` as it was). The stalled
+    step's late write must not land on the old pod's work: its fence names the lease's
+    ``lockedAt`` too while the setting is on, and the old pod's claim changed it."""
+    orch = make(legacy_lock_timeout=LEGACY, lock_timeout=LEGACY, heartbeat=False)
+    claimed, go = threading.Event(), threading.Event()
+    lost: list[BaseException] = []
+
+    @orch.phase("gateways", "Deleting")
+    def stall(lease: Lease[Any]) -> Outcome:
+        claimed.set()
+        assert go.wait(10)
+        try:
+            return lease.advance("Deleted")
+        except LeaseLost as exc:
+            lost.append(exc)
+            raise
+
+    platform = Platform(orch.clock.now)
+    _gateway(db, platform, orch.clock.now())
+    tick = threading.Thread(target=orch.run_once, kwargs={"heartbeat": False})
+    tick.start()
+    assert claimed.wait(5)
+    clock.advance(LEGACY + 1)  # the replica's lease ran out; an old pod takes the gateway
+    pod = LegacyPod("old-0", db, orch.clock.now, platform, latency=lambda: 5.0)
+    pod.tick()
+    assert pod.busy
+    go.set()
+    tick.join(5)
+    assert not tick.is_alive()
+    assert len(lost) == 1
+    assert db.gateways.find_one()["phase"] == "Deleting"  # the old pod's step goes on

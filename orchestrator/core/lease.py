@@ -381,12 +381,15 @@ class LeaseCore(Generic[R]):
     def _fence(self, phase_change: bool) -> dict[str, Any]:
         """The filter a write carries: the token (and the claimed phase, for a phase
         change), or, after this step's own release, the document as that release left it;
-        with the document's shard key, so the write targets its shard."""
+        with the document's shard key, so the write targets its shard; while migrating
+        from the in-house pattern, with the ``lockedAt`` the lease wrote
+        (``queries.legacy_fence``)."""
         pins = queries.shard_filter(self.doc, self.handler.shard_key)
+        legacy = self._settings.legacy_lock_timeout
         if self._state is State.RELEASED:
             assert self._released_until is not None
             holder = self.carried.token if self.carried is not None else None
-            return queries.released_fence(
+            released = queries.released_fence(
                 self.id,
                 self.token,
                 self._released_until,
@@ -394,9 +397,12 @@ class LeaseCore(Generic[R]):
                 pins,
                 holder,
             )
+            return queries.legacy_fence(released, self._released_until, legacy)
         if phase_change:
-            return queries.fenced(self.id, self.token, self.doc.get("phase"), pins)
-        return queries.fenced(self.id, self.token, pins=pins)
+            held = queries.fenced(self.id, self.token, self.doc.get("phase"), pins)
+        else:
+            held = queries.fenced(self.id, self.token, pins=pins)
+        return queries.legacy_fence(held, self.expires_at, legacy)
 
     def _lost(self, action: LeaseWrite, reason: str | None = None) -> LeaseLost:
         """The write matched nothing (or, ``reason``, could not be confirmed in time): the

@@ -138,6 +138,16 @@ def legacy_update(update: Mapping[str, Any], legacy: float | None) -> Mapping[st
     return {**update, "$set": legacy_fields(sets, legacy)}
 
 
+def legacy_fence(query: Mapping[str, Any], until: datetime, legacy: float | None) -> dict[str, Any]:
+    """A lease's fence (``fenced``, ``released_fence``) also naming the ``lockedAt`` its
+    last write stamped with ``lockedUntil=until``, while ``legacy`` is set: an in-house
+    pod's claim rewrites only ``lockedAt`` and leaves the token as it was, so without it a
+    holder that stalled past its lease would still write over the in-house pod's work."""
+    if legacy is None:
+        return dict(query)
+    return {**query, "lockedAt": legacy_locked_at(bson_time(until), legacy)}
+
+
 def legacy_floor(now: datetime, legacy: float) -> datetime:
     """The ``lockedAt`` of an in-house lease that runs out at ``now``: a later one holds."""
     return bson_time(now - timedelta(seconds=legacy) - LEGACY_SLACK)
