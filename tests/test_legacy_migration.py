@@ -23,7 +23,15 @@ from typing import Any
 import pytest
 from pymongo.database import Database
 
-from orchestrator import ConfigError, Lease, LeaseLost, Orchestrator, Outcome, Settings
+from orchestrator import (
+    ConfigError,
+    Lease,
+    LeaseLost,
+    Orchestrator,
+    Outcome,
+    Settings,
+    StoreError,
+)
 from orchestrator.cli import connecting
 from orchestrator.core import queries, sharding
 from orchestrator.core.browse import Filter, LeaseState, Row, judge
@@ -33,6 +41,7 @@ from orchestrator.core.resource import EPOCH
 from orchestrator.mongo import Store
 from orchestrator.operations import Operations, live_lease
 from orchestrator.testing import FakeClock, memory_database
+from orchestrator.testing.faults import Faults
 from tests.cli_kit import URI, publish, run
 from tests.conftest import MakeReplica
 from tests.legacy_pod import (
@@ -837,3 +846,38 @@ def test_a_replica_s_late_write_after_an_old_pod_took_its_expired_lease_is_refus
     assert not tick.is_alive()
     assert len(lost) == 1
     assert db.gateways.find_one()["phase"] == "Deleting"  # the old pod's step goes on
+
+
+def test_a_step_goes_on_after_an_extension_whose_reply_was_lost(
+    db: Database[Any], clock: FakeClock
+) -> None:
+    """The heartbeat's extension lands but its reply is lost, with time left: the step's
+    next write must land, though the ``lockedAt`` it now names may be either expiry's."""
+    faults = Faults(clock=clock)
+    orch = Orchestrator(
+        faults.wrap(db),
+        replica_id="new-a",
+        clock=clock,
+        lock_timeout=LEGACY,
+        legacy_lock_timeout=LEGACY,
+        clock_refresh=1e6,
+    )
+    orch.measure_clock()
+    errors: list[BaseException] = []
+
+    @orch.phase("gateways", "Deleting")
+    def step(lease: Lease[Any]) -> Outcome:
+        clock.advance(5)
+        faults.fail_next("update_one", applied=True)
+        try:
+            lease.extend()
+        except StoreError as exc:
+            errors.append(exc)
+        return lease.advance("Deleted")
+
+    platform = Platform(orch.clock.now)
+    _gateway(db, platform, orch.clock.now())
+    counts = orch.run_once(heartbeat=False)
+    assert len(errors) == 1 and counts.get("advanced") == 1, counts
+    doc = db.gateways.find_one()
+    assert doc is not None and doc["phase"] == "Deleted"

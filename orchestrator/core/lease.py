@@ -142,6 +142,8 @@ class LeaseCore(Generic[R]):
         self._state = State.HELD
         self._released_until: datetime | None = None
         self._released_phase: Any = None
+        self._unconfirmed_until: datetime | None = None
+        """An extension's expiry whose reply was lost with time left: it may have landed."""
         self.outcome: Outcome | None = None
         """The step's own outcome, once one landed (a handler's release, or its error
         record): the first one stands, whatever the step does after it."""
@@ -397,12 +399,13 @@ class LeaseCore(Generic[R]):
                 pins,
                 holder,
             )
-            return queries.legacy_fence(released, self._released_until, legacy)
+            return queries.legacy_fence(released, [self._released_until], legacy)
         if phase_change:
             held = queries.fenced(self.id, self.token, self.doc.get("phase"), pins)
         else:
             held = queries.fenced(self.id, self.token, pins=pins)
-        return queries.legacy_fence(held, self.expires_at, legacy)
+        untils = [self.expires_at, *filter(None, [self._unconfirmed_until])]
+        return queries.legacy_fence(held, untils, legacy)
 
     def _lost(self, action: LeaseWrite, reason: str | None = None) -> LeaseLost:
         """The write matched nothing (or, ``reason``, could not be confirmed in time): the
@@ -448,6 +451,12 @@ class LeaseCore(Generic[R]):
     def _extended(self, now: datetime, until: datetime) -> None:
         self.locked_at = now
         self.expires_at = until
+        self._unconfirmed_until = None
+
+    def _extension_unconfirmed(self, until: datetime) -> None:
+        """An extension to ``until`` failed with time left and may have landed: the lease
+        goes on, and while migrating its fence accepts the ``lockedAt`` of either expiry."""
+        self._unconfirmed_until = until
 
     # -- pure helpers --------------------------------------------------------------------
 

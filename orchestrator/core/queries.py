@@ -138,14 +138,18 @@ def legacy_update(update: Mapping[str, Any], legacy: float | None) -> Mapping[st
     return {**update, "$set": legacy_fields(sets, legacy)}
 
 
-def legacy_fence(query: Mapping[str, Any], until: datetime, legacy: float | None) -> dict[str, Any]:
+def legacy_fence(
+    query: Mapping[str, Any], untils: Sequence[datetime], legacy: float | None
+) -> dict[str, Any]:
     """A lease's fence (``fenced``, ``released_fence``) also naming the ``lockedAt`` its
-    last write stamped with ``lockedUntil=until``, while ``legacy`` is set: an in-house
-    pod's claim rewrites only ``lockedAt`` and leaves the token as it was, so without it a
-    holder that stalled past its lease would still write over the in-house pod's work."""
+    last write stamped with ``lockedUntil`` (one of ``untils``: an extension whose reply
+    was lost may have landed), while ``legacy`` is set: an in-house pod's claim rewrites
+    only ``lockedAt`` and leaves the token as it was, so without it a holder that stalled
+    past its lease would still write over the in-house pod's work."""
     if legacy is None:
         return dict(query)
-    return {**query, "lockedAt": legacy_locked_at(bson_time(until), legacy)}
+    stamps = [legacy_locked_at(bson_time(until), legacy) for until in untils]
+    return {**query, "lockedAt": stamps[0] if len(stamps) == 1 else {"$in": stamps}}
 
 
 def legacy_floor(now: datetime, legacy: float) -> datetime:

@@ -120,6 +120,7 @@ class AsyncLease(LeaseCore[R]):
             except StoreError:
                 if self._seconds_left() <= 0:
                     raise await self._lose(LeaseWrite.EXTEND, _UNCONFIRMED) from None
+                self._extension_unconfirmed(until)
                 raise
             if not kept:
                 raise await self._lose(LeaseWrite.EXTEND, _SLOT_TAKEN)

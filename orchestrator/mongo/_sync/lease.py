@@ -117,6 +117,7 @@ class Lease(LeaseCore[R]):
             except StoreError:
                 if self._seconds_left() <= 0:
                     raise self._lose(LeaseWrite.EXTEND, _UNCONFIRMED) from None
+                self._extension_unconfirmed(until)
                 raise
             if not kept:
                 raise self._lose(LeaseWrite.EXTEND, _SLOT_TAKEN)
