@@ -75,6 +75,7 @@ from hypothesis.stateful import (
     precondition,
     rule,
 )
+from pymongo import ReturnDocument
 
 from orchestrator import (
     AsyncOrchestrator,
@@ -110,6 +111,10 @@ DAY = 86_400.0
 MAX_WAITS = (600.0, 30 * DAY)  # a relock wait one replica writes, every replica honours
 ENGINES = ("threaded", "async", "async-def")  # async-def: plain def handlers on threads
 TICK = 1.0  # also the relock floor
+LEGACY_TIMEOUTS = (None, None, None, 30.0, 45.0)
+"""A run migrating from the in-house pattern: every replica's ``legacy_lock_timeout`` (one
+of the lock timeouts, or none of them), old pods beside them; mostly none."""
+OLD_POD_WAITS = (0.0, 5.0, 40.0, 120.0)  # an old pod's relock: claimable that much later
 CLOCK_REFRESH = 60.0
 MAX_ATTEMPTS = 3
 MAX_DOCUMENTS = 10
@@ -378,13 +383,19 @@ def rank(doc: Mapping[str, Any]) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def surely_free(doc: Mapping[str, Any], at: datetime) -> bool:
+def surely_free(doc: Mapping[str, Any], at: datetime, legacy: float | None = None) -> bool:
     """Whether a claim judged at ``at`` finds ``doc``'s lease free, as the README says it
-    judges one: its ``lockedUntil`` is no date in ``(at, at + HORIZON]``."""
+    judges one: its ``lockedUntil`` is no date in ``(at, at + HORIZON]``; while migrating
+    (``legacy``), nor is its ``lockedAt`` an in-house lease that holds at ``at``."""
+    horizon = timedelta(seconds=HORIZON)
     until = doc.get("lockedUntil")
-    if not isinstance(until, datetime):
+    if isinstance(until, datetime) and at < as_utc(until) <= at + horizon:
+        return False
+    locked = doc.get("lockedAt")
+    if legacy is None or not isinstance(locked, datetime):
         return True
-    return not at < as_utc(until) <= at + timedelta(seconds=HORIZON)
+    floor = at - timedelta(seconds=legacy) - queries.LEGACY_SLACK
+    return not floor < as_utc(locked) <= floor + horizon
 
 
 def counter(doc: Mapping[str, Any]) -> int:
@@ -734,6 +745,11 @@ class LeaseMachine(RuleBasedStateMachine):
         self.limits: dict[str, dict[str, Any]] = {}  # the run's limits, by handler label
         self.keys: dict[str, str] = {}  # handler label -> handler key (the slots' handler)
         self.starts: dict[str, list[datetime]] = {}  # rate-limited label -> its steps' starts
+        # A migration from the in-house pattern (``legacy_lock_timeout``, every replica's):
+        self.legacy: float | None = None
+        self.old_holds: dict[Any, datetime] = {}  # documents old pods work on: since when
+        self.in_house: dict[Any, datetime] = {}  # until when an in-house lease holds each
+        self.old_taken: set[str] = set()  # library leases old pods took over (expired)
 
     # -- bookkeeping ----------------------------------------------------------------------
 
@@ -792,6 +808,7 @@ class LeaseMachine(RuleBasedStateMachine):
             "max_wait": max_wait,
             "relock_policy": relock,
             "retry_policy": retry,
+            "legacy_lock_timeout": self.legacy,
         }
         orch: Orchestrator | AsyncOrchestrator
         loop = thread = None
@@ -916,7 +933,7 @@ class LeaseMachine(RuleBasedStateMachine):
                     if len(changed) == 1:
                         return
                 elif isinstance(new_token, str) and new_token != old.get("lockToken"):
-                    self.chose_highest(doc_id, before, new)
+                    self.chose_highest(doc_id, before, new, now)
                     self.claimed(doc_id, old, new, now)
                     self.last_writer[doc_id] = self.attempts.get(new_token)
                     self.outside_since.discard(doc_id)
@@ -929,7 +946,7 @@ class LeaseMachine(RuleBasedStateMachine):
         if actor is not None:
             for doc_id in rest:
                 self.actor_write(actor, before[doc_id], after[doc_id])
-                if actor == "outside":
+                if actor in ("outside", "old-pod", "old-pod-claim"):
                     # A phase change the fence of a step's error record (after its own
                     # release) does not see once it is undone: that record may land.
                     self.outside_since.add(doc_id)
@@ -974,7 +991,7 @@ class LeaseMachine(RuleBasedStateMachine):
         return stored
 
     def chose_highest(
-        self, doc_id: Any, before: Mapping[Any, dict[str, Any]], new: dict[str, Any]
+        self, doc_id: Any, before: Mapping[Any, dict[str, Any]], new: dict[str, Any], now: datetime
     ) -> None:
         """A claim (not a carry: that takes no choice) takes a document of the highest
         priority among those its handler could claim: judged at the claim's own time
@@ -983,10 +1000,9 @@ class LeaseMachine(RuleBasedStateMachine):
         document; broken only if each of them had a higher-priority document free."""
         old = before[doc_id]
         mine = rank(old)
-        judged = new.get("lockedAt")
-        if mine is None or not isinstance(judged, datetime):
+        if mine is None:
             return
-        at = as_utc(judged)
+        at = as_utc(queries.bson_time(now))
         higher: dict[str, list[Any]] = {}
         chose = False  # another free document of another priority: the order decided
         for label in claimers(old, self.docs[doc_id].failed_by):
@@ -996,7 +1012,7 @@ class LeaseMachine(RuleBasedStateMachine):
                 if other_id != doc_id
                 and (theirs := rank(other)) is not None
                 and label in claimers(other, self.docs[other_id].failed_by)
-                and surely_free(other, at)
+                and surely_free(other, at, self.legacy)
             ]
             higher[label] = [name for name, theirs in free if theirs > mine]
             chose = chose or any(theirs != mine for _, theirs in free)
@@ -1042,6 +1058,13 @@ class LeaseMachine(RuleBasedStateMachine):
                 f"{replica.name} (max_wait {replica.max_wait:g}) claimed {name}, released to "
                 f"wait until {at(model.free_at)}",
             )
+        in_house = self.in_house.get(doc_id)
+        if in_house is not None and now < in_house:
+            self.violate(
+                LiveLeaseTaken,
+                f"{replica.name} (legacy_lock_timeout {self.legacy}) claimed {name}, which an"
+                f" old pod holds until {at(in_house)}",
+            )
         replica.claims[(doc_id, now)] += 1
         if replica.claims[(doc_id, now)] > replica.budget + 1:
             self.violate(
@@ -1067,8 +1090,13 @@ class LeaseMachine(RuleBasedStateMachine):
         since (a step's own bookkeeping after its own release is not stale)."""
         doc_id = attempt.doc_id
         old, new = before.get(doc_id), after.get(doc_id)
-        stale = old is None or (
-            old.get("lockToken") != attempt.token and self.last_writer.get(doc_id) is not attempt
+        stale = (
+            old is None
+            or attempt.token in self.old_taken  # an old pod took it over: it wrote only lockedAt
+            or (
+                old.get("lockToken") != attempt.token
+                and self.last_writer.get(doc_id) is not attempt
+            )
         )
         matched_count = getattr(result, "matched_count", None) or 0
         landed = doc_id in changed or matched_count > 0
@@ -1229,6 +1257,8 @@ class LeaseMachine(RuleBasedStateMachine):
 
     def actor_write(self, actor: str, old: dict[str, Any], new: dict[str, Any]) -> None:
         model = self.docs[old["_id"]]
+        if actor in ("old-pod", "old-pod-claim"):
+            self.old_pod_wrote(actor == "old-pod-claim", old, new)
         holder = self.attempts.get(old.get("lockToken", ""))
         if holder is not None and new.get("lockToken") != holder.token:
             FIGURES[f"leases taken back by {actor}"] += 1
@@ -1240,6 +1270,43 @@ class LeaseMachine(RuleBasedStateMachine):
             model.noted = False
         if new.get("phase") != FAILED or actor in ("operator-retry", "operator-cancel"):
             model.failed_by = None
+
+    def old_pod_wrote(self, claim: bool, old: dict[str, Any], new: dict[str, Any]) -> None:
+        """An old pod's claim takes no lease or wait a replica wrote (the ``lockedAt`` every
+        replica stamps tells it ``lockedUntil``); its claim and relock then hold the
+        document for ``legacy_lock_timeout`` from their ``lockedAt`` (judged in
+        ``claimed``), and an unlock or an advance frees it."""
+        assert self.legacy is not None
+        doc_id = old["_id"]
+        now = self.clock.now()
+        model = self.docs[doc_id]
+        token = old.get("lockToken")
+        holder = self.attempts.get(token) if isinstance(token, str) else None
+        if claim:
+            FIGURES["old pods' claims"] += 1
+            if holder is not None and now < holder.expires_at:
+                self.violate(
+                    LiveLeaseTaken,
+                    f"an old pod claimed {old.get('name')}, held by {holder.replica.name}"
+                    f" until {at(holder.expires_at)}",
+                )
+            elif model.free_at is not None and now < model.free_at - timedelta(seconds=TOLERANCE):
+                self.violate(
+                    LiveLeaseTaken,
+                    f"an old pod claimed {old.get('name')}, released to wait until"
+                    f" {at(model.free_at)}",
+                )
+            if holder is not None:
+                self.old_taken.add(holder.token)
+                FIGURES["old pods' take-overs of an expired lease"] += 1
+        locked = new.get("lockedAt")
+        if isinstance(locked, datetime) and as_utc(locked) > EPOCH:
+            until = queries.legacy_expiry(locked, self.legacy)
+            self.in_house[doc_id] = until
+            model.free_at = until
+        else:
+            self.in_house.pop(doc_id, None)
+            model.free_at = free_at(new)
 
     def operator_wrote(self, actor: str, old: dict[str, Any], holder: Attempt | None) -> None:
         """An operator's action lands only on the document as the operator saw it, and a
@@ -1295,7 +1362,7 @@ class LeaseMachine(RuleBasedStateMachine):
                 PausedWorkClaimed,
                 f"{replica.name} claimed {doc.get('name')} for {label}, which it had paused",
             )
-        self.check_limits(label, lease)
+        self.check_limits(label, lease, attempt.claimed_at)
         behaviour = await self.next_behaviour(replica, attempt)
         FIGURES["steps"] += 1
         FIGURES[f"step: {behaviour.name}"] += 1
@@ -1325,10 +1392,11 @@ class LeaseMachine(RuleBasedStateMachine):
             raise error
         return result
 
-    def check_limits(self, label: str, lease: Any) -> None:
+    def check_limits(self, label: str, lease: Any, started: datetime) -> None:
         """A step of a limited handler starts with a slot of its global limit, taken for
         its lease until the lease's expiry, and no more than its rate allows have started
-        in the period up to its start (judged by the claims' times, the server's)."""
+        in the period up to its start, ``started`` (the claim's time, the server's: not
+        the ``lockedAt`` it wrote, which while migrating is the in-house pods' stamp)."""
         options = self.limits.get(label, {})
         if "global_limit" in options:
             FIGURES["steps under a global_limit"] += 1
@@ -1344,7 +1412,6 @@ class LeaseMachine(RuleBasedStateMachine):
         if rate is not None:
             FIGURES["steps under a rate_limit"] += 1
             count, period = parse_rate(rate).count, parse_rate(rate).period
-            started = as_utc(lease.doc["lockedAt"])
             starts = self.starts.setdefault(label, [])
             starts.append(started)
             window = [t for t in starts if started - timedelta(seconds=period) < t <= started]
@@ -1563,11 +1630,19 @@ class LeaseMachine(RuleBasedStateMachine):
         limits=st.sampled_from(["both", "global", "global 2", "none", "none", "rate"]),
         configs=st.lists(replica_configs, min_size=2, max_size=3),
         twins=st.booleans(),
+        legacy=st.sampled_from(LEGACY_TIMEOUTS),
     )
     def start(
-        self, limits: str, configs: list[tuple[int, int, int, str, float]], twins: bool
+        self,
+        limits: str,
+        configs: list[tuple[int, int, int, str, float]],
+        twins: bool,
+        legacy: float | None,
     ) -> None:
         FIGURES["runs"] += 1
+        if legacy is not None:
+            FIGURES[f"runs migrating from old pods (legacy_lock_timeout {legacy:g})"] += 1
+        self.legacy = legacy
         FIGURES["runs with handlers sharing a name"] += twins
         FIGURES[f"runs with limits: {limits}"] += 1
         self.twins = twins
@@ -1915,6 +1990,90 @@ class LeaseMachine(RuleBasedStateMachine):
         self.action(f"operator {view.action} (page: submit)")
         self.operate(view)
 
+    @precondition(lambda self: self.legacy is not None and self.mirror)
+    @rule(phase=st.sampled_from(["A", "B"]), later=st.sampled_from([0.0, 2.0, 61.0]))
+    def old_pod_claims(self, phase: str, later: float) -> None:
+        """An old pod's tick, ``later`` seconds on (past every replica's lease, at most), as
+        the article's code claims: the first document of ``phase`` whose ``lockedAt`` is
+        older than its lock timeout (its clock is the server's: the in-house pattern needs
+        synchronised clocks)."""
+        assert self.legacy is not None
+        self.action("old pod claims")
+        self.clock.advance(later)
+        now = queries.bson_time(self.clock.now())
+        with acting_as("old-pod-claim"):
+            doc = self.db[COLLECTION].find_one_and_update(
+                {"phase": phase, "lockedAt": {"$lt": now - timedelta(seconds=self.legacy)}},
+                {"$set": {"lockedAt": now}},
+                return_document=ReturnDocument.AFTER,
+            )
+        if doc is not None:
+            self.old_holds[doc["_id"]] = as_utc(now)
+
+    @precondition(lambda self: self.legacy is not None)
+    @rule(which=st.integers(0, 3), then=late_behaviours)
+    def old_pod_takes_a_stalled_lease(self, which: int, then: Do) -> None:
+        """The stalled step's lease (with no step stalled, one is stalled first) runs out
+        and an old pod's claim finds its document first (the article's query, on the
+        document's phase): the old pod writes only ``lockedAt``, so the stalled step's
+        late writes must be refused all the same."""
+        assert self.legacy is not None
+        if self.stall is None and self.begin_stall(which, then, "before") is None:
+            return
+        assert self.stall is not None
+        attempt = self.stall.attempt
+        if attempt is None:
+            return
+        phase = (self.raw[COLLECTION].find_one({"_id": attempt.doc_id}) or {}).get("phase")
+        if phase not in ("A", "B"):
+            return
+        self.action("old pod takes a stalled lease")
+        self.clock.advance(max((attempt.expires_at - self.clock.now()).total_seconds(), 0) + 1)
+        now = queries.bson_time(self.clock.now())
+        query = {
+            "_id": attempt.doc_id,
+            "phase": phase,
+            "lockedAt": {"$lt": now - timedelta(seconds=self.legacy)},
+        }
+        with acting_as("old-pod-claim"):
+            doc = self.db[COLLECTION].find_one_and_update(
+                query, {"$set": {"lockedAt": now}}, return_document=ReturnDocument.AFTER
+            )
+        if doc is not None:
+            self.old_holds[doc["_id"]] = as_utc(now)
+
+    @precondition(lambda self: self.old_holds)
+    @rule(
+        which=st.integers(0, MAX_DOCUMENTS - 1),
+        how=st.sampled_from(["unlock", "relock", "advance", "crash"]),
+        wait=st.sampled_from(OLD_POD_WAITS),
+    )
+    def old_pod_finishes(self, which: int, how: str, wait: float) -> None:
+        """The old pod's step ends as the article's do: an unlock (``lockedAt`` at the
+        epoch), a relock (``lockedAt = now - lockTimeout + wait``) or an advance, each an
+        unfenced ``updateOne`` by id; or its pod dies (its lease runs out). An old pod
+        whose lease ran out meanwhile writes nothing here: that the pattern's unfenced
+        writes then land is the pattern's own hazard, which the migration does not fix."""
+        assert self.legacy is not None
+        doc_id = sorted(self.old_holds, key=repr)[which % len(self.old_holds)]
+        claimed = self.old_holds.pop(doc_id)
+        now = queries.bson_time(self.clock.now())
+        if how == "crash" or as_utc(now) >= claimed + timedelta(seconds=self.legacy):
+            self.action("old pod dies mid-step")
+            return
+        self.action(f"old pod {how}s")
+        update: dict[str, dict[str, Any]]
+        if how == "unlock":
+            update = {"$set": {"lockedAt": EPOCH}}
+        elif how == "relock":
+            locked = now - timedelta(seconds=self.legacy) + timedelta(seconds=wait)
+            update = {"$set": {"lockedAt": locked}}
+        else:
+            phase = (self.raw[COLLECTION].find_one({"_id": doc_id}) or {}).get("phase")
+            update = {"$set": {"phase": "B" if phase == "A" else "A", "lockedAt": EPOCH}}
+        with acting_as("old-pod"):
+            self.db[COLLECTION].update_one({"_id": doc_id}, update)
+
     @precondition(lambda self: self.mirror)
     @rule(which=documents, phase=st.sampled_from(["Cancelled", "A", "B"]))
     def outside_change(self, which: int | None, phase: str) -> None:
@@ -1931,6 +2090,7 @@ class LeaseMachine(RuleBasedStateMachine):
         (one in the failed phase too, for a handler other than the one that failed it,
         whatever their names)."""
         self.action("settle")
+        self.old_holds.clear()  # the old pods are gone: their leases run out below
         if self.stall is not None:
             self.release_stall()
         self.script.clear()
@@ -1945,16 +2105,45 @@ class LeaseMachine(RuleBasedStateMachine):
             self.tick(replica)
         # A rate limit lets so many steps start per period: what it holds back is claimed
         # in the periods after, one tick of each replica a period.
+        last = Counter(self.claims_by_doc)
         for _ in range(MAX_DOCUMENTS if self.rate_limited() else 0):
             if not self.unclaimed(before):
                 break
+            last = Counter(self.claims_by_doc)
             self.clock.advance(60)
             for replica in self.alive():
                 self.tick(replica)
         for doc_id, doc in self.mirror.items():
             waiting = claimers(doc, self.docs[doc_id].failed_by)
-            if waiting and self.claims_by_doc[doc_id] == before[doc_id]:
-                self.violate(DocumentStuck, f"{doc} was not claimed (by {sorted(waiting)})")
+            if not waiting or self.claims_by_doc[doc_id] != before[doc_id]:
+                continue
+            if self.rate_limited() and self.kept_behind(doc_id, doc, waiting, last):
+                # A rate limit's starts all went, every period, to work the claim orders
+                # first that keeps coming due (a relock's), as documented: a higher
+                # priority, or any due work before a lease that would never run out.
+                FIGURES["documents a rate limit kept behind work ordered first"] += 1
+                continue
+            self.violate(DocumentStuck, f"{doc} was not claimed (by {sorted(waiting)})")
+
+    def kept_behind(
+        self, doc_id: Any, doc: Mapping[str, Any], waiting: set[str], since: Counter[Any]
+    ) -> bool:
+        """Whether, in the last period, a document that one of ``waiting`` may claim and
+        that the claim orders before ``doc`` was claimed (it took the rate's starts):
+        one of a higher priority, or, of the same, any one while ``doc``'s
+        ``lockedUntil`` is a date still ahead (a lease that would never run out is free,
+        but sorts after every due document)."""
+        mine = rank(doc)
+        until = doc.get("lockedUntil")
+        ahead = isinstance(until, datetime) and as_utc(until) > self.clock.now()
+        return mine is not None and any(
+            other_id != doc_id
+            and (theirs := rank(other)) is not None
+            and (theirs > mine or (theirs == mine and ahead))
+            and waiting & claimers(other, self.docs[other_id].failed_by)
+            and self.claims_by_doc[other_id] > since[other_id]
+            for other_id, other in self.mirror.items()
+        )
 
     def rate_limited(self) -> bool:
         return any("rate_limit" in options for options in self.limits.values())
