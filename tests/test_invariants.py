@@ -2220,10 +2220,12 @@ class LeaseMachine(RuleBasedStateMachine):
         for doc in self.mirror.values():
             attempt = self.attempts.get(doc.get("lockToken", ""))
             # A lease carried on by a step that has not come back (frozen, crashed) waits
-            # for that step's worker, which runs it next.
+            # for that step's worker, which runs it next. One an old pod took over keeps
+            # its token (the old pod writes only lockedAt): the document is the old pod's.
             waiting = attempt.carried_from if attempt is not None else None
             if (
                 attempt is not None
+                and attempt.token not in self.old_taken
                 and not attempt.crashed
                 and not attempt.stalled
                 and not attempt.left_to_expire
