@@ -592,6 +592,16 @@ class Attempt:
     streak: int | None = None  # the document's failed-attempt streak when claimed
     carried_from: Attempt | None = None  # the step whose release carried this lease on
 
+    def describe(self) -> str:
+        """What a violation's message says of this step."""
+        lease = self.lease
+        state = "no lease object" if lease is None else f"held={lease.held} lost={lease.lost}"
+        return (
+            f"{self.handler or 'never started'} on {self.replica.name}, {self.action},"
+            f" ended with {self.after}, extensions={self.extensions}, {state},"
+            f" stale write={self.stale_write}"
+        )
+
 
 @dataclass
 class DocModel:
@@ -2202,6 +2212,7 @@ class LeaseMachine(RuleBasedStateMachine):
                         f"slot {slot['n']} of {label}'s global_limit={count} is taken until"
                         f" {at(as_utc(slot['until']))} by"
                         f" {'no step' if owner is None else owner.replica.name + ' (ended)'}"
+                        f" ({slot}; its step: {owner and owner.describe()})"
                     )
 
     @invariant()
