@@ -2212,8 +2212,18 @@ class LeaseMachine(RuleBasedStateMachine):
                         f"slot {slot['n']} of {label}'s global_limit={count} is taken until"
                         f" {at(as_utc(slot['until']))} by"
                         f" {'no step' if owner is None else owner.replica.name + ' (ended)'}"
-                        f" ({slot}; its step: {owner and owner.describe()})"
+                        f" ({slot}; its step: {owner and owner.describe()};"
+                        f" {self.slot_context(slot)})"
                     )
+
+    def slot_context(self, slot: Mapping[str, Any]) -> str:
+        """What a slot left held says of its taker: the document its token holds, if any,
+        and the replica's state (a failure that does not replay is read from this)."""
+        holding = self.raw[COLLECTION].find_one({"lockToken": slot.get("token")})
+        replica = next((r for r in self.replicas if r.name == slot.get("by")), None)
+        where = "unknown" if replica is None else f"{replica.engine}, alive={replica.alive}"
+        stall = None if self.stall is None else self.stall.replica.name
+        return f"document holding its token: {holding}; replica: {where}; stalled: {stall}"
 
     @invariant()
     def nothing_violated(self) -> None:
