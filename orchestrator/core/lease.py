@@ -404,7 +404,8 @@ class LeaseCore(Generic[R]):
             held = queries.fenced(self.id, self.token, self.doc.get("phase"), pins)
         else:
             held = queries.fenced(self.id, self.token, pins=pins)
-        untils = [self.expires_at, *filter(None, [self._unconfirmed_until])]
+        maybe = self._unconfirmed_until
+        untils = [self.expires_at] if maybe is None else [self.expires_at, maybe]
         return queries.legacy_fence(held, untils, legacy)
 
     def _lost(self, action: LeaseWrite, reason: str | None = None) -> LeaseLost:

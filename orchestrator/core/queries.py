@@ -148,7 +148,7 @@ def legacy_fence(
     past its lease would still write over the in-house pod's work."""
     if legacy is None:
         return dict(query)
-    stamps = [legacy_locked_at(bson_time(until), legacy) for until in untils]
+    stamps = [legacy_locked_at(until, legacy) for until in untils]  # as legacy_fields
     return {**query, "lockedAt": stamps[0] if len(stamps) == 1 else {"$in": stamps}}
 
 
