@@ -2007,15 +2007,19 @@ class LeaseMachine(RuleBasedStateMachine):
         the article's code claims: the first document of ``phase`` whose ``lockedAt`` is
         older than its lock timeout (its clock is the server's: the in-house pattern needs
         synchronised clocks)."""
-        assert self.legacy is not None
         self.action("old pod claims")
         self.clock.advance(later)
+        self.old_pod_claim({"phase": phase})
+
+    def old_pod_claim(self, match: dict[str, Any]) -> None:
+        """The article's claim, now: the first document of ``match`` whose ``lockedAt`` is
+        older than the old pods' lock timeout gets ``lockedAt = now``."""
+        assert self.legacy is not None
         now = queries.bson_time(self.clock.now())
+        query = {**match, "lockedAt": {"$lt": now - timedelta(seconds=self.legacy)}}
         with acting_as("old-pod-claim"):
             doc = self.db[COLLECTION].find_one_and_update(
-                {"phase": phase, "lockedAt": {"$lt": now - timedelta(seconds=self.legacy)}},
-                {"$set": {"lockedAt": now}},
-                return_document=ReturnDocument.AFTER,
+                query, {"$set": {"lockedAt": now}}, return_document=ReturnDocument.AFTER
             )
         if doc is not None:
             self.old_holds[doc["_id"]] = as_utc(now)
@@ -2039,18 +2043,7 @@ class LeaseMachine(RuleBasedStateMachine):
             return
         self.action("old pod takes a stalled lease")
         self.clock.advance(max((attempt.expires_at - self.clock.now()).total_seconds(), 0) + 1)
-        now = queries.bson_time(self.clock.now())
-        query = {
-            "_id": attempt.doc_id,
-            "phase": phase,
-            "lockedAt": {"$lt": now - timedelta(seconds=self.legacy)},
-        }
-        with acting_as("old-pod-claim"):
-            doc = self.db[COLLECTION].find_one_and_update(
-                query, {"$set": {"lockedAt": now}}, return_document=ReturnDocument.AFTER
-            )
-        if doc is not None:
-            self.old_holds[doc["_id"]] = as_utc(now)
+        self.old_pod_claim({"_id": attempt.doc_id, "phase": phase})
 
     @precondition(lambda self: self.old_holds)
     @rule(
