@@ -18,6 +18,7 @@ import concurrent.futures
 import gc
 import logging
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import anyio
@@ -35,6 +36,9 @@ from orchestrator import (
     StepFinishedEvent,
     ThreadLease,
 )
+from orchestrator.core import queries
+from orchestrator.core.limits import SLOTS_COLLECTION
+from orchestrator.core.resource import EPOCH
 from orchestrator.testing import FakeClock, async_view, memory_database
 from tests.conftest import MakeEither
 from tests.engines import Replica, wait
@@ -491,4 +495,167 @@ async def test_run_once_after_stop_runs_a_tick(replicas: MakeEither, db: Databas
     await replica.submit("jobs", {"phase": "Running"})
     with anyio.fail_after(HANG_GUARD):
         assert (await replica.run_once()).get("advanced") == 1
+    assert db.jobs.find_one({})["phase"] == "Done"  # type: ignore[index]
+
+
+# -- cancelled outside the handler: the books and the slots stay right -----------------------
+
+
+class Gate:
+    """Holds the first operation ``match`` accepts (its name, its collection, its arguments)
+    for good: before it is sent, or (``applied``) after it applied, as a reply that never
+    comes. ``reached`` is set then; the test ends the loop under it."""
+
+    def __init__(self, match: Callable[[str, str, tuple[Any, ...]], bool], applied: bool) -> None:
+        self.match = match
+        self.applied = applied
+        self.armed = True
+        self.reached = threading.Event()
+
+    async def hold(self) -> None:
+        self.reached.set()
+        await asyncio.Event().wait()  # until the task is cancelled
+
+
+class GatedDatabase:
+    """An async database whose collections pass each operation through ``gate``."""
+
+    def __init__(self, db: Any, gate: Gate) -> None:
+        self._db = db
+        self._gate = gate
+
+    def get_collection(self, name: str, *args: Any, **kwargs: Any) -> GatedCollection:
+        return GatedCollection(self._db.get_collection(name, *args, **kwargs), self._gate)
+
+    def __getitem__(self, name: str) -> GatedCollection:
+        return self.get_collection(name)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._db, name)
+
+
+class GatedCollection:
+    def __init__(self, collection: Any, gate: Gate) -> None:
+        self._collection = collection
+        self._gate = gate
+
+    def with_options(self, *args: Any, **kwargs: Any) -> GatedCollection:
+        return GatedCollection(self._collection.with_options(*args, **kwargs), self._gate)
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self._collection, name)
+        gate, collection = self._gate, self._collection.name
+        if not callable(method):
+            return method
+
+        async def gated(*args: Any, **kwargs: Any) -> Any:
+            held = gate.armed and gate.match(name, collection, args)
+            if held:
+                gate.armed = False
+                if not gate.applied:
+                    await gate.hold()
+            result = await method(*args, **kwargs)
+            if held:
+                await gate.hold()
+            return result
+
+        return gated
+
+
+def limited_replica(clock: FakeClock, gate: Gate) -> tuple[Database[Any], AsyncOrchestrator]:
+    """An AsyncOrchestrator whose ``jobs`` handler in Running has a global_limit of 1, on a
+    database gated by ``gate``."""
+    db = memory_database(clock=clock)
+    orch = AsyncOrchestrator(
+        GatedDatabase(async_view(db), gate),  # type: ignore[arg-type]
+        replica_id="pod-a",
+        clock=clock,
+        clock_refresh=1e6,
+        tick=30,
+        max_concurrency=1,
+    )
+
+    @orch.phase("jobs", "Running", global_limit=1)
+    async def run(lease: AsyncLease[Any]) -> Any:
+        return await lease.advance("Done")
+
+    return db, orch
+
+
+def end_loop_at_gate(orch: AsyncOrchestrator, gate: Gate) -> None:
+    """Submit a job and run a tick until ``gate`` holds an operation, then end the loop
+    there, as ``asyncio.run`` does: every task cancelled where it waits."""
+
+    async def first_loop() -> None:
+        await orch.measure_clock()
+        await orch.submit("jobs", {"phase": "Running"})
+        asyncio.get_running_loop().create_task(orch.run_once())
+        assert await asyncio.to_thread(gate.reached.wait, HANG_GUARD)
+
+    asyncio.run(first_loop())
+
+
+def slot_states(db: Database[Any]) -> list[tuple[Any, Any]]:
+    return [(s["until"], s["token"]) for s in db[SLOTS_COLLECTION].find({"kind": "global"})]
+
+
+def test_a_worker_cancelled_while_it_frees_a_finished_step_s_slot_leaves_the_books_right(
+    clock: FakeClock,
+) -> None:
+    """The step's outcome landed; its worker is cancelled while it frees the global slot.
+    The step leaves the books as finished (it once stayed running: run_once never
+    returned, stop() listed it, the next loop was refused), and the slot is freed."""
+    gate = Gate(
+        lambda op, coll, args: (
+            op == "update_one"
+            and coll == SLOTS_COLLECTION
+            and args[1] == queries.free_slot_update()
+        ),
+        applied=False,
+    )
+    db, orch = limited_replica(clock, gate)
+    end_loop_at_gate(orch, gate)
+    assert db.jobs.find_one({})["phase"] == "Done"  # type: ignore[index]
+    assert orch.stats().get("advanced") == 1
+    assert slot_states(db) == [(EPOCH, None)], "the slot is freed, not left to its lease time"
+
+    async def next_loop() -> None:
+        async with asyncio.timeout(HANG_GUARD):
+            await orch.submit("jobs", {"phase": "Running"})
+            assert (await orch.run_once()).get("advanced") == 1
+            report = await orch.stop()
+            assert report.still_running == []
+
+    asyncio.run(next_loop())
+
+
+@pytest.mark.parametrize(
+    ("where", "applied"),
+    [("take", True), ("claim", False), ("claim", True)],
+    ids=["take-applied", "claim-unsent", "claim-applied"],
+)
+def test_a_claim_cancelled_after_its_slot_was_taken_gives_the_slot_back(
+    clock: FakeClock, where: str, applied: bool
+) -> None:
+    """Cancelled while the slot's take (applied, its answer never read) or the claim after
+    it was under way: no step holds the slot, so it is given back at once (it was once
+    held until its lease time passed: an hour with lock_timeout=3600)."""
+
+    def match(op: str, coll: str, args: tuple[Any, ...]) -> bool:
+        if op != "find_one_and_update":
+            return False
+        return coll == SLOTS_COLLECTION if where == "take" else coll == "jobs"
+
+    gate = Gate(match, applied=applied)
+    db, orch = limited_replica(clock, gate)
+    end_loop_at_gate(orch, gate)
+    assert slot_states(db) == [(EPOCH, None)]
+
+    async def next_loop() -> None:
+        async with asyncio.timeout(HANG_GUARD):
+            if applied and where == "claim":
+                clock.advance(31)  # the claim landed: its lease expires unused
+            assert (await orch.run_once()).get("advanced") == 1
+
+    asyncio.run(next_loop())
     assert db.jobs.find_one({})["phase"] == "Done"  # type: ignore[index]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from typing import Any
 
@@ -11,7 +12,8 @@ from pymongo.errors import DuplicateKeyError
 
 from orchestrator import Lease, LeaseLost
 from orchestrator.testing import FakeClock, memory_database
-from tests.conftest import MakeReplica
+from tests.conftest import MakeEither, MakeReplica
+from tests.engines import wait
 from tests.holding import hold_step
 
 STEPS = ["A", "B", "C"]
@@ -256,3 +258,60 @@ def test_side_effect_collection_rejects_a_second_run() -> None:
     db.effects.insert_one({"doc": 1, "step": "A"})
     with pytest.raises(DuplicateKeyError):
         db.effects.insert_one({"doc": 1, "step": "A"})
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("tail", [0.9, 1.2])
+async def test_a_step_carried_on_after_a_long_tail_runs_once(
+    replicas: MakeEither, db: Database[Any], clock: FakeClock, tail: float
+) -> None:
+    # A's handler advances (the lease is carried on into B's step at once), then keeps
+    # working for most of a lock timeout (0.9) or longer (1.2) before it returns. B must run
+    # once: on a lease renewed when it starts (0.9), or on the other replica that took the
+    # carried lease over when it expired, the worker handing it back (1.2).
+    # step_timeout as short as allowed: B's own clock starts when B starts, not at the carry.
+    worker = await replicas("pod-worker", max_concurrency=1, step_timeout=30)
+    other = await replicas("pod-other")
+    runs: list[str] = []
+    advanced, tail_over = threading.Event(), threading.Event()
+    b_started, b_go = threading.Event(), threading.Event()
+
+    @worker.phase("jobs", "A")
+    async def advance_then_work_on(lease: Any) -> Any:
+        outcome = await lease.advance("B")
+        advanced.set()
+        await wait(tail_over)  # cleanup, a notification: work after the outcome
+        return outcome
+
+    @worker.phase("jobs", "B")
+    async def b_held(lease: Any) -> Any:
+        runs.append("pod-worker")
+        b_started.set()
+        await wait(b_go)
+        return await lease.advance("Done")
+
+    @other.phase("jobs", "B")
+    async def b_other(lease: Any) -> Any:
+        runs.append("pod-other")
+        return await lease.advance("Done")
+
+    await worker.submit("jobs", {"phase": "A"})
+    tick = asyncio.create_task(worker.run_once())
+    lock_timeout = worker.settings.lock_timeout
+    assert await wait(advanced)
+    clock.advance(lock_timeout * tail)
+    took = await other.run_once()
+    tail_over.set()
+    if tail > 1:
+        assert took.get("taken_over") == 1, took
+    else:
+        assert runs == [], "the carried lease holds while the step before it works on"
+        assert await wait(b_started)
+        clock.advance(lock_timeout * 0.3)  # past the carried lease's first expiry
+        await other.run_once()
+        await worker.heartbeat()  # 1.2 lock timeouts after the carry, 0.3 after B started
+        b_go.set()
+    await tick
+    assert runs == (["pod-worker"] if tail < 1 else ["pod-other"])
+    assert "timed_out" not in worker.stats()
+    assert db.jobs.find_one({})["phase"] == "Done"  # type: ignore[index]

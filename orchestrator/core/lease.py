@@ -123,6 +123,7 @@ class LeaseCore(Generic[R]):
         token: str,
         claimed_at: datetime,
         expires_at: datetime,
+        locked_at: datetime | None = None,
         throttled: bool = False,
         taken_from: str | None = None,
     ) -> None:
@@ -133,7 +134,10 @@ class LeaseCore(Generic[R]):
         self.resource: R = doc  # type: ignore[assignment]  # replaced once validated
         self.token = token
         self.claimed_at = claimed_at
-        self.locked_at = claimed_at
+        """When its step's clock started (``step_timeout``, the history's duration)."""
+        self.locked_at = claimed_at if locked_at is None else locked_at
+        """When the lease was last written: a carried lease's is its carry's, earlier than
+        its step's start when the step before worked on after its outcome."""
         self.expires_at = expires_at
         self.throttled = throttled  # this document used its per-tick budget of claims
         self.taken_from = taken_from

@@ -1005,6 +1005,12 @@ def slot_fence(slot: str, token: str) -> dict[str, Any]:
     return {"_id": slot, "token": token}
 
 
+def held_slot_filter(key: str, limit: Limit, token: str) -> dict[str, Any]:
+    """The slot of ``limit`` the lease ``token`` holds, if any: a take whose answer never
+    came (cancelled, lost) is freed by it, its ``_id`` unknown."""
+    return {**slots_filter(key, limit), "token": token}
+
+
 def free_slot_update() -> dict[str, Any]:
     """A global slot freed when its step ends (or its claim found nothing): free at once."""
     return {"$set": {"until": EPOCH, "token": None}}

@@ -134,7 +134,8 @@ class AsyncLease(LeaseCore[R]):
         """Free the slots of the handler's ``global_limit`` this step holds (its step ended,
         or step_timeout took it back), each fenced on this lease's token: a slot another
         step took since is not touched. Each is freed once; a failure (``StoreError``)
-        leaves it to expire with the lease."""
+        leaves it to expire with the lease; a free cancelled under way is tried again by
+        the next call (its write may not have been sent)."""
         async with self._lock:
             await self._free_slots()
 
@@ -153,9 +154,13 @@ class AsyncLease(LeaseCore[R]):
     async def _free_slots(self) -> None:
         name = self._settings.slots_collection
         for slot in self._held_slots():
-            slot.freed = True
             fence = queries.slot_fence(slot.id, slot.token)
-            await self._store.write(name, fence, queries.free_slot_update())
+            try:
+                await self._store.write(name, fence, queries.free_slot_update())
+            except StoreError:
+                slot.freed = True
+                raise
+            slot.freed = True
 
     async def _lose(self, action: LeaseWrite, reason: str | None = None) -> LeaseLost:
         """``_lost``, its global slots freed first (if that fails they expire with it)."""

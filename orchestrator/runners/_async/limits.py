@@ -8,6 +8,8 @@ async code; the sync engine's ``Limits`` is generated from it (``scripts/synchro
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import threading
 from collections import Counter
@@ -67,7 +69,8 @@ class AsyncLimits:
     ) -> list[Slot] | None:
         """A slot of each of ``handler``'s limits for the lease ``token`` claimed at ``now``
         until ``until``, or None (none taken) when one has no free slot. Raises
-        ``StoreError`` with none held (a lost reply may leave one taken: it expires)."""
+        ``StoreError`` with none held; so does a take cancelled under way, which gives back
+        what it took before it raises (``give_back_broken``)."""
         judged = now - timedelta(seconds=self._clock.uncertainty)
         taken: list[Slot] = []
         try:
@@ -86,8 +89,9 @@ class AsyncLimits:
                     )
                     return None
                 taken.append(slot)
-        except StoreError:
-            await self.give_back(taken)
+        except BaseException:  # a StoreError, or the worker cancelled while it took them
+            unsure = handler.limits[len(taken)] if len(taken) < len(handler.limits) else None
+            await self.give_back_broken(taken, handler, token, unsure)
             raise
         return taken
 
@@ -153,6 +157,27 @@ class AsyncLimits:
         delay = (free_at - judged).total_seconds()
         if 0 < delay < self._settings.tick:
             self._books.due_in(delay, self._on_due, f"limit {handler.key}")
+
+    async def give_back_broken(
+        self,
+        slots: list[Slot],
+        handler: Handler,
+        token: str,
+        unsure: Limit | None = None,
+    ) -> None:
+        """Give back ``slots``, taken for a claim that broke off (an error, or its worker
+        cancelled: no step will ever hold them), and, ``unsure``, the slot of that limit
+        whose take was under way: its write may have landed with ``token``. A global slot so
+        taken is freed by its token; a rate slot cannot be restored unread and counts its
+        start for its period. Never raises, even cancelled again: what is not given back
+        expires at its time."""
+        with contextlib.suppress(Exception, asyncio.CancelledError):
+            await self.give_back(slots)
+            if unsure is not None and unsure.follows_lease:
+                fence = queries.held_slot_filter(handler.key, unsure, token)
+                await self._store.write(
+                    self._settings.slots_collection, fence, queries.free_slot_update()
+                )
 
     async def give_back(self, slots: list[Slot]) -> None:
         """The claim these slots were taken for found no document (or failed): a global

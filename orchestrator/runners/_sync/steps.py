@@ -10,6 +10,7 @@ and ``orchestrator.core.scheduler``'s; the state it changes is the books'.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import secrets
@@ -173,12 +174,16 @@ class Steps:
             self._report.claimed(step)
             outcome = self._run(step, stopping)
             carried = self._carried(step, outcome)
-            if carried is not None and outcome not in _CARRYING:
-                # The step ended otherwise (its error could not be recorded): what its
-                # release carried on is handed back, not run.
-                self._hand_back(carried.lease, f"its previous step ended {outcome}")
-                carried = None
-            self._free_slots(step.lease)
+            try:
+                if carried is not None and outcome not in _CARRYING:
+                    # The step ended otherwise (its error could not be recorded): what its
+                    # release carried on is handed back, not run.
+                    self._hand_back(carried.lease, f"its previous step ended {outcome}")
+                    carried = None
+                self._free_slots(step.lease)
+            except BaseException:
+                self._wind_up(step, outcome, carried)
+                raise
             if outcome is None or not self._books.finished(step, outcome, carried):
                 # step_timeout counted it and freed its slot: not counted again; a lease
                 # its release carried on is handed back, not run by a worker let go.
@@ -190,6 +195,22 @@ class Steps:
                 return True
             step, stopping = carried, self._books.stopping
 
+    def _wind_up(
+        self, step: Step[Held], outcome: StepOutcome | None, carried: Step[Held] | None
+    ) -> None:
+        """The worker was cancelled (or worse) after ``step`` ended, while it gave back what
+        the step held: the step leaves the books at once, with the outcome that landed (no
+        await comes first, so the replica's count is right whatever happens next), then its
+        global slots are freed and the lease its release carried on is handed back, once
+        more if they were under way. These writes are best effort: cancelled again, or
+        failing, they leave the slot and the lease to expire."""
+        if outcome is not None and self._books.finished(step, outcome):
+            self._report.finished(step, outcome)
+        with contextlib.suppress(Exception, asyncio.CancelledError):
+            self._free_slots(step.lease)
+            if carried is not None and carried.lease.held:
+                self._hand_back(carried.lease, "its worker was cancelled")
+
     def _carried(self, step: Step[Held], outcome: StepOutcome | None) -> Step[Held] | None:
         """The next step ``step``'s release carried its lease on into (one write instead of
         a release and a claim), or None. Its document is as that write left it; it is due
@@ -197,14 +218,21 @@ class Steps:
         carry = step.lease.carried
         if carry is None:
             return None
-        lease = self._lease(carry.handler, carry.doc, carry.token, carry.claimed_at)
+        lease = self._lease(
+            carry.handler,
+            carry.doc,
+            carry.token,
+            carry.claimed_at,
+            claimed_at=self._clock.now(),  # its step's clock starts with the step
+        )
         return Step(lease, self._books.next_number(), self._local.monotonic(), 0.0)
 
     def _lease(
         self, handler: Handler, doc: dict[str, Any], token: str, now: datetime, **more: Any
     ) -> Held:
-        """A lease this replica holds on ``doc`` from ``now`` for ``handler``'s step, which
+        """A lease this replica wrote on ``doc`` at ``now`` for ``handler``'s step, which
         may carry itself on into the next step (``Books.reserve``)."""
+        more.setdefault("claimed_at", now)
         lease: Held = Lease(
             store=self._store,
             clock=self._clock,
@@ -212,7 +240,7 @@ class Steps:
             handler=handler,
             doc=doc,
             token=token,
-            claimed_at=now,
+            locked_at=now,
             expires_at=now + timedelta(seconds=self._settings.lock_timeout),
             **more,
         )
@@ -240,7 +268,7 @@ class Steps:
 
         try:
             if handler.limits:
-                limited = self._limits.take(handler, now, until, token)
+                limited = self._limits.take(handler, now, until, token)  # gives back
                 if limited is None:
                     return None
                 slots = limited
@@ -277,13 +305,23 @@ class Steps:
                 collection=handler.collection,
             )
             return None
+        except BaseException:
+            # Cancelled between its slots' take and the claim's answer (or worse): no step
+            # will hold the slots, so they are given back now, not when their lease time
+            # passes; a claim that landed leaves its lease to expire unused.
+            self._limits.give_back_broken(slots, handler, token)
+            raise
         if doc is None:
             self._limits.give_back(slots)
             return None
         lease = self._lease(handler, doc, token, now, taken_from=taken[0] if taken else None)
         lease.slots = slots
         if lease.taken_from is not None:
-            self._taken_over(lease, now)
+            try:
+                self._taken_over(lease, now)
+            except BaseException:
+                self._limits.give_back_broken(slots, handler, token)
+                raise
         latency = steps.claim_latency(now, due[0] if due else None)
         return Step(lease, self._books.next_number(), self._local.monotonic(), latency)
 
@@ -365,11 +403,41 @@ class Steps:
             if stopping and outcome is StepOutcome.RELEASED:
                 self._books.released_on_stop(f"{lease.collection}/{lease.id}")
             return outcome
+        unrenewed = self._renew_to_start(lease)
+        if unrenewed is not None:
+            return unrenewed
         inside = IN_STEP.set(self._engine)
         try:
             return self._execute(step)
         finally:
             IN_STEP.reset(inside)
+
+    def _renew_to_start(self, lease: Held) -> StepOutcome | None:
+        """A lease past half its time when its step starts is renewed first: a lease carried
+        on by the step before, whose handler worked on after its outcome, would otherwise
+        start the step on a lease about to expire, and another replica would take it over on
+        schedule while it runs. So every step starts with at least half a lock timeout, as
+        a fresh claim's does, and the heartbeat keeps it from there. None: it runs; else
+        the outcome of a lease that could not be renewed (not run)."""
+        decision = scheduler.heartbeat(
+            self._clock.now(),
+            claimed_at=lease.claimed_at,
+            locked_at=lease.locked_at,
+            lock_timeout=self._settings.lock_timeout,
+            step_timeout=None,
+            extend=True,
+        )
+        if decision == "extend":
+            try:
+                lease.extend()
+            except LeaseLost as exc:
+                self._report.lost(f"could not renew a lease before its step: {exc}", lease)
+                return StepOutcome.LOST
+            except StoreError as exc:
+                return self._hand_back(lease, f"its lease could not be renewed: {exc}")
+            self._report.extended(lease)
+            self._books.count("extended")
+        return None
 
     def _execute(self, step: Step[Held]) -> StepOutcome:
         lease = step.lease
