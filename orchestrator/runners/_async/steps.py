@@ -380,7 +380,7 @@ class AsyncSteps:
             if end is StepEnd.TIMED_OUT:
                 return None
             if end is StepEnd.CANCELLED:
-                self._cancelled(step)
+                await self._cancelled(step)
                 raise
             outcome = self._interrupted(step)
         if step.abandoned:
@@ -572,22 +572,28 @@ class AsyncSteps:
         )
         return StepOutcome.INTERRUPTED
 
-    def _cancelled(self, step: Step[Held]) -> None:
+    async def _cancelled(self, step: Step[Held]) -> None:
         """The step's worker was cancelled, not by step_timeout: the loop is ending (or the
-        application cancelled it). The step leaves the books at once (its slot is free,
+        application cancelled it). The step leaves the books at once (its place is free,
         the heartbeat no longer extends its lease), and its lease is left to expire rather
         than handed back: the step stopped part-way (a ``def`` step's thread may even run
         on), so no other replica may start it before its lease runs out; and a write now
-        would hold up the loop's end, which may never run it."""
+        would hold up the loop's end, which may never run it. The slot of its global limit
+        goes with the lease: kept while the lease is, freed (best effort) once the step's
+        own outcome released it, as no step holds it then."""
         if not self._books.cancelled(step):
             return
+        left = "lease left to expire" if step.lease.held else "its outcome stands"
         self._report.log(
             logging.WARNING,
-            "step cancelled with its worker (the event loop is ending?); lease left to expire",
+            f"step cancelled with its worker (the event loop is ending?); {left}",
             step.lease,
             StepOutcome.INTERRUPTED,
         )
         self._report.finished(step, StepOutcome.INTERRUPTED)
+        if not step.lease.held:
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await self._free_slots(step.lease)
 
     # -- long steps ---------------------------------------------------------------------
 
