@@ -568,6 +568,83 @@ async def test_a_rate_slot_whose_claim_finds_nothing_is_given_back(
     assert db.jobs.count_documents({"phase": "Done"}) == 3
 
 
+async def test_a_rate_slot_another_replica_gives_back_is_taken_within_the_recheck_not_the_period(
+    replicas: MakeEither, db: Database[Any], clock: FakeClock
+) -> None:
+    """A replica that found a rate limit full waits for the next slot as it read it (an
+    hour away here), but takes again after SLOTS_RECHECK: a slot another replica gave back
+    (its claim found nothing) is free at once, and only a take sees it."""
+    first, second = await replicas("pod-a"), await replicas("pod-b")
+    gauge = Gauge()
+    for pod in (first, second):
+        register(pod, gauge, rate_limit="1/hour")
+    claiming, go = threading.Event(), threading.Event()
+    store: Any = second.orch._store
+    real_claim = store.claim
+    if second.threaded:
+
+        def held_claim(*args: Any, **kwargs: Any) -> Any:
+            claiming.set()
+            assert go.wait(10)
+            return real_claim(*args, **kwargs)
+
+        store.claim = held_claim
+    else:
+
+        async def async_held_claim(*args: Any, **kwargs: Any) -> Any:
+            claiming.set()
+            assert await wait(go)
+            return await real_claim(*args, **kwargs)
+
+        store.claim = async_held_claim
+    await first.submit("jobs", {"_id": "gone", "phase": "Running"})
+    tick = ticking(second)  # takes the hour's one slot, then its claim waits
+    assert await wait(claiming)
+    assert (await first.run_once()).get("limited") == 1  # full until the hour is over
+    db.jobs.delete_one({"_id": "gone"})  # its claim will find nothing: the slot given back
+    go.set()
+    await tick
+    assert [as_utc(s["until"]) for s in slots(db, "rate")] == [UTC_EPOCH]
+    await first.submit("jobs", {"_id": "waiting", "phase": "Running"})
+    clock.advance(SLOTS_RECHECK)
+    await first.run_once()
+    assert db.jobs.find_one({"_id": "waiting"}, {"phase": 1}) == {"_id": "waiting", "phase": "Done"}
+
+
+def test_a_replica_waiting_for_a_rate_slot_takes_again_each_recheck_and_reads_nothing_more() -> (
+    None
+):
+    """Waiting for a 1/hour limit's next slot, with work there, costs a take each
+    SLOTS_RECHECK (with the store's recount of the slots) and no read of the next free
+    one, which stands; at the other ticks, only the probe."""
+    clock = FakeClock()
+    meter = Meter()
+    db = CountingDatabase(memory_database(clock=clock), meter)
+    orch = Orchestrator(db, replica_id="pod", clock=clock, clock_refresh=1e6)  # type: ignore[arg-type]
+
+    @orch.phase("jobs", "A", rate_limit="1/hour")
+    def a(lease: Lease[Any]) -> Any:
+        return lease.advance("Done")
+
+    orch.submit("jobs", {"_id": 1, "phase": "A"})
+    orch.submit("jobs", {"_id": 2, "phase": "A"})
+    orch.measure_clock()
+    orch.run_once()  # 1 starts; 2 finds the hour's slot taken and reads when it frees
+    meter.reset()
+    ticks = 6 * int(SLOTS_RECHECK)
+    for _ in range(ticks):
+        clock.advance(1)
+        orch.run_once()
+    rechecks = ticks // int(SLOTS_RECHECK)
+    assert dict(meter.ops) == {
+        "aggregate": ticks,  # the probe of each tick
+        "find_one_and_update": 2 * rechecks,  # a take, and again after the recount
+        "list_indexes": rechecks,
+        "count_documents": rechecks,
+    }
+    assert db.jobs.count_documents({"phase": "Done"}) == 1
+
+
 # -- the carry, the cost -------------------------------------------------------------------
 
 

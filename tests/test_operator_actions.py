@@ -260,6 +260,50 @@ async def test_an_advance_into_a_paused_phase_releases_the_document_instead_of_c
     assert db.jobs.find_one({"_id": "j1"}, {"phase": 1}) == {"_id": "j1", "phase": "Done"}
 
 
+@pytest.mark.parametrize("replicas", ["async"], indirect=True)
+async def test_a_probe_answer_that_lands_after_a_heartbeats_read_does_not_undo_its_pause(
+    replicas: MakeEither, db: Database[Any]
+) -> None:
+    """A tick's probe reads the pauses with its answer; a heartbeat's read sent after it
+    and answered first is the fresher: the probe's answer, held back until then, neither
+    lifts the pause the heartbeat read nor lets the paused handler claim."""
+    replica = await replicas()
+    orch = replica.orch
+    done: list[str] = []
+
+    @orch.phase("jobs", "A")
+    async def a(lease: Any) -> Any:
+        done.append("A")
+        return await lease.advance("Done")
+
+    @orch.phase("jobs", "B")
+    async def b(lease: Any) -> Any:
+        return await lease.advance("Done")
+
+    store = orch._store
+    real_probe = store.probe
+    answered, landing = asyncio.Event(), asyncio.Event()
+
+    async def held_probe(*args: Any, **kwargs: Any) -> Any:
+        found = await real_probe(*args, **kwargs)  # read now: no pause, A has work
+        answered.set()
+        await landing.wait()  # its reply lands after the heartbeat's read
+        return found
+
+    store.probe = held_probe
+    await replica.submit("jobs", {"_id": "a1", "phase": "A"})
+    tick = asyncio.ensure_future(orch.run_once(heartbeat=False))
+    await answered.wait()
+    Operations(db).pause(Scope("jobs", "A"))
+    await orch.heartbeat()  # reads the pause and applies it
+    landing.set()
+    await tick
+    assert done == []  # the paused handler claimed nothing
+    assert orch._pauses.scopes == ["jobs, phase A"]  # the probe's older answer was dropped
+    doc = db.jobs.find_one({"_id": "a1"})
+    assert doc is not None and doc["phase"] == "A" and "lockToken" not in doc
+
+
 def test_an_idle_tick_reads_the_pauses_within_its_one_probe(
     db: Database[Any], clock: FakeClock
 ) -> None:

@@ -6,12 +6,17 @@ from __future__ import annotations
 
 import logging
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 
 from orchestrator.core import steps
+from orchestrator.core.errors import ConfigError
 from orchestrator.core.lease import Outcome
 from orchestrator.core.outcomes import StepOutcome
+from orchestrator.core.registry import Handler, Registry
+from orchestrator.core.settings import Settings
+from orchestrator.runners.registration import Registration
 
 pytestmark = pytest.mark.pure  # no I/O: in the mutation run (scripts/mutation)
 
@@ -107,3 +112,53 @@ def test_a_stop_with_steps_left_to_expire_warns_and_names_them() -> None:
         "orchestrator stopped: 0 unstarted lease(s) handed back, 2 step(s) still running: "
         "jobs/1, jobs/2 left to expire"
     )
+
+
+def _registered(*registrations: tuple[str, Any]) -> list[Handler]:
+    """The handlers of ``jobs`` registered by the real decorators: ``("phase", "B")`` is
+    ``phase("jobs", "B")``, ``("when", {...})`` is ``when("jobs", {...})``."""
+    made = Registration(Registry(Settings()), lambda func: None, lambda handlers: None)
+    for kind, what in registrations:
+        decorator = made.phase("jobs", what) if kind == "phase" else made.when("jobs", what)
+        decorator(lambda lease: None)
+    return list(made.registry.handlers)
+
+
+@pytest.mark.parametrize("kind", ["phase", "when"])
+def test_a_lease_is_carried_into_a_handler_whose_filter_is_the_phase_alone(kind: str) -> None:
+    """``when("jobs", {"phase": "B"})`` is ``phase("jobs", "B")``: one registration (the
+    same key, refused twice), whose filter the carry's own write satisfies (it sets the
+    phase, fenced on the lease's token), so nothing is left for the server to judge."""
+    [handler] = _registered((kind, "B" if kind == "phase" else {"phase": "B"}))
+    assert handler.key == 'jobs {"phase": "B"}' and handler.exclusion is None
+    assert steps.carry_target([handler], "jobs", "B") is handler
+    assert steps.carry_target([handler], "jobs", "C") is None
+    assert steps.carry_target([handler], "other", "B") is None
+    with pytest.raises(ConfigError, match="already handles"):
+        _registered(("phase", "B"), ("when", {"phase": "B"}))
+
+
+@pytest.mark.parametrize(
+    "match",
+    [
+        {"phase": "B", "state": "Deleted"},  # a field besides the phase
+        {"phase": {"$in": ["B"]}},  # the phase by an operator
+        {"phase": {"$eq": "B"}},
+        {"$or": [{"phase": "B"}]},
+    ],
+)
+def test_no_lease_is_carried_into_a_when_handler_with_more_to_its_filter(
+    match: dict[str, Any],
+) -> None:
+    """A ``when`` filter with anything more than the phase is the server's to judge (the
+    document may not match it as the step left it): its document is released and claimed."""
+    [handler] = _registered(("when", match))
+    assert steps.carry_target([handler], "jobs", "B") is None
+
+
+def test_no_lease_is_carried_into_a_handler_of_its_failed_phase() -> None:
+    """A handler of the failed phase keeps off what it failed itself (``failedBy``): a
+    condition for the server, so nothing is carried into it."""
+    [handler] = _registered(("phase", "Failed"))
+    assert handler.exclusion is not None
+    assert steps.carry_target([handler], "jobs", "Failed") is None

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
@@ -41,7 +41,8 @@ MAX_SLOTS = 10_000
 SLOTS_RECHECK = 10.0
 """Seconds between two counts of a limit's slots by a replica whose takes find none free:
 slots an operator removed (or their whole collection) are made again within this, at
-the cost of one read per limit per 10 s while its work waits for a slot."""
+the cost of one read per limit per 10 s while its work waits for a slot. A replica
+waiting for a rate limit's next slot takes again within this too (``RateWait``)."""
 
 PERIODS = {"second": 1.0, "minute": 60.0, "hour": 3600.0}
 """A rate limit's periods, in seconds, by the name it is written with."""
@@ -144,6 +145,24 @@ class Slot:
             and as_utc(self.before_until) > as_utc(EPOCH)
             and isinstance(self.before_token, str)
         )
+
+
+@dataclass(frozen=True)
+class RateWait:
+    """A rate limit a replica found full: when its next slot comes free by its time, as
+    read (``free_at``), and when the replica next asks the server (``ask_at``): then, or
+    ``SLOTS_RECHECK`` after it found none if that is sooner. Another replica's give-back
+    (its claim found nothing) frees a slot at once, before its time, and no read of this
+    replica's but a take would see it: without the bound it sat out a whole period (an
+    hour, for N/hour) with that slot free."""
+
+    free_at: datetime
+    ask_at: datetime
+
+    @staticmethod
+    def of(free_at: datetime, judged: datetime) -> RateWait:
+        """The wait for a slot that comes free at ``free_at``, found full at ``judged``."""
+        return RateWait(free_at, min(free_at, judged + timedelta(seconds=SLOTS_RECHECK)))
 
 
 def published(found: tuple[Limit, ...]) -> tuple[int | None, str | None]:

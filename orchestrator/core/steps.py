@@ -50,9 +50,10 @@ class StopReport:
 
 def carry_target(handlers: Sequence[Handler], collection: str, phase: str) -> Handler | None:
     """The handler that would claim a document of ``collection`` left free in ``phase``,
-    when that can be told without the server: one registered for exactly that phase (its
-    filter is ``{"phase": phase}``), with no failed-phase exclusion to judge. Filters of
-    ``when`` handlers are the server's to evaluate: their documents are released."""
+    when that can be told without the server: one whose filter is exactly
+    ``{"phase": phase}`` (``phase(C, X)``, or ``when(C, {"phase": X})``, the same
+    registration), which the carry's write satisfies, with no failed-phase exclusion to
+    judge. A filter with more to it is the server's to evaluate: the document is released."""
     for handler in handlers:
         if (
             handler.collection == collection

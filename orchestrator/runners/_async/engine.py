@@ -129,7 +129,7 @@ class AsyncOrchestrator:
             crew=self._crew,
             calls=self._calls,
             on_due=self._come_due,
-            on_pauses=self._pauses.probed,
+            reading_pauses=self._pauses.probing,
         )
         self._record = AsyncReplicaRecorder(
             store=self._store,

@@ -67,7 +67,7 @@ class AsyncSteps:
         crew: AsyncWorkers,
         calls: AsyncHandlerCalls,
         on_due: Callable[[], object],
-        on_pauses: Callable[[list[Pause]], None],
+        reading_pauses: Callable[[], Callable[[list[Pause]], None]],
     ) -> None:
         self._engine = engine  # what a step's context names (``IN_STEP``)
         self._store = store
@@ -79,7 +79,9 @@ class AsyncSteps:
         self._crew = crew
         self._calls = calls
         self._on_due = on_due  # the timer's job when a due time comes (``_wake_when_due``)
-        self._on_pauses = on_pauses  # told the pauses a probe read with its answer
+        # Called as a probe is sent, which reads the pauses too: what its answer's pauses
+        # are given to (numbered when sent, so an answer that lands late is not applied).
+        self._reading_pauses = reading_pauses
         self._limits = AsyncLimits(
             store=store, clock=clock, settings=settings, books=books, report=report, on_due=on_due
         )
@@ -125,6 +127,7 @@ class AsyncSteps:
     async def _probe(self, probe: Probe) -> None:
         found: Found | None = None  # on a StoreError the claims meet it too and report it
         started = self._local.monotonic()
+        pauses_found = self._reading_pauses()
         try:
             found = await self._store.probe(
                 probe.groups(),
@@ -134,7 +137,7 @@ class AsyncSteps:
                 self._settings.replicas_collection,
             )
             if found.pauses is not None:
-                self._on_pauses(found.pauses)  # before its answer: no paused handler claims
+                pauses_found(found.pauses)  # before its answer: no paused handler claims
         except StoreError:
             pass
         finally:

@@ -130,7 +130,7 @@ class Orchestrator:
             crew=self._crew,
             calls=self._calls,
             on_due=self._come_due,
-            on_pauses=self._pauses.probed,
+            reading_pauses=self._pauses.probing,
         )
         self._record = ReplicaRecorder(
             store=self._store,

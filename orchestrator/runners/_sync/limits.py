@@ -21,7 +21,7 @@ from typing import Any
 from orchestrator.core import queries
 from orchestrator.core.clock import ServerClock
 from orchestrator.core.errors import StoreError
-from orchestrator.core.limits import Limit, Slot
+from orchestrator.core.limits import Limit, RateWait, Slot
 from orchestrator.core.registry import Handler
 from orchestrator.core.settings import Settings
 from orchestrator.mongo._sync.contract import LeaseStore
@@ -39,8 +39,11 @@ class Limits:
     No free slot: the claim is not sent and the handler is idle here until the next tick,
     or until one of this replica's own steps frees a slot of it (``Books.slot_freed``). A
     rate limit's next free slot is read then (one read), so this replica does not ask again
-    before it (no round trip at all) and, when it comes before the next tick, wakes then
-    (``Books.due_in``)."""
+    before it, nor before ``SLOTS_RECHECK`` has passed (``RateWait``: another replica's
+    give-back frees a slot early), and, when it comes before the next tick, wakes then
+    (``Books.due_in``). A take after ``SLOTS_RECHECK`` that finds none free reads nothing
+    more while the time read is ahead: a slot given back is free at once, so a take finds
+    it."""
 
     def __init__(
         self,
@@ -59,8 +62,9 @@ class Limits:
         self._report = report
         self._on_due = on_due
         self._lock = threading.Lock()  # the times below, read and set from any worker
-        self._not_before: dict[tuple[str, Limit], datetime] = {}
-        """Per rate limit, when its next slot comes free, as last read: not asked before."""
+        self._not_before: dict[tuple[str, Limit], RateWait] = {}
+        """Per rate limit found full, when its next slot comes free, as last read, and when
+        to ask again: not asked before."""
         self._given_back: Counter[tuple[str, Limit]] = Counter()
         """Per rate limit, slots this replica gave back: a read of the next free one made
         across a give-back may have seen that slot taken, and is not kept."""
@@ -109,7 +113,7 @@ class Limits:
         with self._lock:
             known = self._not_before.get((handler.key, limit))
             given_back = self._given_back[(handler.key, limit)]
-        if known is not None and judged < known:
+        if known is not None and judged < known.ask_at:
             self._books.count("limited")
             return None  # its next slot comes free later: nothing to ask the server yet
         update = queries.take_slot_update(token, held_until, self._settings.replica_id, now)
@@ -119,7 +123,7 @@ class Limits:
         if before is None:
             self._books.count("limited")
             if not limit.follows_lease:
-                self._wait_for_rate(handler, limit, judged, given_back)
+                self._wait_for_rate(handler, limit, judged, given_back, known)
             return None
         slot = Slot(
             handler.key,
@@ -143,18 +147,29 @@ class Limits:
         return slot
 
     def _wait_for_rate(
-        self, handler: Handler, limit: Limit, judged: datetime, given_back: int
+        self,
+        handler: Handler,
+        limit: Limit,
+        judged: datetime,
+        given_back: int,
+        known: RateWait | None,
     ) -> None:
-        """A rate limit reached: when its next slot comes free, this replica asks again (and
-        wakes then, if that is before the next tick). ``given_back``: this replica's give-
-        backs of the limit before its take; one since, and what was read is not kept."""
-        free_at = self._store.next_slot(self._settings.slots_collection, handler.key, limit)
+        """A rate limit reached: when its next slot comes free, or ``SLOTS_RECHECK`` from
+        now if sooner, this replica asks again (and wakes when the slot comes free, if that
+        is before the next tick). ``given_back``: this replica's give-backs of the limit
+        before its take; one since, and what was read is not kept. ``known``: the wait
+        this take ended; its time read, still ahead, stands (no slot frees by its time
+        before it, and one given back would have been taken), so nothing is read again."""
+        if known is not None and judged < known.free_at:
+            free_at: datetime | None = known.free_at
+        else:
+            free_at = self._store.next_slot(self._settings.slots_collection, handler.key, limit)
         if free_at is None or free_at <= judged:
             return
         with self._lock:
             if self._given_back[(handler.key, limit)] != given_back:
                 return
-            self._not_before[(handler.key, limit)] = free_at
+            self._not_before[(handler.key, limit)] = RateWait.of(free_at, judged)
         delay = (free_at - judged).total_seconds()
         if 0 < delay < self._settings.tick:
             self._books.due_in(delay, self._on_due, f"limit {handler.key}")
