@@ -71,8 +71,8 @@ class Replica:
     async def submit(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
         return await self._call("submit", *args, **kwargs)  # type: ignore[no-any-return]
 
-    async def run_once(self) -> dict[str, int]:
-        return await self._call("run_once")  # type: ignore[no-any-return]
+    async def run_once(self, *, heartbeat: bool = True) -> dict[str, int]:
+        return await self._call("run_once", heartbeat=heartbeat)  # type: ignore[no-any-return]
 
     async def measure_clock(self) -> None:
         await self._call("measure_clock")
