@@ -4,21 +4,32 @@ the status counts judge it in the aggregation."""
 
 from __future__ import annotations
 
+import uuid
 from collections import Counter
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from fractions import Fraction
+from typing import Any, TypeVar
 
 import pytest
-from bson import ObjectId
+from bson import Binary, Code, Decimal128, Int64, MaxKey, MinKey, ObjectId, Regex, Timestamp
+from bson.binary import STANDARD
+from bson.codec_options import CodecOptions
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from pymongo import MongoClient
 from pymongo.database import Database
 
-from orchestrator.core import browse, queries
+from orchestrator.core import browse, history, operator, queries
 from orchestrator.core.browse import Filter, LeaseState, UnindexedField
-from orchestrator.core.errors import OperatorError
-from orchestrator.operations import Operations
+from orchestrator.core.errors import OperatorError, StoreError
+from orchestrator.operations import Action, Operations
 from orchestrator.testing import memory_database
+from orchestrator.testing.faults import Faults
+from orchestrator.testing.memory import MemoryDatabase
+from tests.conftest import MONGODB_URI, NO_SERVER
+
+T = TypeVar("T")
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 CLAIM = [("phase", 1), ("claimPriority", -1), ("lockedUntil", 1), ("updatedAt", 1), ("_id", 1)]
@@ -240,3 +251,224 @@ def test_a_rows_state_is_the_one_the_counts_give_it(docs: list[dict[str, Any]]) 
             )
             assert (chosen is not None) == expected, (each, doc)
     assert +counted == +judged
+
+
+# -- every BSON type, and ids a client decodes as UUIDs -------------------------------------
+
+IN_BSON_ORDER: list[Any] = [
+    MinKey(),
+    None,
+    -1,
+    Int64(2),
+    2.5,
+    Decimal128("3.25"),
+    "a string",
+    {"a": 1},
+    [7],
+    Binary(b"bytes"),
+    uuid.UUID(int=5),
+    ObjectId("0" * 24),
+    True,
+    datetime(2026, 1, 1),
+    Timestamp(1, 1),
+    Regex("^a"),
+    Code("f()"),
+    Code("g()", {"x": 1}),
+    MaxKey(),
+]
+"""A value of each type, in BSON's sort order (numbers of every kind as one type)."""
+
+
+@pytest.mark.pure
+def test_every_bson_type_is_ranked_in_bsons_sort_order() -> None:
+    ranks = [browse._rank(value) for value in IN_BSON_ORDER]
+    assert None not in ranks and ranks == sorted(ranks)
+    # int, long, double and decimal are numbers; a UUID is binary data
+    assert len(set(ranks)) == len(IN_BSON_ORDER) - 4
+    # A page after a value goes on with the types after it, and none before: after a
+    # Decimal128, strings and documents; before it, only null (missing) and minKey.
+    decimal = browse._beyond("n", Decimal128("1"), 1)["$or"]
+    assert {"n": {"$type": "string"}} in decimal and {"n": {"$type": "maxKey"}} in decimal
+    assert {"n": {"$type": "number"}} not in decimal and {"n": None} not in decimal
+    assert browse._beyond("n", Decimal128("1"), -1)["$or"][1:] == [
+        {"n": {"$type": "minKey"}},
+        {"n": None},
+    ]
+    # minKey and maxKey hold one value each: after maxKey nothing, before minKey nothing.
+    assert browse._beyond("n", MaxKey(), 1) == {"n": {"$in": []}}
+    assert browse._beyond("n", MinKey(), -1) == {"n": {"$in": []}}
+
+
+@pytest.mark.pure
+def test_a_cursor_of_any_bson_value_round_trips_and_an_unplaced_type_is_refused() -> None:
+    for value in IN_BSON_ORDER:
+        token = browse.cursor({"_id": value}, [("_id", 1)])
+        by_key = Filter("c", ("A",), fields=(("k", 1),))
+        query = browse.plan(by_key, NOW, [], [[("k", 1)]], after=token).query
+        assert query["$and"][-1]["$or"], value
+    with pytest.raises(OperatorError, match=r"_id is a Fraction, a value BSON's sort order"):
+        browse.cursor({"_id": Fraction(1, 3)}, [("_id", 1)])
+
+
+@pytest.fixture(
+    params=[
+        "memory",
+        pytest.param(
+            "mongodb",
+            marks=[pytest.mark.mongodb, pytest.mark.skipif(not MONGODB_URI, reason=NO_SERVER)],
+        ),
+    ]
+)
+def uuid_db(request: pytest.FixtureRequest) -> Iterator[Database[Any]]:
+    """A database whose client decodes binary subtype 4 as ``uuid.UUID``
+    (``uuidRepresentation="standard"``): in memory, or on the server of ``MONGODB_URI``."""
+    if request.param == "memory":
+        yield memory_database(codec_options=CodecOptions(uuid_representation=STANDARD))
+        return
+    client: MongoClient[Any] = MongoClient(
+        MONGODB_URI, uuidRepresentation="standard", serverSelectionTimeoutMS=5000
+    )
+    name = f"orchestrator_test_{uuid.uuid4().hex[:8]}"
+    try:
+        yield client[name]
+    finally:
+        client.drop_database(name)
+        client.close()
+
+
+def failed_jobs(ids: list[Any], phase: str = "A") -> list[dict[str, Any]]:
+    """Documents of ``ids`` that failed at the same moment, each still under an expired
+    lease: the failed list orders them by id alone (descending)."""
+    at = queries.bson_time(NOW)
+    return [
+        {
+            "_id": Binary.from_uuid(i) if isinstance(i, uuid.UUID) else i,
+            "phase": phase,
+            "lastError": {"type": "E", "message": "m", "at": at},
+            "lockToken": f"t{n}",
+            "lockedBy": "pod-x",
+            "lockedUntil": at,
+        }
+        for n, i in enumerate(ids)
+    ]
+
+
+def test_pages_of_uuid_ids_follow_each_other_in_both_orders(uuid_db: Database[Any]) -> None:
+    """Past the first page, the cursor names a UUID as the bytes the client decoded it
+    from (before: ``ValueError`` encoding the cursor, a 500 on the page)."""
+    ids = [uuid.UUID(int=n * 7919) for n in range(11)]
+    uuid_db.jobs.insert_many(failed_jobs(ids))
+    ops = Operations(uuid_db)
+    for query in (Filter("jobs"), Filter("jobs", ("A",), LeaseState.FAILED)):
+        paged = page_through(ops, query, 3)
+        assert paged == page_through(ops, query, 500) and len(set(paged)) == 11, query
+    assert page_through(ops, Filter("jobs"), 3) == [str(i) for i in sorted(ids)]
+
+
+class PageBound(Faults):
+    """Faults that end a bulk action reading more than ``pages`` pages (a loop), and fail
+    the ``fail_at``-th change of a document, once."""
+
+    def __init__(self, pages: int = 30, fail_at: int = 0) -> None:
+        super().__init__()
+        self.pages, self.fail_at, self.changes = pages, fail_at, 0
+
+    def run(self, operation: str, call: Callable[[], T]) -> T:
+        if operation == "find":
+            self.pages -= 1
+            assert self.pages >= 0, "paging never ended"
+        if operation == "find_one_and_update":
+            self.changes += 1
+            if self.changes == self.fail_at:
+                self.fail_next(operation)
+        return super().run(operation, call)
+
+
+def test_a_bulk_action_over_many_uuid_ids_changes_each_once(uuid_db: Database[Any]) -> None:
+    """More than one batch (500) of documents: the action pages on past the first batch
+    and ends (before: ``ValueError`` after changing the first 500, and no audit entry)."""
+    if isinstance(uuid_db, MemoryDatabase):
+        pytest.skip("the in-memory store matches no uuid.UUID in a query (mongomock)")
+    uuid_db.jobs.insert_many(failed_jobs([uuid.UUID(int=n) for n in range(620)]))
+    ops = Operations(PageBound().wrap(uuid_db))
+    done = ops.bulk(Action.UNLOCK, Filter("jobs", ("A",), LeaseState.FAILED), why="bulk")
+    assert len(done.changed) == 620 and not done.skipped
+    assert uuid_db.jobs.count_documents({"lockToken": {"$exists": True}}) == 0
+    assert all(len(d[history.HISTORY_FIELD]) == 1 for d in uuid_db.jobs.find())
+    [record] = Operations(uuid_db).audit()
+    assert (record.action, record.count, record.failed) == ("unlock", 620, None)
+
+
+def test_a_bulk_action_that_fails_part_way_is_audited_with_what_it_changed(
+    db: Database[Any],
+) -> None:
+    """Three documents changed, the fourth change fails: the audit entry counts the three
+    and says why it stopped, and the error still reaches the operator (before: no entry,
+    three changes unaudited)."""
+    db.jobs.insert_many(failed_jobs(list(range(6))))
+    faults = PageBound(fail_at=4)
+    with pytest.raises(StoreError):
+        Operations(faults.wrap(db), actor="ops@test").bulk(
+            Action.UNLOCK, Filter("jobs", ("A",), LeaseState.FAILED), why="card fixed"
+        )
+    changed = [d["_id"] for d in db.jobs.find({"lockToken": {"$exists": False}})]
+    assert len(changed) == 3
+    [record] = Operations(db).audit()
+    assert (record.action, record.by, record.why, record.count) == (
+        "unlock",
+        "ops@test",
+        "card fixed",
+        3,
+    )
+    assert sorted(record.documents) == sorted(operator.id_json(i) for i in changed)
+    assert record.failed is not None and "injected" in record.failed
+
+
+@pytest.mark.mongodb
+@pytest.mark.skipif(not MONGODB_URI, reason=NO_SERVER)
+def test_pages_over_values_of_every_bson_type_add_up_on_the_server(db: Database[Any]) -> None:
+    """Ids and claim priorities of every type the server stores (Decimal128, Timestamp,
+    Regex, minKey, maxKey among them; the in-memory store cannot sort those): each
+    filter's pages list each document once, in one sorted read's order (before: the
+    failed list repeated pages for ever, ascending ids skipped the strings)."""
+    if isinstance(db, MemoryDatabase):
+        pytest.skip("the in-memory store (mongomock) cannot store or sort these types")
+    # Not documents or arrays (an array sorts by an element; the wire server of the CI
+    # tier compares a value with a document out of BSON's order), nor Code (that server
+    # counts it a string) or a UUID (this client stores none).
+    kinds = dict | list | Code | uuid.UUID
+    priorities = [v for v in IN_BSON_ORDER if not isinstance(v, kinds)]
+    ids = [v for v in priorities if not isinstance(v, Regex) and v is not None]
+    docs = failed_jobs([*ids, *(Decimal128(f"{n}.75") for n in range(6)), "s1", "s2"])
+    for n, doc in enumerate(docs):
+        doc["claimPriority"] = priorities[n % len(priorities)]
+        doc["phase"] = "AB"[n % 2]
+    db.jobs.insert_many(docs)
+    ops = Operations(db)
+    for query in (
+        Filter("jobs"),
+        Filter("jobs", ("A",)),
+        Filter("jobs", state=LeaseState.FAILED),
+    ):
+        paged = page_through(ops, query, 2)
+        plan = browse.plan(query, ops.now(), ["A", "B"], [])
+        whole = db.jobs.find(plan.query).sort(plan.sort)
+        assert paged == [browse._ref(d["_id"]) for d in whole], query
+
+
+@pytest.mark.mongodb
+@pytest.mark.skipif(not MONGODB_URI, reason=NO_SERVER)
+def test_a_bulk_action_over_many_decimal128_ids_ends_and_changes_each_once(
+    db: Database[Any],
+) -> None:
+    """The failed list orders by id, descending: a Decimal128 taken for a document sent
+    the next page back to every number (before: the same page for ever)."""
+    if isinstance(db, MemoryDatabase):
+        pytest.skip("the in-memory store (mongomock) cannot store Decimal128 ids")
+    db.jobs.insert_many(failed_jobs([Decimal128(f"{n}.5") for n in range(560)] + ["s"]))
+    ops = Operations(PageBound().wrap(db))
+    done = ops.bulk(Action.UNLOCK, Filter("jobs", ("A",), LeaseState.FAILED), why="bulk")
+    assert len(done.changed) == 561 and not done.skipped
+    assert all(len(d[history.HISTORY_FIELD]) == 1 for d in db.jobs.find())
+    [record] = Operations(db).audit()
+    assert (record.count, record.failed) == (561, None)

@@ -6,16 +6,21 @@ document is found by its business key, its lease badge knows the failed phase an
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
+from fractions import Fraction
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
+from bson import Binary
+from bson.binary import STANDARD
+from bson.codec_options import CodecOptions, TypeDecoder, TypeRegistry
 from fastapi.testclient import TestClient
 from pymongo.database import Database
 
 from orchestrator.operations import Filter, Operations
-from orchestrator.testing import FakeClock
+from orchestrator.testing import FakeClock, memory_database
 from tests.operator_page import Page, mounted, read, seed, seed_invoices
 
 
@@ -193,3 +198,41 @@ def test_lease_badges_say_what_the_lease_fields_alone_do_not(
     db.gateways.update_one({"_id": "gw-broken"}, {"$set": {"phase": "Provisioning"}})
     moved = read(page.get("/ops/document", params={"c": "gateways", "id": "gw-broken"}))
     assert moved.text_of("lease-state") == "free"
+
+
+def test_lists_of_uuid_ids_page_on_and_an_unplaced_value_is_a_400() -> None:
+    """A client decoding UUIDs (``uuidRepresentation="standard"``): the page and the API
+    follow ``next`` past the first page (before: a 500). A sort value of a type BSON's
+    order does not place (a custom codec's) refuses the cursor in one line, a 400."""
+    standard = CodecOptions(uuid_representation=STANDARD)
+    db = memory_database(codec_options=standard)
+    db.jobs.insert_many(
+        [{"_id": Binary.from_uuid(uuid.UUID(int=n)), "phase": "A"} for n in range(5)]
+    )
+    with mounted(db) as page:
+        listed = page.get("/ops/api/documents?c=jobs&limit=2").json()
+        seen = [row["id"] for row in listed["documents"]]
+        while listed["next"]:
+            shown = read(page.get(f"/ops/documents?c=jobs&limit=2&after={listed['next']}"))
+            listed = page.get(f"/ops/api/documents?c=jobs&limit=2&after={listed['next']}").json()
+            assert documents_of(shown) == [row["id"] for row in listed["documents"]]
+            seen += documents_of(shown)
+    assert seen == [str(uuid.UUID(int=n)) for n in range(5)]
+    custom = standard.with_options(type_registry=TypeRegistry([AsFraction()]))
+    odd = memory_database(codec_options=custom)
+    odd.jobs.insert_many([{"_id": Binary(bytes([n]), 128), "phase": "A"} for n in range(3)])
+    with mounted(odd) as page:
+        refused = page.get("/ops/api/documents?c=jobs&limit=1")
+        assert refused.status_code == 400
+        assert "_id is a Fraction, a value BSON's sort order" in refused.json()["error"]
+        assert page.get("/ops/documents?c=jobs&limit=1").status_code == 400
+
+
+class AsFraction(TypeDecoder):
+    """A codec of the application's: binary data of a user-defined subtype (128) read as
+    a ``Fraction``."""
+
+    bson_type = Binary
+
+    def transform_bson(self, value: Any) -> Any:
+        return Fraction(value[0], 7) if value.subtype == 128 else value

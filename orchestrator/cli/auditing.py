@@ -45,6 +45,8 @@ def audit(limit: int, as_json: bool, connection: Connection) -> int:
         click.echo(visible(f"{when(entry.at) or '(no time)'}  {entry.by}: {_what(entry)}"))
         if entry.why:
             click.echo(visible(f"    why: {entry.why}"))
+        if entry.failed:
+            click.echo(visible(f"    stopped part way: {entry.failed}"))
     return 0
 
 

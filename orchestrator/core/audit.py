@@ -17,6 +17,7 @@ from enum import StrEnum
 from typing import Any
 
 from orchestrator.core.queries import as_utc, bson_time
+from orchestrator.core.redact import redact
 
 AUDIT_COLLECTION = "orchestrator.audit"
 AUDIT_RETENTION = 90 * 86_400.0
@@ -26,6 +27,8 @@ AUDIT_INDEX_NAME = "orchestrator_audit_expiry"
 AUDIT_SORT: list[tuple[str, int]] = [("at", -1), ("_id", -1)]
 AUDIT_ORDER_INDEX: list[tuple[str, int]] = AUDIT_SORT
 AUDIT_ORDER_INDEX_NAME = "orchestrator_audit_order"
+FAILURE_LENGTH = 300
+"""Most characters of a failure an entry keeps."""
 
 
 class AuditKind(StrEnum):
@@ -44,11 +47,13 @@ def operator_record(
     documents: Sequence[str],
     count: int,
     retention: float = AUDIT_RETENTION,
+    failed: str | None = None,
 ) -> dict[str, Any]:
     """An operator's action: ``scope`` the filter or pause it named (as text),
     ``documents`` the ids it changed (their first hundred, as Extended JSON), ``count``
-    how many it changed."""
-    return {
+    how many it changed; ``failed``: why it stopped part way (``failure_text``), the
+    changes before it counted, so no change goes unaudited."""
+    record = {
         "kind": AuditKind.OPERATOR.value,
         "at": bson_time(at),
         "expiresAt": bson_time(at + timedelta(seconds=retention)),
@@ -60,6 +65,15 @@ def operator_record(
         "documents": list(documents[:100]),
         "count": count,
     }
+    if failed is not None:
+        record["failed"] = failed
+    return record
+
+
+def failure_text(exc: BaseException) -> str:
+    """An error as an entry keeps it: one line, its type first, redacted, bounded."""
+    text = " ".join(redact(f"{type(exc).__name__}: {exc}").split())
+    return text[:FAILURE_LENGTH]
 
 
 def takeover_record(
@@ -96,6 +110,8 @@ class AuditEntry:
     documents: tuple[str, ...]
     count: int
     taken_from: str | None
+    failed: str | None = None
+    """Why the action stopped part way (``count`` changed before it); None: it finished."""
 
     @classmethod
     def read(cls, doc: Mapping[str, Any]) -> AuditEntry:
@@ -105,7 +121,7 @@ class AuditEntry:
             doc.get("documents"),
             doc.get("count"),
         )
-        taken = doc.get("takenFrom")
+        taken, failed = doc.get("takenFrom"), doc.get("failed")
         return cls(
             kind=str(doc.get("kind", "?")),
             at=as_utc(at) if isinstance(at, datetime) else None,
@@ -117,6 +133,7 @@ class AuditEntry:
             documents=tuple(str(d) for d in docs) if isinstance(docs, list) else (),
             count=count if isinstance(count, int) and not isinstance(count, bool) else 0,
             taken_from=None if taken is None else str(taken),
+            failed=None if failed is None else str(failed),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -138,6 +155,7 @@ __all__ = [
     "AUDIT_RETENTION",
     "AuditEntry",
     "AuditKind",
+    "failure_text",
     "operator_record",
     "takeover_record",
 ]

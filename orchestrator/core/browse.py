@@ -24,13 +24,19 @@ from __future__ import annotations
 
 import base64
 import binascii
+import re
+import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-from bson import json_util
+from bson import DBRef, Decimal128, MaxKey, MinKey, ObjectId, Regex, Timestamp, json_util
+from bson.binary import UuidRepresentation
+from bson.code import Code
+from bson.codec_options import DatetimeConversion
+from bson.datetime_ms import DatetimeMS
 from bson.errors import BSONError
 from bson.json_util import CANONICAL_JSON_OPTIONS
 
@@ -198,7 +204,7 @@ def plan(
         hint, sort = list(CLAIM_INDEX), LEASE_ORDER
         served = f"{queries.CLAIM_INDEX_NAME} ({CLAIM_KEYS})"
     if after is not None:
-        parts.append(_after(sort, _decode(after, len(sort))))
+        parts.append(_after(sort, _decode(after, sort)))
     query = parts[0] if len(parts) == 1 else {"$and": parts}
     return Plan(query=query, sort=sort, hint=hint, index=served)
 
@@ -331,69 +337,128 @@ def _text(value: Any) -> str:
     return value if isinstance(value, str) else str(value)
 
 
-def cursor(doc: Mapping[str, Any], sort: Sequence[tuple[str, int]]) -> str:
+def cursor(
+    doc: Mapping[str, Any],
+    sort: Sequence[tuple[str, int]],
+    uuids: int = UuidRepresentation.STANDARD,
+) -> str:
     """The cursor of the page after ``doc`` (the last of a page), in ``sort``'s order:
-    its sort values, as canonical Extended JSON, base64url-encoded for a link."""
+    its sort values, as canonical Extended JSON, base64url-encoded for a link. ``uuids``:
+    the client's ``uuidRepresentation``, which decoded a ``uuid.UUID`` from binary data of
+    its subtype, so the cursor names those same bytes. A value of a type BSON's order does
+    not place (a custom codec's) is refused: no later page can be found after it."""
     values = [_get(doc, name) for name, _ in sort]
-    text = json_util.dumps(values, json_options=CANONICAL_JSON_OPTIONS)
+    for (name, _), value in zip(sort, values, strict=True):
+        _placed(name, value, "a document's")
+    if uuids == UuidRepresentation.UNSPECIFIED:
+        uuids = UuidRepresentation.STANDARD
+    options = CANONICAL_JSON_OPTIONS.with_options(uuid_representation=uuids)
+    text = json_util.dumps(values, json_options=options)
     return base64.urlsafe_b64encode(text.encode()).decode().rstrip("=")
 
 
-def _decode(token: str, count: int) -> list[Any]:
+_CURSOR_OPTIONS = CANONICAL_JSON_OPTIONS.with_options(
+    datetime_conversion=DatetimeConversion.DATETIME_AUTO
+)
+"""A cursor's values as they were stored: binary data (a UUID's too) as ``Binary`` of its
+subtype, a date outside ``datetime``'s range as ``DatetimeMS`` (as the store reads it)."""
+
+
+def _decode(token: str, sort: Sequence[tuple[str, int]]) -> list[Any]:
     try:
         text = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)).decode()
-        values = json_util.loads(text, json_options=CANONICAL_JSON_OPTIONS)
+        values = json_util.loads(text, json_options=_CURSOR_OPTIONS)
     except (ValueError, TypeError, BSONError, binascii.Error, UnicodeDecodeError):
         raise OperatorError(f"malformed page cursor {token[:40]!r}") from None
-    if not isinstance(values, list) or len(values) != count:
+    if not isinstance(values, list) or len(values) != len(sort):
         raise OperatorError("the page cursor is not one of this list's (start again)")
+    for (name, _), value in zip(sort, values, strict=True):
+        _placed(name, value, "the page cursor's")
     return values
 
 
-_TYPE_ORDER = (
-    "null",
-    "number",
-    "string",
-    "object",
-    "array",
-    "binData",
-    "objectId",
-    "bool",
-    "date",
+def _placed(name: str, value: Any, whose: str) -> None:
+    if _rank(value) is None:
+        raise OperatorError(
+            f"{whose} {name} is a {type(value).__name__}, a value BSON's sort order does not "
+            "place, so no page can start after it (start again, or filter it out)"
+        )
+
+
+_TYPE_ORDER: tuple[tuple[str, ...], ...] = (
+    ("minKey",),
+    ("null",),
+    ("number",),
+    ("string", "symbol"),
+    ("object",),
+    ("array",),
+    ("binData",),
+    ("objectId",),
+    ("bool",),
+    ("date",),
+    ("timestamp",),
+    ("regex",),
+    ("dbPointer",),
+    ("javascript",),
+    ("javascriptWithScope",),
+    ("maxKey",),
 )
-"""BSON's comparison order of the types a document's fields hold (symbol sorts as a
-string; minKey, timestamp, regex and maxKey, which no writer stores in a lease field or
-an id, are left out). ``$gt`` compares within a type only, so a keyset condition adds
-the types ranked after the last value's."""
+"""BSON's comparison and sort order of types (MongoDB's ``canonicalizeBSONType``), each
+rank by its ``$type`` names: int, long, double and decimal compare as numbers, symbols as
+strings; null stands for missing and undefined too. ``$gt`` compares within a rank only,
+so a keyset condition adds the ranks after the last value's."""
+
+_RANKS = {kind: rank for rank, kinds in enumerate(_TYPE_ORDER) for kind in kinds}
+_SINGLE = frozenset(_RANKS[kind] for kind in ("minKey", "null", "maxKey"))
+"""The ranks of one value each: nothing follows within them (and ``$gt`` a minKey or
+``$lt`` a maxKey would match every type)."""
 
 
-def _rank(value: Any) -> int:
+def _rank(value: Any) -> int | None:
+    """Where ``value``'s type sits in ``_TYPE_ORDER``, as PyMongo decodes each BSON type
+    (a ``DBRef`` is stored as a document, a ``Code`` is a ``str`` and a ``bool`` an
+    ``int`` to Python, so those come first); None for a type it does not place."""
     if value is None:
-        return 0
+        return _RANKS["null"]
+    if isinstance(value, Code):
+        return _RANKS["javascript" if value.scope is None else "javascriptWithScope"]
     if isinstance(value, bool):
-        return 7
-    if isinstance(value, int | float):
-        return 1
-    if isinstance(value, str):
-        return 2
-    if isinstance(value, datetime):
-        return 8
-    if isinstance(value, list):
-        return 4
-    if isinstance(value, bytes):
-        return 5
-    return 6 if type(value).__name__ == "ObjectId" else 3
+        return _RANKS["bool"]
+    for kinds, kind in _PYTHON_TYPES:
+        if isinstance(value, kinds):
+            return _RANKS[kind]
+    return None
+
+
+_PYTHON_TYPES: tuple[tuple[type | tuple[type, ...], str], ...] = (
+    (MinKey, "minKey"),
+    ((int, float, Decimal128), "number"),
+    (str, "string"),
+    ((Mapping, DBRef), "object"),
+    ((list, tuple), "array"),
+    ((bytes, uuid.UUID), "binData"),
+    (ObjectId, "objectId"),
+    ((datetime, DatetimeMS), "date"),
+    (Timestamp, "timestamp"),
+    ((Regex, re.Pattern), "regex"),
+    (MaxKey, "maxKey"),
+)
+"""The Python types PyMongo decodes each BSON type to (``bytes``: ``Binary`` of any
+subtype; ``uuid.UUID``: a UUID under a client's ``uuidRepresentation``)."""
 
 
 def _beyond(name: str, value: Any, direction: int) -> dict[str, Any]:
     """``name`` after ``value`` in ``direction`` (1 ascending, -1 descending), across
-    types as BSON orders them (null and missing alike, first)."""
+    types as BSON orders them (null and missing alike, next after minKey)."""
     rank = _rank(value)
-    types = _TYPE_ORDER[rank + 1 :] if direction == 1 else _TYPE_ORDER[:rank]
+    assert rank is not None  # _decode refused the rest
+    ranks = _TYPE_ORDER[rank + 1 :] if direction == 1 else _TYPE_ORDER[:rank]
     branches: list[dict[str, Any]] = [
-        {name: None} if kind == "null" else {name: {"$type": kind}} for kind in types
+        {name: None} if kind == "null" else {name: {"$type": kind}}
+        for kinds in ranks
+        for kind in kinds
     ]
-    if value is not None:
+    if rank not in _SINGLE:
         branches.insert(0, {name: {"$gt" if direction == 1 else "$lt": value}})
     if not branches:
         return {name: {"$in": []}}  # nothing comes after: the last possible value

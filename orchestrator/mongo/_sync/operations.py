@@ -25,7 +25,13 @@ from pymongo.synchronous.database import Database
 
 from orchestrator.core import browse as browsing
 from orchestrator.core import history, queries, replicas, sharding
-from orchestrator.core.audit import AUDIT_COLLECTION, AuditEntry, AuditKind, operator_record
+from orchestrator.core.audit import (
+    AUDIT_COLLECTION,
+    AuditEntry,
+    AuditKind,
+    failure_text,
+    operator_record,
+)
 from orchestrator.core.browse import Filter, LeaseState, Page, Plan, Row
 from orchestrator.core.errors import (
     AmbiguousId,
@@ -102,6 +108,7 @@ class Operations:
         self._audit = audit_collection
         self._own = {replicas_collection, pauses_collection, audit_collection}
         self.actor = actor or default_actor()
+        self._uuids = database.codec_options.uuid_representation
         self._indexed: dict[str, float] = {}  # collection: when its indexes were seen
 
     # -- reports ----------------------------------------------------------------------
@@ -235,7 +242,7 @@ class Operations:
         more = len(docs) > limit
         return Page(
             rows=rows[:limit],
-            next=browsing.cursor(docs[limit - 1], plan.sort) if more else None,
+            next=browsing.cursor(docs[limit - 1], plan.sort, self._uuids) if more else None,
             index=plan.index,
             at=now,
         )
@@ -485,7 +492,7 @@ class Operations:
             if after is not None:
                 return after
         if self._reports.find_one(collection, queries.exact_id_filter(doc_id)) is None:
-            raise DocumentNotFound(collection, id_json(doc_id))
+            raise DocumentNotFound(collection, id_json_or_text(doc_id))
         raise DocumentChanged(collection, doc_id)
 
     # -- acting on every document of a filter -------------------------------------------
@@ -507,7 +514,8 @@ class Operations:
         applied only while it still matches the filter and is as it was read (its phase
         and lease): what moved meanwhile is skipped, not acted on. A retry sends each
         document to ``to``, or to the phase of its own last error. ``dry_run``: nothing
-        is changed; the result says what would be. One audit entry records the whole.
+        is changed; the result says what would be. One audit entry records the whole, also
+        when it stops part way (what it changed before, and why it stopped).
 
         :raises OperatorError: the filter selects more than ``limit`` documents
         :raises UnhandledPhase: as for one document, for ``to`` or any error phase
@@ -531,6 +539,36 @@ class Operations:
         plan = self._plan(query, now, None, replicas.legacy_lock_timeout(live))
         if plan is None:
             return result
+        scope = {**query.describe(), **({"to": target} if target else {})}
+        try:
+            self._each_of_bulk(
+                result, query, plan, target, force, any_phase, live, now, by, why, shard_key
+            )
+        except BaseException as exc:  # Ctrl-C and a cancelled request too: audited
+            if not dry_run:
+                self._record_bulk(result, scope, now, by, why, failed=exc)
+            raise
+        if not dry_run:
+            self._record_bulk(result, scope, now, by, why)
+        return result
+
+    def _each_of_bulk(
+        self,
+        result: Bulk,
+        query: Filter,
+        plan: Plan,
+        target: str | None,
+        force: bool,
+        any_phase: bool,
+        live: list[ReplicaRecord],
+        now: datetime,
+        by: str | None,
+        why: str,
+        shard_key: tuple[str, ...],
+    ) -> None:
+        """Act on each document ``plan`` selects, page by page, into ``result``: what was
+        changed is there when a page's read or a change fails part way."""
+        action, dry_run = result.action, result.dry_run
         seen_ids: set[str] = set()
         after: str | None = None
         while True:
@@ -563,25 +601,39 @@ class Operations:
                 else:
                     result.skipped.append((row, why_not))
             if len(docs) < browsing.MAX_LIMIT:
-                break
-            after = browsing.cursor(docs[-1], plan.sort)
-        if not dry_run:
-            scope = {**query.describe(), **({"to": target} if target else {})}
-            ids = [r.ref or r.id for r in result.changed]
-            self._reports.append_audit(
-                self._audit,
-                operator_record(
-                    action=action.value,
-                    by=by or self.actor,
-                    why=why,
-                    at=now,
-                    collection=query.collection,
-                    scope=scope,
-                    documents=ids,
-                    count=len(result.changed),
-                ),
-            )
-        return result
+                return
+            after = browsing.cursor(docs[-1], plan.sort, self._uuids)
+
+    def _record_bulk(
+        self,
+        result: Bulk,
+        scope: Mapping[str, Any],
+        now: datetime,
+        by: str | None,
+        why: str,
+        failed: BaseException | None = None,
+    ) -> None:
+        """The audit entry of a bulk action: what it changed, and, when it stopped part way
+        (``failed``), why. A failure to write it leaves ``failed`` the error that
+        propagates, with that noted."""
+        record = operator_record(
+            action=result.action.value,
+            by=by or self.actor,
+            why=why,
+            at=now,
+            collection=result.filter.collection,
+            scope=scope,
+            documents=[r.ref or r.id for r in result.changed],
+            count=len(result.changed),
+            failed=None if failed is None else failure_text(failed),
+        )
+        if failed is None:
+            self._reports.append_audit(self._audit, record)
+            return
+        try:
+            self._reports.append_audit(self._audit, record)
+        except Exception as lost:  # the failure stands; this one is noted on it
+            failed.add_note(f"its audit entry was not written either: {lost}")
 
     def _one_of_many(
         self,

@@ -27,6 +27,7 @@ from orchestrator.testing.memory.indexes import (
 )
 from orchestrator.testing.memory.locked import locked_attribute
 from orchestrator.testing.memory.server_rules import (
+    every_type_name,
     expire_by_server_clock,
     limit_document_size,
     missing_through_scalars,
@@ -62,6 +63,7 @@ class MemoryCollection:
             accelerate(collection)
             limit_document_size(collection)
             missing_through_scalars()
+            every_type_name()
             union_with()
 
     @property

@@ -1,8 +1,9 @@
 """What a server does to stored documents that mongomock does differently or not at all.
 
 (A dotted path through a value that is no document reads as missing on a server, as
-``missing_through_scalars`` makes it in mongomock's filtering; ``union_with`` adds the
-``$unionWith`` stage mongomock's aggregation lacks.)
+``missing_through_scalars`` makes it in mongomock's filtering; ``every_type_name`` teaches
+its ``$type`` the names it leaves unimplemented; ``union_with`` adds the ``$unionWith``
+stage mongomock's aggregation lacks.)
 
 Two rules are grafted onto each mongomock collection the proxies reach: a TTL index
 expires documents by the server's clock, once a minute, as a server's TTL monitor does
@@ -12,12 +13,14 @@ document over 16 MiB is refused and changes nothing (mongomock stores it).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any, cast
 
 import bson
-from bson import ObjectId
+from bson import MaxKey, MinKey, ObjectId, Regex, Timestamp
+from bson.code import Code
 from mongomock import aggregate as mongomock_aggregate
 from mongomock import filtering
 from pymongo.errors import DocumentTooLarge, DuplicateKeyError, OperationFailure, WriteError
@@ -30,6 +33,7 @@ __all__ = [
     "MAX_BSON_SIZE",
     "TTL_MONITOR_PERIOD",
     "OversizedDocument",
+    "every_type_name",
     "expire_by_server_clock",
     "limit_document_size",
     "missing_through_scalars",
@@ -179,6 +183,32 @@ def missing_through_scalars() -> None:
 
     candidates._server_rules = True  # type: ignore[attr-defined]
     filtering.iter_key_candidates = candidates
+
+
+def every_type_name() -> None:
+    """Make ``$type`` answer every BSON type name as a server does: mongomock raises
+    NotImplementedError for minKey, timestamp, regex, javascript, maxKey... (a keyset
+    page's condition names every type after its last value's), and counts a ``Code`` as a
+    string. Symbol, dbPointer and undefined values read as other types in Python (str,
+    DBRef, None), so none is stored as such. Once, for the process: mongomock's ``$type``
+    names are module-wide."""
+    names: dict[str, Any] = vars(filtering)["TYPE_MAP"]
+    if names.get("minKey") is not None:
+        return
+    names.update(
+        {
+            "minKey": lambda v: isinstance(v, MinKey),
+            "maxKey": lambda v: isinstance(v, MaxKey),
+            "timestamp": lambda v: isinstance(v, Timestamp),
+            "regex": lambda v: isinstance(v, Regex | re.Pattern),
+            "javascript": lambda v: isinstance(v, Code) and v.scope is None,
+            "javascriptWithScope": lambda v: isinstance(v, Code) and v.scope is not None,
+            "string": lambda v: isinstance(v, str) and not isinstance(v, Code),
+            "symbol": lambda v: False,
+            "dbPointer": lambda v: False,
+            "undefined": lambda v: False,
+        }
+    )
 
 
 def union_with() -> None:
