@@ -109,10 +109,15 @@ def legacy_locked_at(until: datetime, legacy: float) -> datetime:
     """The ``lockedAt`` an in-house pod judges as this library judges ``lockedUntil=until``
     (``legacy_expiry``'s inverse): a lease, a relock's wait or a retry's backoff ends for
     both at one moment. A release at once writes the epoch itself, as the in-house unlock
-    does (its ``TASK_LOCK_INIT_TIME``)."""
+    does (its ``TASK_LOCK_INIT_TIME``).
+
+    The one place a stamp is decided from an expiry: ``until`` is taken as stored
+    (``bson_time``) first, so the stamp a write stores (``legacy_fields``, from the stored
+    ``lockedUntil``) and the one a lease's fence names (``legacy_fence``, from the lease's
+    own expiry) are one, whatever the setting's digits."""
     if as_utc(until) <= _UTC_EPOCH:
         return EPOCH
-    return bson_time(until - timedelta(seconds=legacy) - LEGACY_SLACK)
+    return bson_time(bson_time(until) - timedelta(seconds=legacy) - LEGACY_SLACK)
 
 
 def legacy_fields(fields: Mapping[str, Any], legacy: float | None) -> dict[str, Any]:
@@ -148,7 +153,7 @@ def legacy_fence(
     past its lease would still write over the in-house pod's work."""
     if legacy is None:
         return dict(query)
-    stamps = [legacy_locked_at(until, legacy) for until in untils]  # as legacy_fields
+    stamps = [legacy_locked_at(until, legacy) for until in untils]
     return {**query, "lockedAt": stamps[0] if len(stamps) == 1 else {"$in": stamps}}
 
 
