@@ -659,6 +659,16 @@ def retry_update(attempts: int, error: Mapping[str, Any], until: datetime) -> di
     }
 
 
+def unrecorded(update: Mapping[str, Any]) -> dict[str, Any]:
+    """A retry's or a failure's ``update`` storing no error at all (``lastError`` and
+    ``previousError`` dropped): the attempt counts on a document at 16 MiB, which it grows
+    by nothing the claim did not add (``lastToken`` takes ``lockToken``'s place) but the
+    failed phase's mark."""
+    sets = {k: v for k, v in update["$set"].items() if k != "lastError"}
+    unset = {**update.get("$unset", {}), "lastError": "", "previousError": ""}
+    return {**update, "$set": sets, "$unset": unset}
+
+
 def fail_update(
     failed_phase: str,
     attempts: int,
