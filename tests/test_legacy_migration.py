@@ -605,6 +605,39 @@ def test_every_lease_a_replica_writes_tells_old_pods_the_same(
     _told_alike(cancelled)
 
 
+@pytest.mark.parametrize("action", ["unlock", "retry", "cancel"])
+def test_an_operators_change_frees_a_document_for_old_pods_though_no_replica_is_live(
+    action: str, make: MakeReplica, db: Database[Any], clock: FakeClock
+) -> None:
+    """The operators' tools learn the setting from the live replicas' records, and while
+    old pods run none may be live: an operator's unlock, retry or cancel still writes the
+    epoch ``lockedAt`` with the epoch ``lockedUntil``. Written only with the setting, the
+    ``lockedAt`` of a replica's relock (ahead of now) stayed, and held the document for the
+    old pods (and for replicas honouring them) until the relock's wait ended."""
+    orch = make(legacy_lock_timeout=LEGACY)
+    claimed = _taking(orch)  # relocks for 600 s
+    platform = Platform(orch.clock.now)
+    _gateway(db, platform, orch.clock.now())
+    orch.run_once()
+    assert len(claimed) == 1
+    seen = db.gateways.find_one()
+    assert queries.as_utc(seen["lockedAt"]) > orch.clock.now()  # the relock's stamp
+    operations = Operations(db)
+    assert operations.replicas() == []
+    if action == "unlock":
+        after = operations.unlock("gateways", seen)
+    elif action == "retry":
+        after = operations.retry("gateways", seen, "Deleting", any_phase=True).document
+    else:
+        after = operations.cancel("gateways", seen, to="Deleting", any_phase=True).document
+    assert queries.as_utc(after["lockedAt"]) == queries.as_utc(TASK_LOCK_INIT_TIME)
+    _told_alike(after)
+    pod = LegacyPod("old-0", db, orch.clock.now, platform)
+    clock.advance(1)
+    pod.tick()
+    assert pod.busy  # the old pod takes it at once
+
+
 def _record(now: datetime, legacy: float | None, replica_id: str = "new-a") -> ReplicaRecord:
     return new_record(
         replica_id=replica_id,

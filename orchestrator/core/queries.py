@@ -135,12 +135,29 @@ def legacy_update(update: Mapping[str, Any], legacy: float | None) -> Mapping[st
     retry or failure, an operator's unlock, retry or cancel) sets the matching
     ``lockedAt`` with it (``legacy_locked_at``). The store applies it to every write it
     sends (and ``legacy_fields`` to every document it inserts), and the operators' tools
-    to their changes, so no lease write can be left out; ``update`` itself when there is
-    nothing to add."""
+    to their changes (``operator_legacy_update``), so no lease write can be left out;
+    ``update`` itself when there is nothing to add."""
     sets = update.get("$set")
     if legacy is None or not isinstance(sets, Mapping) or "lockedUntil" not in sets:
         return update
     return {**update, "$set": legacy_fields(sets, legacy)}
+
+
+def operator_legacy_update(update: Mapping[str, Any], legacy: float | None) -> Mapping[str, Any]:
+    """An operator's change (``legacy_update``) as in-house pods read it, also when no live
+    replica publishes the setting (while old pods run, none may be live): one that frees
+    the document at once writes the epoch ``lockedAt`` whatever the setting, as the
+    in-house unlock does (what ``legacy_locked_at`` gives the epoch for any timeout, and
+    nothing reads after the migration). Written only with the setting, a replica's relock
+    left its ``lockedAt`` ahead of now, holding the document for the old pods (and the
+    replicas honouring them) until that wait ended."""
+    sets = update.get("$set")
+    if legacy is not None or not isinstance(sets, Mapping):
+        return legacy_update(update, legacy)
+    until = sets.get("lockedUntil")
+    if not isinstance(until, datetime) or as_utc(until) > _UTC_EPOCH:
+        return update
+    return {**update, "$set": {**sets, "lockedAt": EPOCH}}
 
 
 def legacy_fence(
