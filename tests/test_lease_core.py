@@ -258,9 +258,9 @@ def test_a_broken_retry_policy_still_counts_the_attempt_and_says_so() -> None:
     assert message == "m [retry_policy raised RuntimeError: down; waiting 30s instead]"
 
 
-def test_a_record_too_large_is_tried_cut_short_then_bare() -> None:
+def test_a_record_too_large_is_tried_cut_short_then_bare_then_not_at_all() -> None:
     planned = lease()._error_write("E", "x" * 5000, permanent=False)
-    whole, cut, bare = (w.update for w in planned.forms)
+    whole, cut, bare, none = (w.update for w in planned.forms)
     assert whole["$set"]["lastError"]["message"] == "x" * 2000  # error_record's own cap
     assert cut["$set"]["lastError"]["message"] == (
         "x" * 200 + " [cut: the document is near 16 MiB]"
@@ -270,7 +270,28 @@ def test_a_record_too_large_is_tried_cut_short_then_bare() -> None:
     )
     assert bare["$unset"]["previousError"] == ""
     assert "previousError" not in whole.get("$unset", {})
+    # The last stores no record and no history entry: the attempt counts at the limit.
+    assert "lastError" not in none["$set"] and history.HISTORY_FIELD not in str(none)
+    assert none["$unset"] == {"lockToken": "", "lastError": "", "previousError": ""}
     assert all(w.update["$set"]["attempts"] == 1 for w in planned.forms)
+    assert all(w.update["$set"]["lastToken"] == TOKEN for w in planned.forms)
+
+
+def test_every_outcome_with_a_history_entry_has_a_lighter_form_without_it() -> None:
+    core = lease()
+    unlock, _ = core._unlock_write({"x": 1})
+    [lighter] = unlock.lighter
+    assert history.HISTORY_FIELD in str(unlock.update) and history.HISTORY_FIELD not in str(lighter)
+    assert lighter == {
+        op: {k: v for k, v in fields.items() if k != history.HISTORY_FIELD}
+        for op, fields in unlock.update.items()
+        if op != "$push"
+    }
+    assert unlock.forms == (unlock.update, lighter)
+    for write in (core._relock_write(5, {})[0], core._advance_write("Next", {})[0]):
+        assert len(write.forms) == 2 and history.HISTORY_FIELD not in str(write.lighter)
+    planned = core._error_write("E", "m", permanent=True)
+    assert [len(w.forms) for w in planned.forms] == [2, 2, 1, 1]
 
 
 # -- the state machine --------------------------------------------------------------------
@@ -527,12 +548,13 @@ def test_each_release_carries_its_steps_history_entry_in_the_same_write() -> Non
 def test_a_failed_attempts_entry_keeps_its_error_and_traceback_but_not_at_the_size_limit() -> None:
     core = lease(retry_policy=Fixed(7))
     forms = core._error_write("E", "m", permanent=False, trace="Traceback ...").forms
-    whole, cut, bare = (form.update for form in forms)
+    whole, cut, bare, none = (form.update for form in forms)
     assert entry_of(whole)["error"]["traceback"] == "Traceback ..."
     assert whole["$set"]["lastError"]["traceback"] == "Traceback ..."
     assert entry_of(whole)["outcome"] == "retrying"
     assert "traceback" not in entry_of(cut)["error"]
-    assert "$push" not in bare and history.HISTORY_FIELD not in bare.get("$set", {})
+    for last in (bare, none):
+        assert "$push" not in last and history.HISTORY_FIELD not in last.get("$set", {})
     failed = core._error_write("E", "m", permanent=True).forms[0].update
     assert entry_of(failed)["outcome"] == "failed" and entry_of(failed)["to"] == "Failed"
 

@@ -21,9 +21,11 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.database import Database
 
 from orchestrator import (
+    AsyncOrchestrator,
     ConfigError,
     Lease,
     LeaseLost,
@@ -44,6 +46,7 @@ from orchestrator.testing import FakeClock, memory_database
 from orchestrator.testing.faults import Faults
 from tests.cli_kit import URI, publish, run
 from tests.conftest import MakeReplica
+from tests.engines import Replica
 from tests.legacy_pod import (
     KINDS,
     TASK_LOCK_INIT_TIME,
@@ -488,6 +491,58 @@ def test_both_kinds_take_a_document_from_the_same_millisecond(
 # -- every lease a replica writes ----------------------------------------------------------
 
 
+@pytest.mark.pure
+@pytest.mark.parametrize("micros", [0, 1, 499, 500, 501, 999])
+def test_a_lease_s_fence_names_the_lockedAt_its_write_stored_whatever_the_setting_s_digits(
+    micros: int,
+) -> None:
+    """The store stamps ``lockedAt`` from the ``lockedUntil`` it writes (to the
+    millisecond); the lease's fence from its own expiry (to the microsecond): one stamp,
+    even for a setting finer than a millisecond (which settings now refuse)."""
+    until = T.replace(microsecond=123_000 + micros)
+    for legacy in (LEGACY, LEGACY + 0.0005, LEGACY + 0.0009):
+        stored = queries.legacy_update(queries.extend_update(T, until), legacy)["$set"]
+        fence = queries.legacy_fence({"_id": 1}, [until], legacy)
+        assert fence["lockedAt"] == stored["lockedAt"], legacy
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("engine", ["threaded", "async"])
+async def test_every_outcome_lands_with_a_setting_finer_than_a_millisecond(
+    engine: str, db: Database[Any], adb: AsyncDatabase[Any], clock: FakeClock
+) -> None:
+    """A replica whose setting has sub-millisecond digits (as one built before settings
+    refused them): each step's outcome lands, whatever the sub-millisecond digits of its
+    lease's expiry (ten steps, each a tick and a tenth of a millisecond after the last,
+    cover them all). Its fence once named a ``lockedAt`` a millisecond off the stored one
+    for half of them: the outcome refused as a lost lease, the step run again at each
+    expiry, for ever."""
+    built = Settings(replica_id="new-a", clock_refresh=1e6)
+    settings = built.model_copy(update={"legacy_lock_timeout": LEGACY + 0.0005})
+    orch = (
+        Orchestrator(db, settings, clock=clock)
+        if engine == "threaded"
+        else AsyncOrchestrator(adb, settings, clock=clock)
+    )
+    replica = Replica(orch)
+    await replica.measure_clock()
+
+    @replica.phase("gateways", "Deleting")
+    async def delete(lease: Any) -> Any:
+        return await lease.relock(wait=1, steps=lease.doc.get("steps", 0) + 1)
+
+    try:
+        await replica.submit("gateways", {"phase": "Deleting"})
+        for n in range(10):
+            counts = await replica.run_once()
+            assert counts.get("relocked") == 1 and "lost" not in counts, (n, counts)
+            clock.advance(1.0001)
+    finally:
+        await replica.stop(timeout=5)
+    doc = db.gateways.find_one()
+    assert doc is not None and doc["steps"] == 10
+
+
 def _told_alike(doc: dict[str, Any]) -> None:
     """``doc``'s lockedAt tells an old pod what its lockedUntil tells a replica."""
     until, at = doc["lockedUntil"], doc["lockedAt"]
@@ -548,6 +603,39 @@ def test_every_lease_a_replica_writes_tells_old_pods_the_same(
     _told_alike(unlocked)
     cancelled = operations.cancel("gateways", unlocked).document
     _told_alike(cancelled)
+
+
+@pytest.mark.parametrize("action", ["unlock", "retry", "cancel"])
+def test_an_operators_change_frees_a_document_for_old_pods_though_no_replica_is_live(
+    action: str, make: MakeReplica, db: Database[Any], clock: FakeClock
+) -> None:
+    """The operators' tools learn the setting from the live replicas' records, and while
+    old pods run none may be live: an operator's unlock, retry or cancel still writes the
+    epoch ``lockedAt`` with the epoch ``lockedUntil``. Written only with the setting, the
+    ``lockedAt`` of a replica's relock (ahead of now) stayed, and held the document for the
+    old pods (and for replicas honouring them) until the relock's wait ended."""
+    orch = make(legacy_lock_timeout=LEGACY)
+    claimed = _taking(orch)  # relocks for 600 s
+    platform = Platform(orch.clock.now)
+    _gateway(db, platform, orch.clock.now())
+    orch.run_once()
+    assert len(claimed) == 1
+    seen = db.gateways.find_one()
+    assert queries.as_utc(seen["lockedAt"]) > orch.clock.now()  # the relock's stamp
+    operations = Operations(db)
+    assert operations.replicas() == []
+    if action == "unlock":
+        after = operations.unlock("gateways", seen)
+    elif action == "retry":
+        after = operations.retry("gateways", seen, "Deleting", any_phase=True).document
+    else:
+        after = operations.cancel("gateways", seen, to="Deleting", any_phase=True).document
+    assert queries.as_utc(after["lockedAt"]) == queries.as_utc(TASK_LOCK_INIT_TIME)
+    _told_alike(after)
+    pod = LegacyPod("old-0", db, orch.clock.now, platform)
+    clock.advance(1)
+    pod.tick()
+    assert pod.busy  # the old pod takes it at once
 
 
 def _record(now: datetime, legacy: float | None, replica_id: str = "new-a") -> ReplicaRecord:
@@ -759,6 +847,15 @@ def test_a_legacy_lock_timeout_out_of_bounds_is_refused_in_one_line(value: Any) 
         Settings.build(legacy_lock_timeout=value)
     message = str(refused.value)
     assert "legacy_lock_timeout" in message and "\n" not in message
+
+
+@pytest.mark.pure
+def test_a_legacy_lock_timeout_finer_than_a_millisecond_is_refused_in_one_line() -> None:
+    with pytest.raises(ConfigError) as refused:
+        Settings.build(legacy_lock_timeout=30.0005)
+    message = str(refused.value)
+    assert "legacy_lock_timeout" in message and "millisecond" in message and "\n" not in message
+    assert Settings.build(legacy_lock_timeout=30.001).legacy_lock_timeout == 30.001
 
 
 @pytest.mark.pure

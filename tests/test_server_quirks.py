@@ -26,13 +26,14 @@ from orchestrator import ConfigError, Lease, Orchestrator, Resource, StoreError
 from orchestrator.cli import connecting
 from orchestrator.cli import main as cli
 from orchestrator.core import queries
+from orchestrator.core.history import HISTORY_FIELD
 from orchestrator.core.queries import bson_time
 from orchestrator.core.settings import Settings
 from orchestrator.mongo import Store
 from orchestrator.mongo.common import MIN_SERVER_VERSION, driver_errors
 from orchestrator.testing import FakeClock, memory_database
 from orchestrator.testing.memory import MAX_BSON_SIZE
-from tests.conftest import MakeReplica, server_name
+from tests.conftest import MakeEither, MakeReplica, server_name
 
 
 class Gateway(Resource):
@@ -405,7 +406,7 @@ def size_limit(db: Database[Any]) -> None:
         probe.drop()
     pytest.skip(
         f"the server {server_name(db)} stored a document past 16 MiB (an update to 16 MiB "
-        "+ 100 bytes was accepted): the cut of an oversized error record cannot be shown on it"
+        "+ 100 bytes was accepted): what a write refused as too large does cannot be shown on it"
     )
 
 
@@ -451,6 +452,66 @@ def test_with_no_room_for_a_message_the_attempt_still_counts(
     assert stored["lastError"]["type"] == "RuntimeError"
     assert "not stored" in stored["lastError"]["message"]
     assert "previousError" not in stored
+
+
+NEAR_LIMIT = MAX_BSON_SIZE - 150
+"""A document with room for a claim's lease fields, and for no history entry or error."""
+
+
+@pytest.mark.anyio
+@pytest.mark.usefixtures("size_limit")
+async def test_a_document_at_16_mib_counts_each_failed_attempt_and_reaches_its_failed_phase(
+    replicas: MakeEither, db: Database[Any], clock: FakeClock
+) -> None:
+    """No form of the error record fits, not even a placeholder: the attempt still counts,
+    with no record stored, and max_attempts ends it. Its write once failed in every form,
+    so no attempt counted and the step ran again at every lease expiry, for ever."""
+    replica = await replicas(max_attempts=3)
+
+    @replica.phase("big", "Working")
+    async def work(lease: Any) -> Any:
+        raise RuntimeError("provider said: " + "e" * 5000)
+
+    doc_id = (await replica.submit("big", {"phase": "Working"}))["_id"]
+    fill_to(db, doc_id, NEAR_LIMIT)
+    for attempt in (1, 2):
+        assert (await replica.run_once()).get("retrying") == 1
+        stored = db.big.find_one({"_id": doc_id})
+        assert stored["attempts"] == attempt and stored["phase"] == "Working"
+        assert "lastError" not in stored and "lockToken" not in stored
+        clock.advance(replica.settings.max_wait)
+    assert (await replica.run_once()).get("failed") == 1
+    stored = db.big.find_one({"_id": doc_id})
+    assert stored["phase"] == "Failed" and stored["attempts"] == 3
+    assert len(bson.encode(stored)) <= MAX_BSON_SIZE
+
+
+@pytest.mark.anyio
+@pytest.mark.usefixtures("size_limit")
+async def test_a_document_at_16_mib_takes_its_steps_outcomes_without_their_history_entries(
+    replicas: MakeEither, db: Database[Any]
+) -> None:
+    """An advance (whose carry into the next step does not fit either) and a relock land
+    without their history entries, which would take the document past 16 MiB. They once
+    failed as the handler's error: the step's outcome never landed."""
+    replica = await replicas()
+
+    @replica.phase("big", "Working")
+    async def work(lease: Any) -> Any:
+        return await lease.advance("Waiting", note="n" * 60)
+
+    @replica.phase("big", "Waiting")
+    async def wait(lease: Any) -> Any:
+        return await lease.relock(wait=600)
+
+    doc_id = (await replica.submit("big", {"phase": "Working"}))["_id"]
+    fill_to(db, doc_id, NEAR_LIMIT - 80)
+    counts = await replica.run_once()
+    assert counts.get("advanced") == 1 and counts.get("relocked") == 1, counts
+    stored = db.big.find_one({"_id": doc_id})
+    assert stored["phase"] == "Waiting" and stored["note"] == "n" * 60
+    assert stored["relocks"] == 1 and "lockToken" not in stored
+    assert HISTORY_FIELD not in stored
 
 
 # -- orchestrator retry stamps the server's time ---------------------------------------------------

@@ -64,13 +64,21 @@ class PolicyError(OrchestratorError):
 
 @dataclass(frozen=True)
 class Write:
-    """One releasing write: its update, and what the lease becomes once it lands."""
+    """One releasing write: its update, and what the lease becomes once it lands.
+    ``lighter``: the same outcome stored with less (no history entry), each tried in turn
+    when the server refuses the one before as taking the document past 16 MiB."""
 
     update: dict[str, Any]
     action: LeaseWrite
     until: datetime
     phase_change: bool = False
     next_phase: Any = SAME
+    lighter: tuple[dict[str, Any], ...] = ()
+
+    @property
+    def forms(self) -> tuple[dict[str, Any], ...]:
+        """The updates to try in turn, the whole one first."""
+        return (self.update, *self.lighter)
 
 
 _RECORDS = frozenset({LeaseWrite.RETRY, LeaseWrite.FAIL, LeaseWrite.NOTE})
@@ -102,7 +110,9 @@ class Carry:
 @dataclass(frozen=True)
 class ErrorWrite:
     """A failed attempt's write, in the forms to try in turn: the full record, the message
-    cut short, then none (the server refuses a document past 16 MiB, yet the attempt counts)."""
+    cut short, a placeholder, then no record at all (the server refuses a document past
+    16 MiB, yet the attempt counts: the last form grows the document by nothing the claim
+    did not add)."""
 
     forms: tuple[Write, ...]
     outcome: Outcome
@@ -292,7 +302,9 @@ class LeaseCore(Generic[R]):
             self._releasing(u, action, until, outcome.action, phase_change, next_phase, record)
             for u, record in _record_forms(error, build)
         )
-        return ErrorWrite(forms, outcome)
+        unrecorded = queries.unrecorded(build(error))
+        last = self._releasing(unrecorded, action, until, outcome.action, phase_change, next_phase)
+        return ErrorWrite((*forms, last), outcome)
 
     def _note_write(self, kind: str, message: str) -> ErrorWrite:
         """An error raised after an outcome that moved the document on: kept as
@@ -339,11 +351,14 @@ class LeaseCore(Generic[R]):
         the fence of an error recorded after it (``released_fence``), which no other
         step's release can match; and it carries the step's history entry (``error``:
         the record it stores, whose absence on a failed attempt means the document is at
-        its size limit, where nothing more is added)."""
+        its size limit, where nothing more is added), with the same write without it as
+        its lighter form: a document at 16 MiB still takes the outcome."""
         update = queries.stamp_release(update, self.token)
         keep = self._settings.history
         failing = action in _RECORDS
+        lighter: tuple[dict[str, Any], ...] = ()
         if keep and (error is not None or not failing):
+            lighter = ({op: dict(fields) for op, fields in update.items()},)
             entry = history.step_entry(
                 replica=self._settings.replica_id,
                 claimed_at=self.claimed_at,
@@ -356,7 +371,7 @@ class LeaseCore(Generic[R]):
             )
             current = self.doc.get(history.HISTORY_FIELD, history.ABSENT)
             history.merge(update, history.push(entry, keep, current))
-        return Write(update, action, until, phase_change, next_phase)
+        return Write(update, action, until, phase_change, next_phase, lighter)
 
     def _carry_plan(self, write: Write) -> Carry | None:
         """The lease carried on into the next step by ``write`` (an unlock or an advance that

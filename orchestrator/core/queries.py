@@ -109,10 +109,15 @@ def legacy_locked_at(until: datetime, legacy: float) -> datetime:
     """The ``lockedAt`` an in-house pod judges as this library judges ``lockedUntil=until``
     (``legacy_expiry``'s inverse): a lease, a relock's wait or a retry's backoff ends for
     both at one moment. A release at once writes the epoch itself, as the in-house unlock
-    does (its ``TASK_LOCK_INIT_TIME``)."""
+    does (its ``TASK_LOCK_INIT_TIME``).
+
+    The one place a stamp is decided from an expiry: ``until`` is taken as stored
+    (``bson_time``) first, so the stamp a write stores (``legacy_fields``, from the stored
+    ``lockedUntil``) and the one a lease's fence names (``legacy_fence``, from the lease's
+    own expiry) are one, whatever the setting's digits."""
     if as_utc(until) <= _UTC_EPOCH:
         return EPOCH
-    return bson_time(until - timedelta(seconds=legacy) - LEGACY_SLACK)
+    return bson_time(bson_time(until) - timedelta(seconds=legacy) - LEGACY_SLACK)
 
 
 def legacy_fields(fields: Mapping[str, Any], legacy: float | None) -> dict[str, Any]:
@@ -130,12 +135,29 @@ def legacy_update(update: Mapping[str, Any], legacy: float | None) -> Mapping[st
     retry or failure, an operator's unlock, retry or cancel) sets the matching
     ``lockedAt`` with it (``legacy_locked_at``). The store applies it to every write it
     sends (and ``legacy_fields`` to every document it inserts), and the operators' tools
-    to their changes, so no lease write can be left out; ``update`` itself when there is
-    nothing to add."""
+    to their changes (``operator_legacy_update``), so no lease write can be left out;
+    ``update`` itself when there is nothing to add."""
     sets = update.get("$set")
     if legacy is None or not isinstance(sets, Mapping) or "lockedUntil" not in sets:
         return update
     return {**update, "$set": legacy_fields(sets, legacy)}
+
+
+def operator_legacy_update(update: Mapping[str, Any], legacy: float | None) -> Mapping[str, Any]:
+    """An operator's change (``legacy_update``) as in-house pods read it, also when no live
+    replica publishes the setting (while old pods run, none may be live): one that frees
+    the document at once writes the epoch ``lockedAt`` whatever the setting, as the
+    in-house unlock does (what ``legacy_locked_at`` gives the epoch for any timeout, and
+    nothing reads after the migration). Written only with the setting, a replica's relock
+    left its ``lockedAt`` ahead of now, holding the document for the old pods (and the
+    replicas honouring them) until that wait ended."""
+    sets = update.get("$set")
+    if legacy is not None or not isinstance(sets, Mapping):
+        return legacy_update(update, legacy)
+    until = sets.get("lockedUntil")
+    if not isinstance(until, datetime) or as_utc(until) > _UTC_EPOCH:
+        return update
+    return {**update, "$set": {**sets, "lockedAt": EPOCH}}
 
 
 def legacy_fence(
@@ -148,7 +170,7 @@ def legacy_fence(
     past its lease would still write over the in-house pod's work."""
     if legacy is None:
         return dict(query)
-    stamps = [legacy_locked_at(until, legacy) for until in untils]  # as legacy_fields
+    stamps = [legacy_locked_at(until, legacy) for until in untils]
     return {**query, "lockedAt": stamps[0] if len(stamps) == 1 else {"$in": stamps}}
 
 
@@ -652,6 +674,16 @@ def retry_update(attempts: int, error: Mapping[str, Any], until: datetime) -> di
         "$set": {"attempts": attempts, "lastError": dict(error), "lockedUntil": bson_time(until)},
         "$unset": {"lockToken": ""},
     }
+
+
+def unrecorded(update: Mapping[str, Any]) -> dict[str, Any]:
+    """A retry's or a failure's ``update`` storing no error at all (``lastError`` and
+    ``previousError`` dropped): the attempt counts on a document at 16 MiB, which it grows
+    by nothing the claim did not add (``lastToken`` takes ``lockToken``'s place) but the
+    failed phase's mark."""
+    sets = {k: v for k, v in update["$set"].items() if k != "lastError"}
+    unset = {**update.get("$unset", {}), "lastError": "", "previousError": ""}
+    return {**update, "$set": sets, "$unset": unset}
 
 
 def fail_update(

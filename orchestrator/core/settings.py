@@ -219,6 +219,15 @@ class Settings(BaseModel):
             raise ValueError("a collection name has no '$' or NUL and is not system.*")
         return value
 
+    @field_validator("legacy_lock_timeout")
+    @classmethod
+    def _whole_milliseconds(cls, value: float | None) -> float | None:
+        """Old pods stamp ``lockedAt`` in milliseconds: a finer timeout names moments no
+        stamp can, so the lease a replica writes and the one its fence names could differ."""
+        if value is not None and abs(value * 1000 - round(value * 1000)) > 1e-6:
+            raise ValueError(f"must be whole milliseconds (as lockedAt is), not {value!r}")
+        return value
+
     @model_validator(mode="after")
     def _coherent(self) -> Self:
         if self.tick > self.lock_timeout:

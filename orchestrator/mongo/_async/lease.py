@@ -217,12 +217,16 @@ class AsyncLease(LeaseCore[R]):
         """A releasing write by the handler, serialised with the heartbeat's extends. An
         unlock or advance into work this replica does next carries the lease on in the
         same write (``_carry_plan``); if that finds the document changed from outside
-        (or the lease lost), the plain write decides, as it would have alone."""
+        (or the lease lost), or the server refuses it as too large, the plain write
+        decides, as it would have alone."""
         async with self._lock:
             self._check_allowed(write.action)
             carry = self._carry_plan(write)
             if carry is not None:
-                doc = await self._store.carry(self.collection, carry.fence, carry.update)
+                try:
+                    doc = await self._store.carry(self.collection, carry.fence, carry.update)
+                except DocumentTooLarge:  # the next claim does not fit: release, lighter
+                    doc = None
                 if doc is not None:
                     carry.doc = doc
                     self._carried(write, outcome, carry)
@@ -232,16 +236,26 @@ class AsyncLease(LeaseCore[R]):
 
     async def _apply(self, write: Write, outcome: Outcome) -> Outcome:
         """Carry ``write`` out, fenced as the lease's state says (the caller holds the lock
-        and checked the state). Returns the step's outcome: ``outcome``, or the one its
-        release gave first."""
+        and checked the state), in its lighter forms in turn while the server refuses one
+        as too large. Returns the step's outcome: ``outcome``, or the one its release
+        gave first."""
         query = self._fence(write.phase_change)
-        if not await self._store.write(self.collection, query, write.update):
+        if not await self._lightest(query, write):
             if self.held and write.phase_change:
                 await self._release_after_outside_change()
             raise self._lost(write.action)
         self._released(write, outcome)
         assert self.outcome is not None
         return self.outcome
+
+    async def _lightest(self, query: dict[str, Any], write: Write) -> bool:
+        """Whether ``write`` matched: its first form the server takes (``DocumentTooLarge``
+        from the last, if none fits)."""
+        *larger, last = write.forms
+        for update in larger:
+            with contextlib.suppress(DocumentTooLarge):
+                return await self._store.write(self.collection, query, update)
+        return await self._store.write(self.collection, query, last)
 
     async def _release_after_outside_change(self) -> None:
         """The phase-fenced write matched nothing: if the token still matches, the phase was

@@ -465,9 +465,10 @@ class Operations:
         a list (or absent), and set whole over any other value, each fenced on that
         shape: a document whose history a writer changed meanwhile is tried once more, as
         it is now. ``legacy`` (the live replicas' ``legacy_lock_timeout``): the change
-        carries the ``lockedAt`` in-house pods read it by (``queries.legacy_update``)."""
+        carries the ``lockedAt`` in-house pods read it by, the epoch's even with none
+        (``queries.operator_legacy_update``)."""
         doc_id = seen["_id"]
-        update = dict(queries.legacy_update(update, legacy))
+        update = dict(queries.operator_legacy_update(update, legacy))
         guard = queries.operator_guard(doc_id, seen.get("phase"), seen.get("lockToken"), shard)
         if extra:
             guard = {"$and": [guard, dict(extra)]}
