@@ -1332,6 +1332,11 @@ class LeaseMachine(RuleBasedStateMachine):
         if actor in ("operator-unlock", "operator-retry", "operator-cancel"):
             self.operator_wrote(actor, old, holder)
             model.free_at = free_at(new, self.clock.now())
+            locked = new.get("lockedAt")
+            if not (isinstance(locked, datetime) and as_utc(locked) > EPOCH):
+                # Freed at once, lockedAt at the epoch as the in-house unlock writes it: the
+                # operator took the document back from an old pod too, as from a replica.
+                self.in_house.pop(old["_id"], None)
         if actor in ("operator-retry", "operator-cancel"):
             model.streak = 0
             model.noted = False
