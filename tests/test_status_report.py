@@ -271,6 +271,7 @@ def test_the_report_as_json_says_everything_in_plain_types() -> None:
                 "documents": ['"1"'],
                 "count": 1,
                 "taken_from": "pod-1",
+                "failed": None,
             }
         ],
         "notes": [],
