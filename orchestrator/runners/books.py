@@ -126,8 +126,14 @@ class Books(Generic[L]):
             return self._sched.stopping
 
     def once_over(self) -> bool:
-        """The tick is over, or every worker failed (their errors are raised by run_once)."""
-        return self._sched.quiet or not self._workers
+        """The tick is over: when the replica does not serve, once every worker has left
+        (they leave when nothing is left to claim, or fail: their errors are raised by
+        run_once); when it serves, once nothing is left to claim. Not before they left: a
+        worker still about when run_once returned would take the next submit's wake and
+        run that step between the caller's calls, counted by no run_once."""
+        if self._serving:
+            return self._sched.quiet or not self._workers
+        return not self._workers
 
     def idle(self) -> bool:
         """No slot in use: what ``stop`` waits for."""

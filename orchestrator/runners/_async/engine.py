@@ -267,7 +267,9 @@ class AsyncOrchestrator:
 
     async def run_once(self, *, heartbeat: bool = True) -> dict[str, int]:
         """One tick: claim and run steps until no handler finds work and every step started
-        has finished. Returns the outcome counts of this tick.
+        has finished. Returns the outcome counts of this tick. On a replica not started, its
+        workers have left by then: nothing runs until the next call (a document submitted
+        in between is run, and counted, by that one).
 
         Meanwhile a heartbeat keeps long steps' leases alive, every interval of real time.
         ``heartbeat=False``: none; the caller calls ``heartbeat()`` when it means to (a
