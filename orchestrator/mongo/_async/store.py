@@ -112,7 +112,7 @@ class AsyncStore:
         self._slots_checked: dict[tuple[str, str, limits.Limit], datetime] = {}
         """When a take that found no free slot last counted the slots (``take_slot``)."""
         self._lock = asyncio.Lock()
-        self._legacy_hello = False
+        self._predates_hello = False
         self._no_union = False  # the server lacks $unionWith: a probe per collection
         self._sharding: dict[str, sharding.ShardState] = {}
         self._refused: dict[str, ShardKeyRequired] = {}
@@ -158,13 +158,13 @@ class AsyncStore:
 
     async def _hello(self) -> Mapping[str, Any]:
         """``hello``, or ``isMaster`` on servers that predate it (and from then on)."""
-        if not self._legacy_hello:
+        if not self._predates_hello:
             try:
                 return await self._db.command("hello", codec_options=self._codec)
             except OperationFailure as exc:
                 if exc.code != COMMAND_NOT_FOUND:
                     raise
-                self._legacy_hello = True
+                self._predates_hello = True
         return await self._db.command("isMaster", codec_options=self._codec)
 
     # -- leases -------------------------------------------------------------------------
