@@ -23,7 +23,7 @@ from bench.figures import THREE, _drained, _fill, _simulate, replica
 from bench.instrument import CountingDatabase, Meter
 from bench.model import Params
 from bench.workloads import Tally, chain, finishing, register
-from orchestrator.core import queries
+from orchestrator.core.queries import claims, lease_writes
 from orchestrator.mongo import Store
 from orchestrator.testing import FakeClock, memory_database
 
@@ -101,13 +101,13 @@ def measure(docs: int = CALIBRATION_DOCS, database: Any = None) -> dict[str, Any
         rtt = timed["rtt_ms"]
 
     # The probes find nothing (every document is done): an idle tick's read, which scans.
-    old_probe = queries.probe_filter(groups[0][1], now, 3600.0)
+    old_probe = claims.probe_filter(groups[0][1], now, 3600.0)
     timing("probe_ms", SAMPLES // 4, lambda: collection.find_one(old_probe, {"_id": 1}))
     timing("aggregate_ms", SAMPLES // 4, lambda: store.probe(groups, now, 3600.0))
     claimed: list[dict[str, Any]] = []
 
     def claim() -> None:
-        update = queries.claim_update(now, now + timedelta(seconds=30), secrets.token_hex(8), "c")
+        update = claims.claim_update(now, now + timedelta(seconds=30), secrets.token_hex(8), "c")
         doc = store.claim("batch", {"phase": "Done"}, now, 3600.0, None, update)
         if doc is not None:
             claimed.append(doc)
@@ -115,7 +115,7 @@ def measure(docs: int = CALIBRATION_DOCS, database: Any = None) -> dict[str, Any
     timing("claim_all_free_ms", SAMPLES, claim)
 
     def claim_none() -> None:
-        update = queries.claim_update(now, now + timedelta(seconds=30), secrets.token_hex(8), "c")
+        update = claims.claim_update(now, now + timedelta(seconds=30), secrets.token_hex(8), "c")
         store.claim("batch", {"phase": "Fetch"}, now, 3600.0, None, update)
 
     timing("claim_ms", SAMPLES // 4, claim_none)  # nothing to sort: what every claim pays
@@ -123,16 +123,16 @@ def measure(docs: int = CALIBRATION_DOCS, database: Any = None) -> dict[str, Any
 
     def release() -> None:
         doc = next(releases)
-        store.write("batch", queries.fenced(doc["_id"], doc["lockToken"]), {"$set": {"n": 1}})
+        store.write("batch", lease_writes.fenced(doc["_id"], doc["lockToken"]), {"$set": {"n": 1}})
 
     timing("release_ms", len(claimed), release)
     free = collection.find({"phase": "Done", "n": {"$exists": False}}, {"_id": 1})
     ids = iter([d["_id"] for d in free.limit(SAMPLES)])
 
     def claim_by_id() -> None:
-        update = queries.claim_update(now, now + timedelta(seconds=30), secrets.token_hex(8), "c")
+        update = claims.claim_update(now, now + timedelta(seconds=30), secrets.token_hex(8), "c")
         collection.find_one_and_update(
-            {"_id": next(ids), **queries.claim_filter({"phase": "Done"}, now, 3600.0)}, update
+            {"_id": next(ids), **claims.claim_filter({"phase": "Done"}, now, 3600.0)}, update
         )
 
     timing("claim_by_id_ms", SAMPLES // 2, claim_by_id)

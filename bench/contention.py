@@ -6,9 +6,9 @@ MongoDB, through the library's own store, and the fleet model's parameters from 
     uv run python -m bench contention --calibrate run.json > params.json
 
 For each K, K clients loop "claim, then release" for ``--seconds``: each claim is
-``AsyncStore.claim`` (the sorted ``find_one_and_update`` of ``queries.claim_filter`` with
-``queries.claim_update``), each release ``AsyncStore.write`` of ``queries.release_update``
-fenced on the claim's token (``queries.fenced``), both at the library's default settings
+``AsyncStore.claim`` (the sorted ``find_one_and_update`` of ``claims.claim_filter`` with
+``claims.claim_update``), each release ``AsyncStore.write`` of ``lease_writes.release_update``
+fenced on the claim's token (``lease_writes.fenced``), both at the library's default settings
 (write concern "majority", 30 s leases), so what is measured is what a replica sends. A
 release keeps ``updatedAt``, as an unlock does, so the released document is the head of the
 queue again: every client aims at the same few documents, the regime where MongoDB retries
@@ -50,9 +50,9 @@ from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.errors import PyMongoError
 
 from bench import report
-from orchestrator.core import queries
 from orchestrator.core.clock import Clock, SystemClock
 from orchestrator.core.errors import OrchestratorError
+from orchestrator.core.queries import claims, lease_writes, submissions
 from orchestrator.core.redact import redact
 from orchestrator.core.settings import DEFAULT_DATABASE, Settings
 from orchestrator.mongo import AsyncStore
@@ -180,7 +180,7 @@ class Bench:
         for first in range(0, documents, 10_000):
             batch = []
             for n in range(first, min(first + 10_000, documents)):
-                doc = queries.new_document({"phase": PHASE, "seq": n}, now)
+                doc = submissions.new_document({"phase": PHASE, "seq": n}, now)
                 doc["_id"] = n
                 batch.append(doc)
             await coll.insert_many(batch)
@@ -193,14 +193,14 @@ class Bench:
         token = secrets.token_hex(8)
         now = self.clock.now()
         until = now + timedelta(seconds=self.settings.lock_timeout)
-        update = queries.claim_update(now, until, token, client)
+        update = claims.claim_update(now, until, token, client)
         doc = await store.claim(self.name, match, now, self.settings.horizon, None, update)
         return None if doc is None else (doc["_id"], token)
 
     async def release(self, store: AsyncStore, held: tuple[Any, str]) -> bool:
         """The release fenced on the claim's token: False if the lease was no longer held."""
         return await store.write(
-            self.name, queries.fenced(held[0], held[1]), queries.release_update()
+            self.name, lease_writes.fenced(held[0], held[1]), lease_writes.release_update()
         )
 
     async def client(self, client: str, tally: Tally, deadline: float, cycles: int | None) -> None:
@@ -246,8 +246,8 @@ class Bench:
             return await self.store.probe(groups, now, self.settings.horizon)
 
         async def read() -> Any:
-            probe = queries.probe_filter([(MATCH, None)], self.clock.now(), self.settings.horizon)
-            return await coll.find_one(probe, queries.PROBE_PROJECTION)
+            probe = claims.probe_filter([(MATCH, None)], self.clock.now(), self.settings.horizon)
+            return await coll.find_one(probe, claims.PROBE_PROJECTION)
 
         for _ in range(samples):
             await timed("ping", self.db.command, "ping")

@@ -38,8 +38,9 @@ from bench.workloads import (
     release_update,
 )
 from orchestrator import AsyncLease, AsyncOrchestrator, Lease, Orchestrator, Outcome
-from orchestrator.core import history, queries, replicas
+from orchestrator.core import history, replicas
 from orchestrator.core.clock import SystemClock
+from orchestrator.core.queries import claims, lease_writes, submissions
 from orchestrator.core.settings import Settings
 from orchestrator.core.steps import started as steps_started
 from orchestrator.mongo import AsyncStore, Store
@@ -257,11 +258,11 @@ def bare_loop(store: Store, step: Step, clock: FakeClock) -> int:
     while True:
         token = secrets.token_hex(8)
         now = clock.now()
-        update = queries.claim_update(now, now + timedelta(seconds=30), token, "bare")
+        update = claims.claim_update(now, now + timedelta(seconds=30), token, "bare")
         doc = store.claim(step.collection, {"phase": step.phase}, now, 3600.0, None, update)
         while doc is not None:
             nxt, fields = step.work(doc)
-            fence = queries.fenced(doc["_id"], token, step.phase)
+            fence = lease_writes.fenced(doc["_id"], token, step.phase)
             done += 1
             if nxt is not None:  # the last step: released into a phase no loop takes
                 store.write(step.collection, fence, _recorded(doc, nxt, fields, clock, now))
@@ -280,11 +281,11 @@ async def abare_loop(store: AsyncStore, step: Step, clock: FakeClock) -> int:
     while True:
         token = secrets.token_hex(8)
         now = clock.now()
-        update = queries.claim_update(now, now + timedelta(seconds=30), token, "bare")
+        update = claims.claim_update(now, now + timedelta(seconds=30), token, "bare")
         doc = await store.claim(step.collection, {"phase": step.phase}, now, 3600.0, None, update)
         while doc is not None:
             nxt, fields = step.work(doc)
-            fence = queries.fenced(doc["_id"], token, step.phase)
+            fence = lease_writes.fenced(doc["_id"], token, step.phase)
             done += 1
             if nxt is not None:
                 await store.write(step.collection, fence, _recorded(doc, nxt, fields, clock, now))
@@ -318,10 +319,10 @@ def _recorded(
 
 
 def _carried(update: dict[str, Any], token: str, clock: FakeClock) -> dict[str, Any]:
-    """``update`` carrying the lease on (``queries.carry_update``)."""
+    """``update`` carrying the lease on (``lease_writes.carry_update``)."""
     now = clock.now()
     until = now + timedelta(seconds=30)
-    return queries.carry_update(update, now, until, token, "bare")
+    return lease_writes.carry_update(update, now, until, token, "bare")
 
 
 # -- 3: latency of a six-step workflow ---------------------------------------------------------
@@ -673,7 +674,9 @@ def _intake_threaded(size: Size) -> list[float]:
         for _ in range(size.pickup_runs):
             started.clear()
             t0 = time.perf_counter()
-            db["intake"].insert_one(queries.new_document({"phase": "Quick"}, SystemClock().now()))
+            db["intake"].insert_one(
+                submissions.new_document({"phase": "Quick"}, SystemClock().now())
+            )
             if not started.wait(10):
                 raise RuntimeError("the inserted document was not taken within 10 s")
             delays.append(started_at[-1] - t0)
@@ -731,7 +734,7 @@ async def _intake_async(size: Size) -> list[float]:
         for _ in range(size.pickup_runs):
             started.clear()
             t0 = time.perf_counter()
-            new = queries.new_document({"phase": "Quick"}, SystemClock().now())
+            new = submissions.new_document({"phase": "Quick"}, SystemClock().now())
             memory["intake"].insert_one(new)
             await asyncio.wait_for(started.wait(), 10)
             delays.append(started_at[-1] - t0)
@@ -872,15 +875,15 @@ def _insert_bulk(coll: Any, have: int, target: int) -> None:
         docs = []
         for n in range(first, min(first + batch_size, target)):
             phase = "Work" if n % 100 == 0 else "Done"
-            docs.append(queries.new_document({"phase": phase, "seq": n}, fake.now()))
+            docs.append(submissions.new_document({"phase": phase, "seq": n}, fake.now()))
         coll.insert_many(docs, ordered=False)
 
 
 def _claim_row(store: Store, coll: Any, documents: int) -> dict[str, Any]:
     clock = SystemClock()
     now = clock.now()
-    claim = queries.claim_filter({"phase": "Work"}, now, 3600.0)
-    plan = coll.find(claim).sort(queries.CLAIM_SORT).limit(1).explain()
+    claim = claims.claim_filter({"phase": "Work"}, now, 3600.0)
+    plan = coll.find(claim).sort(claims.CLAIM_SORT).limit(1).explain()
     planner = "queryPlanner" in plan
     stages = _stages(plan.get("queryPlanner", {}).get("winningPlan", {}))
     samples = []
@@ -888,11 +891,13 @@ def _claim_row(store: Store, coll: Any, documents: int) -> dict[str, Any]:
         token = secrets.token_hex(8)
         began = time.perf_counter()
         now = clock.now()
-        update = queries.claim_update(now, now + timedelta(seconds=30), token, "b")
+        update = claims.claim_update(now, now + timedelta(seconds=30), token, "b")
         doc = store.claim("claims", {"phase": "Work"}, now, 3600.0, None, update)
         samples.append(time.perf_counter() - began)
         if doc is not None:
-            store.write("claims", queries.fenced(doc["_id"], token), queries.release_update())
+            store.write(
+                "claims", lease_writes.fenced(doc["_id"], token), lease_writes.release_update()
+            )
     return {
         "documents": documents,
         "query_planner": planner,

@@ -16,9 +16,9 @@ from functools import partial
 from typing import Any
 
 from orchestrator import AsyncLease, AsyncOrchestrator, Lease, Orchestrator, Outcome
-from orchestrator.core import queries
 from orchestrator.core.clock import Clock
-from orchestrator.core.queries import claim_update
+from orchestrator.core.queries import lease_writes
+from orchestrator.core.queries.claims import claim_update
 from orchestrator.mongo import Store
 
 Work = Callable[[dict[str, Any]], tuple[str | None, dict[str, Any]]]
@@ -112,8 +112,8 @@ def finishing(steps: Sequence[Step], tally: Tally, done: str = "Done") -> list[S
 
 def release_update(nxt: str | None, fields: dict[str, Any], clock: Clock) -> dict[str, Any]:
     if nxt is None:
-        return queries.unlock_update(fields)
-    return queries.advance_update(nxt, clock.now(), fields)
+        return lease_writes.unlock_update(fields)
+    return lease_writes.advance_update(nxt, clock.now(), fields)
 
 
 class ClassicReplica:

@@ -10,8 +10,9 @@ from pymongo.database import Database
 
 from orchestrator import AsyncOrchestrator, Orchestrator
 from orchestrator.cli import main as cli
-from orchestrator.core.queries import replica_document
-from orchestrator.core.replicas import REPLICAS_COLLECTION, HandlerInfo, new_record
+from orchestrator.core.names import REPLICAS_COLLECTION
+from orchestrator.core.queries.replica_records import replica_document
+from orchestrator.core.replicas import HandlerInfo, new_record
 
 URI = "mongodb://ops:hunter2@db.internal:27017/platform"
 

@@ -21,7 +21,7 @@ from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.database import Database
 
 from examples.api_server import LOGGERS, configure_logging, create_app
-from orchestrator.core.replicas import REPLICAS_COLLECTION
+from orchestrator.core.names import REPLICAS_COLLECTION
 from orchestrator.testing import FakeClock
 from tests.worker_process import read_until
 

@@ -18,7 +18,7 @@ from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.errors import AutoReconnect, OperationFailure, WriteError
 
 from orchestrator import Orchestrator
-from orchestrator.core.queries import bson_time
+from orchestrator.core.clock import bson_time
 from orchestrator.mongo import AsyncStore, Store
 from orchestrator.testing import FakeClock, async_memory_database, async_view, memory_database
 from orchestrator.testing.faults import Faults, ReplicaCrashed

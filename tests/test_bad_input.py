@@ -15,7 +15,7 @@ from pymongo import MongoClient
 from pymongo.database import Database
 
 from orchestrator import EPOCH, ConfigError, Lease, Orchestrator, Resource, StoreError
-from orchestrator.core.queries import bson_time
+from orchestrator.core.clock import bson_time
 from orchestrator.testing import FakeClock, memory_database
 from tests.conftest import MakeReplica
 

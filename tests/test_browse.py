@@ -20,9 +20,11 @@ from hypothesis import strategies as st
 from pymongo import MongoClient
 from pymongo.database import Database
 
-from orchestrator.core import browse, history, operator, queries
+from orchestrator.core import browse, history, operator
 from orchestrator.core.browse import Filter, LeaseState, UnindexedField
+from orchestrator.core.clock import bson_time
 from orchestrator.core.errors import OperatorError, StoreError
+from orchestrator.core.queries import claims, operators
 from orchestrator.operations import Action, Operations
 from orchestrator.testing import memory_database
 from orchestrator.testing.faults import Faults
@@ -67,10 +69,10 @@ def test_each_filter_is_served_by_an_index_in_its_order(
 
 @pytest.mark.pure
 def test_the_claim_index_orders_pages_totally_and_serves_the_claim() -> None:
-    assert queries.CLAIM_INDEX == CLAIM
-    assert CLAIM[1:4] == queries.CLAIM_SORT
+    assert claims.CLAIM_INDEX == CLAIM
+    assert CLAIM[1:4] == claims.CLAIM_SORT
     assert CLAIM[1:] == browse.LEASE_ORDER
-    assert queries.ERRORS_INDEX == ERRORS
+    assert operators.ERRORS_INDEX == ERRORS
 
 
 @pytest.mark.pure
@@ -112,9 +114,7 @@ odd_values = st.one_of(
     st.just("MISSING"),
     st.integers(-5, 5),
     st.text(max_size=3),
-    st.datetimes(min_value=datetime(1970, 1, 1), max_value=datetime(2030, 1, 1)).map(
-        queries.bson_time
-    ),
+    st.datetimes(min_value=datetime(1970, 1, 1), max_value=datetime(2030, 1, 1)).map(bson_time),
     st.just(datetime(1970, 1, 1)),
 )
 ids = st.one_of(st.integers(0, 10**6), st.text(min_size=1, max_size=4), st.builds(ObjectId))
@@ -195,7 +195,7 @@ def test_keyset_pages_add_up_to_one_sorted_read_whatever_the_fields_hold(
 
 def test_pages_on_the_server_add_up_too(db: Database[Any]) -> None:
     """The same walk on the test's store (the wire server in CI), with hints it checks."""
-    now = queries.bson_time(NOW)
+    now = bson_time(NOW)
     rows = []
     for n in range(23):
         doc: dict[str, Any] = {
@@ -228,9 +228,9 @@ def test_a_rows_state_is_the_one_the_counts_give_it(docs: list[dict[str, Any]]) 
     db = memory_database()
     if docs:
         db.jobs.insert_many([stored(d) for d in docs])
-    at = queries.bson_time(datetime(2026, 1, 1))
+    at = bson_time(datetime(2026, 1, 1))
     counted = Counter[tuple[str, str]]()
-    for row in db.jobs.aggregate(queries.status_pipeline(at)):
+    for row in db.jobs.aggregate(operators.status_pipeline(at)):
         for state in ("leased", "overdue", "waiting"):
             counted[(row["_id"], state)] += row[state]
         counted[(row["_id"], "failed")] += row["failed"]
@@ -339,7 +339,7 @@ def uuid_db(request: pytest.FixtureRequest) -> Iterator[Database[Any]]:
 def failed_jobs(ids: list[Any], phase: str = "A") -> list[dict[str, Any]]:
     """Documents of ``ids`` that failed at the same moment, each still under an expired
     lease: the failed list orders them by id alone (descending)."""
-    at = queries.bson_time(NOW)
+    at = bson_time(NOW)
     return [
         {
             "_id": Binary.from_uuid(i) if isinstance(i, uuid.UUID) else i,

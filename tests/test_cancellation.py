@@ -36,8 +36,8 @@ from orchestrator import (
     StepFinishedEvent,
     ThreadLease,
 )
-from orchestrator.core import queries
-from orchestrator.core.limits import SLOTS_COLLECTION
+from orchestrator.core.names import SLOTS_COLLECTION
+from orchestrator.core.queries import limit_slots
 from orchestrator.core.resource import EPOCH
 from orchestrator.testing import FakeClock, async_view, memory_database
 from tests.conftest import MakeEither
@@ -609,7 +609,7 @@ def test_a_worker_cancelled_while_it_frees_a_finished_step_s_slot_leaves_the_boo
         lambda op, coll, args: (
             op == "update_one"
             and coll == SLOTS_COLLECTION
-            and args[1] == queries.free_slot_update()
+            and args[1] == limit_slots.free_slot_update()
         ),
         applied=False,
     )

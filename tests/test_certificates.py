@@ -10,7 +10,7 @@ import pytest
 from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.database import Database
 
-from orchestrator.core.queries import as_utc
+from orchestrator.core.clock import as_utc
 from orchestrator.demo.workflows.certificates import RuntimeDomain
 from orchestrator.demo.workflows.gateway import LEDGER, Faults, Workflow, build
 from orchestrator.testing import FakeClock

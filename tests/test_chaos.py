@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator.core import queries
+from orchestrator.core.queries import lease_writes
 from orchestrator.demo.chaos import Chaos, ChaosConfig, Figures, main
 from orchestrator.demo.chaos.step_faults import HANDLER_EXCEPTIONS
 
@@ -65,7 +65,7 @@ def test_the_same_seed_injects_the_same_faults(figures: Figures) -> None:
 
 def test_the_suite_fails_when_fencing_is_broken(monkeypatch: pytest.MonkeyPatch) -> None:
     """The invariants can fail: writes that ignore the lease token land from stale holders."""
-    monkeypatch.setattr(queries, "fenced", lambda doc_id, token, *_, **__: {"_id": doc_id})
+    monkeypatch.setattr(lease_writes, "fenced", lambda doc_id, token, *_, **__: {"_id": doc_id})
     broken = Chaos(CI).run()
     assert not broken.ok
     assert broken.stale_writes_landed > 0

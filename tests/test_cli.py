@@ -26,7 +26,7 @@ from rich.console import Console
 import orchestrator
 from orchestrator import Lease, LeaseLost, Orchestrator
 from orchestrator.cli import connecting
-from orchestrator.core.queries import bson_time
+from orchestrator.core.clock import bson_time
 from orchestrator.demo import run as demo
 from orchestrator.demo.run import DemoOptions
 from orchestrator.demo.workflows import gateway

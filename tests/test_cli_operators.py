@@ -19,10 +19,10 @@ from pymongo.database import Database
 
 from orchestrator import Lease, LeaseLost, Orchestrator
 from orchestrator.cli import acting, connecting
-from orchestrator.core.audit import AUDIT_COLLECTION, takeover_record
+from orchestrator.core.audit import takeover_record
+from orchestrator.core.clock import bson_time
 from orchestrator.core.history import HISTORY_FIELD
-from orchestrator.core.pauses import PAUSES_COLLECTION
-from orchestrator.core.queries import bson_time
+from orchestrator.core.names import AUDIT_COLLECTION, PAUSES_COLLECTION
 from orchestrator.testing import FakeClock
 from tests.cli_kit import URI, assert_one_line_error, publish, run
 from tests.conftest import MakeEither, MakeReplica

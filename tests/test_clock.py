@@ -13,8 +13,7 @@ from pymongo.hello import Hello
 from pymongo.server_description import ServerDescription
 
 from orchestrator import Orchestrator, OrchestratorError, StoreError
-from orchestrator.core.clock import ServerClock
-from orchestrator.core.queries import as_utc
+from orchestrator.core.clock import ServerClock, as_utc
 from orchestrator.testing import FakeClock, memory_database
 
 

@@ -27,7 +27,7 @@ from orchestrator import (
     OrchestratorError,
     ThreadLease,
 )
-from orchestrator.core.queries import as_utc
+from orchestrator.core.clock import as_utc
 from orchestrator.testing import FakeClock, async_view, memory_database
 from tests.engines import MODES, Replica, hold, new_replica, wait
 from tests.worker_process import python_process, read_until

@@ -10,7 +10,7 @@ import pytest
 from pymongo.database import Database
 
 from orchestrator import EPOCH, ExponentialBackoff, Lease, Resource
-from orchestrator.core.queries import bson_time
+from orchestrator.core.clock import bson_time
 from orchestrator.testing import FakeClock
 from tests.conftest import MakeReplica
 

@@ -28,8 +28,8 @@ from orchestrator import (
     StepOutcome,
     SubmittingEvent,
 )
-from orchestrator.core import queries
 from orchestrator.core.events import MAX_CARRIER_ENTRIES, Event, Listeners, carrier
+from orchestrator.core.queries import claims
 from orchestrator.core.resource import EPOCH
 from orchestrator.testing import FakeClock, memory_database
 from tests.conftest import MakeEither
@@ -251,14 +251,14 @@ def _at(seconds: float) -> datetime:
 def test_how_long_a_document_was_due_is_read_from_its_fields(
     before: dict[str, Any], due: datetime | None
 ) -> None:
-    assert queries.due_since(before) == due
+    assert claims.due_since(before) == due
 
 
 @pytest.mark.pure
 def test_a_claim_applies_its_update_to_the_document_it_read() -> None:
     before = {"_id": 1, "phase": "P", "lockedUntil": EPOCH}
     now = datetime(2026, 1, 1, 0, 0, 0, 123456, tzinfo=UTC)
-    after = queries.claimed(before, queries.claim_update(now, now, "t", "pod-1"))
+    after = claims.claimed(before, claims.claim_update(now, now, "t", "pod-1"))
     assert after == {
         "_id": 1,
         "phase": "P",
@@ -268,7 +268,7 @@ def test_a_claim_applies_its_update_to_the_document_it_read() -> None:
         "lockedBy": "pod-1",
     }
     with pytest.raises(ConfigError, match="only sets fields"):
-        queries.claimed({}, {"$set": {}, "$inc": {"claims": 1}})
+        claims.claimed({}, {"$set": {}, "$inc": {"claims": 1}})
 
 
 # -- typed dispatch, without a replica -------------------------------------------------------

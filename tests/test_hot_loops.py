@@ -15,7 +15,7 @@ import pytest
 from pymongo.database import Database
 
 from orchestrator import Resource
-from orchestrator.core import queries
+from orchestrator.core.queries import operators
 from orchestrator.testing import FakeClock
 from tests.conftest import MakeEither
 
@@ -188,7 +188,7 @@ async def test_an_operator_retry_lets_the_failing_handler_try_again(
 
     await orch.submit("items", {"phase": "Running", "state": "Deleted"})
     await orch.run_once()
-    db.items.update_one({}, queries.operator_move_update("Running", orch.clock.now()))
+    db.items.update_one({}, operators.operator_move_update("Running", orch.clock.now()))
     await orch.run_once()
     assert calls == ["Running", "Running"]
     doc = db.items.find_one({})

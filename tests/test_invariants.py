@@ -89,9 +89,9 @@ from orchestrator import (
     Outcome,
     Resource,
 )
-from orchestrator.core import queries
+from orchestrator.core.clock import as_utc, bson_time
+from orchestrator.core.in_house import SLACK, InHouse
 from orchestrator.core.limits import parse_rate
-from orchestrator.core.queries import as_utc
 from orchestrator.core.settings import HORIZON
 from orchestrator.operations import (
     DocumentChanged,
@@ -382,7 +382,7 @@ def free_at(doc: Mapping[str, Any], now: datetime) -> datetime:
 
 
 def carried_release(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
-    """The document a carrying write (``queries.carry_update``) would have left had it only
+    """The document a carrying write (``lease_writes.carry_update``) would have left had it only
     released: the next lease's fields as the previous lease left them, free at once."""
     released = {k: v for k, v in new.items() if k not in LEASE_ONLY}
     released.update({k: old[k] for k in ("lockedAt", "lockedBy") if k in old})
@@ -416,7 +416,7 @@ def surely_free(doc: Mapping[str, Any], at: datetime, legacy: float | None = Non
     locked = doc.get("lockedAt")
     if legacy is None or not isinstance(locked, datetime):
         return True
-    floor = at - timedelta(seconds=legacy) - queries.LEGACY_SLACK
+    floor = at - timedelta(seconds=legacy) - SLACK
     return not floor < as_utc(locked) <= floor + horizon
 
 
@@ -1040,7 +1040,7 @@ class LeaseMachine(RuleBasedStateMachine):
         if wait <= 0:
             expected = EPOCH
         elif at is not None:
-            expected = as_utc(queries.bson_time(at))
+            expected = as_utc(bson_time(at))
         else:
             expected = created + timedelta(seconds=wait)
         stored = free_at(doc, created)
@@ -1069,7 +1069,7 @@ class LeaseMachine(RuleBasedStateMachine):
         mine = rank(old)
         if mine is None:
             return
-        at = as_utc(queries.bson_time(now))
+        at = as_utc(bson_time(now))
         higher: dict[str, list[Any]] = {}
         chose = False  # another free document of another priority: the order decided
         for label in claimers(old, self.docs[doc_id].failed_by):
@@ -1373,7 +1373,7 @@ class LeaseMachine(RuleBasedStateMachine):
                 FIGURES["old pods' take-overs of an expired lease"] += 1
         locked = new.get("lockedAt")
         if isinstance(locked, datetime) and as_utc(locked) > EPOCH:
-            until = queries.legacy_expiry(locked, self.legacy)
+            until = InHouse(self.legacy).expiry(locked)
             self.in_house[doc_id] = until
             model.free_at = until
         else:
@@ -1473,7 +1473,7 @@ class LeaseMachine(RuleBasedStateMachine):
         if "global_limit" in options:
             FIGURES["steps under a global_limit"] += 1
             slot = self.raw[SLOTS].find_one({"kind": "global", "token": lease.token})
-            expiry = queries.bson_time(lease.expires_at)
+            expiry = bson_time(lease.expires_at)
             if slot is None or slot["until"] < expiry:
                 self.violate(
                     LimitExceeded,
@@ -1803,7 +1803,7 @@ class LeaseMachine(RuleBasedStateMachine):
     )
     def malformed(self, flaw: str, kind: str) -> None:
         self.action("malformed document")
-        now = queries.bson_time(self.clock.now())
+        now = bson_time(self.clock.now())
         doc: dict[str, Any] = {"name": self.new_name(), "phase": "A", "kind": kind, "lockedAt": now}
         far, near = now + timedelta(days=3650), now + timedelta(seconds=100)
         changes: dict[str, dict[str, Any]] = {
@@ -2113,7 +2113,7 @@ class LeaseMachine(RuleBasedStateMachine):
         """The article's claim, now: the first document of ``match`` whose ``lockedAt`` is
         older than the old pods' lock timeout gets ``lockedAt = now``."""
         assert self.legacy is not None
-        now = queries.bson_time(self.clock.now())
+        now = bson_time(self.clock.now())
         query = {**match, "lockedAt": {"$lt": now - timedelta(seconds=self.legacy)}}
         with acting_as("old-pod-claim"):
             doc = self.db[COLLECTION].find_one_and_update(
@@ -2158,7 +2158,7 @@ class LeaseMachine(RuleBasedStateMachine):
         assert self.legacy is not None
         doc_id = sorted(self.old_holds, key=repr)[which % len(self.old_holds)]
         claimed = self.old_holds.pop(doc_id)
-        now = queries.bson_time(self.clock.now())
+        now = bson_time(self.clock.now())
         if how == "crash" or as_utc(now) >= claimed + timedelta(seconds=self.legacy):
             self.action("old pod dies mid-step")
             return

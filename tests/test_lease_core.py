@@ -15,10 +15,11 @@ from typing import Any, cast
 import pytest
 
 from orchestrator import EPOCH, ConfigError, LeaseLost, Outcome
-from orchestrator.core import history, queries
-from orchestrator.core.clock import ServerClock
+from orchestrator.core import history
+from orchestrator.core.clock import ServerClock, bson_time
 from orchestrator.core.lease import LeaseCore, PolicyError
 from orchestrator.core.outcomes import LeaseWrite
+from orchestrator.core.queries import lease_writes
 from orchestrator.core.registry import Registry, options
 from orchestrator.core.settings import Settings
 from orchestrator.testing import FakeClock
@@ -92,7 +93,7 @@ def test_an_advance_to_a_declared_phase_writes_it_and_releases() -> None:
     assert write.update["$set"]["phase"] == "Cancelled"
     assert write.update["$set"]["reason"] == "asked"
     assert write.update["$set"]["lastToken"] == TOKEN
-    assert write.update["$set"]["lockedUntil"] == queries.bson_time(EPOCH)
+    assert write.update["$set"]["lockedUntil"] == bson_time(EPOCH)
 
 
 @pytest.mark.parametrize("phase", ["Elsewhere", "Running", "done"])
@@ -141,7 +142,7 @@ def test_a_throttled_document_waits_the_relock_floor_whatever_the_outcome() -> N
     until = now_of(core) + timedelta(seconds=5)
     for write, wait in (core._unlock_write({}), core._advance_write("Done", {})):
         assert (write.until, wait) == (until, 5.0)
-        assert write.update["$set"]["lockedUntil"] == queries.bson_time(until)
+        assert write.update["$set"]["lockedUntil"] == bson_time(until)
     write, wait = core._release_write()
     assert (write.until, wait, write.action) == (until, 5.0, "release")
 
@@ -314,7 +315,7 @@ def test_after_its_outcome_a_lease_only_records_its_error_once() -> None:
     with pytest.raises(LeaseLost, match="already gave an outcome"):
         core._check_allowed(LeaseWrite.ADVANCE)
     core._check_allowed(LeaseWrite.RECORD, after=True)
-    assert core._fence(False) == queries.released_fence(7, TOKEN, EPOCH, "Running")
+    assert core._fence(False) == lease_writes.released_fence(7, TOKEN, EPOCH, "Running")
     planned = core._error_write("E", "after its unlock", permanent=False)
     assert planned.outcome.action == "retrying"  # an unlock keeps the phase's streak
     core._released(planned.forms[0], planned.outcome)
@@ -328,7 +329,7 @@ def test_an_error_after_an_advance_is_only_noted_on_the_new_phase() -> None:
     write, _ = core._advance_write("Done", {})
     advanced = Outcome("advanced", "Done", None, TOKEN)
     core._released(write, advanced)
-    assert core._fence(False) == queries.released_fence(7, TOKEN, EPOCH, "Done")
+    assert core._fence(False) == lease_writes.released_fence(7, TOKEN, EPOCH, "Done")
     planned = core._error_write("E", "late", permanent=False)
     assert planned.outcome is advanced
     assert [w.action for w in planned.forms] == ["note"] * 3
@@ -363,7 +364,7 @@ def test_a_lease_expires_at_its_expiry_and_an_extension_moves_it() -> None:
     assert core.expired(now + timedelta(seconds=30))
     extended_at, until, update = core._extend_write()
     assert until == extended_at + timedelta(seconds=30)
-    assert update == queries.extend_update(extended_at, until)
+    assert update == lease_writes.extend_update(extended_at, until)
     core._extended(extended_at + timedelta(seconds=1), until + timedelta(seconds=1))
     assert core.locked_at == extended_at + timedelta(seconds=1)
     assert not core.expired(now + timedelta(seconds=30))
@@ -389,8 +390,8 @@ NO_HISTORY = Settings(tick=1, lock_timeout=30, max_wait=600, max_attempts=3, his
 
 def test_each_outcome_writes_exactly_its_update() -> None:
     core = lease({"updatedAt": datetime(2026, 1, 1, tzinfo=UTC)}, settings=NO_HISTORY)
-    now = queries.bson_time(now_of(core))
-    epoch = queries.bson_time(EPOCH)
+    now = bson_time(now_of(core))
+    epoch = bson_time(EPOCH)
     assert core.resource is core.doc and core.claimed_at == core.locked_at == now_of(core)
     assert core._unlock_write({"n": 1})[0].update == stamp(
         {
@@ -427,15 +428,15 @@ def test_each_outcome_writes_exactly_its_update() -> None:
     extended_at, until, update = core._extend_write()
     assert update == {
         "$set": {
-            "lockedAt": queries.bson_time(extended_at),
-            "lockedUntil": queries.bson_time(until),
+            "lockedAt": bson_time(extended_at),
+            "lockedUntil": bson_time(until),
         }
     }
 
 
 def test_a_failed_attempt_writes_exactly_its_record() -> None:
     core = lease(retry_policy=Fixed(7), settings=NO_HISTORY)
-    now = queries.bson_time(now_of(core))
+    now = bson_time(now_of(core))
     error = {"type": "E", "message": "m", "at": now, "phase": "Running"}
     retry = core._error_write("E", "m", permanent=False)
     assert retry.forms[0].update == stamp(
@@ -459,7 +460,7 @@ def test_a_failed_attempt_writes_exactly_its_record() -> None:
                 "lastError": error,
                 "failedBy": core.handler.key,
                 "updatedAt": now,
-                "lockedUntil": queries.bson_time(EPOCH),
+                "lockedUntil": bson_time(EPOCH),
             },
             "$unset": {"lockToken": ""},
         }
@@ -505,7 +506,7 @@ def test_a_lease_lost_names_the_document_the_lease_and_what_was_dropped() -> Non
 
 def test_a_note_after_a_release_is_fenced_on_the_release_it_follows() -> None:
     until = datetime(2026, 1, 1, 0, 0, 1, 234567, tzinfo=UTC)
-    assert queries.released_fence(7, TOKEN, until, "Done") == {
+    assert lease_writes.released_fence(7, TOKEN, until, "Done") == {
         "_id": 7,
         "lockToken": {"$exists": False},
         "lastToken": TOKEN,
@@ -527,7 +528,7 @@ def entry_of(update: dict[str, Any]) -> dict[str, Any]:
 @pytest.mark.pure
 def test_each_release_carries_its_steps_history_entry_in_the_same_write() -> None:
     core = lease(taken_from="pod-dead")
-    now = queries.bson_time(now_of(core))
+    now = bson_time(now_of(core))
     entry = entry_of(core._advance_write("Done", {})[0].update)
     assert entry == {
         "kind": "step",

@@ -35,9 +35,12 @@ from orchestrator import (
     StoreError,
 )
 from orchestrator.cli import connecting
-from orchestrator.core import queries, sharding
+from orchestrator.core import sharding
 from orchestrator.core.browse import Filter, LeaseState, Row, judge
+from orchestrator.core.clock import as_utc, bson_time
 from orchestrator.core.errors import LeaseHeld
+from orchestrator.core.in_house import IN_HOUSE_HOLDER, IN_HOUSE_INDEX, InHouse
+from orchestrator.core.queries import claims, lease_writes, operators, replica_records, submissions
 from orchestrator.core.replicas import ReplicaRecord, disagreements, new_record
 from orchestrator.core.resource import EPOCH
 from orchestrator.mongo import Store
@@ -458,7 +461,7 @@ def _old_pods_take(db: Database[Any], at: datetime) -> bool:
 
 def _replicas_take(db: Database[Any], at: datetime) -> bool:
     match = {"phase": "Deleting"}
-    query = queries.claim_filter(match, at, Settings().horizon, None, LEGACY)
+    query = claims.claim_filter(match, at, Settings().horizon, None, InHouse(LEGACY))
     return db.gateways.count_documents(query) == 1
 
 
@@ -471,10 +474,10 @@ def _replicas_take(db: Database[Any], at: datetime) -> bool:
             T + timedelta(seconds=4) + MS,
         ),
         (  # a replica's lease, wait or backoff, written with its lockedAt
-            queries.legacy_fields({"lockedUntil": queries.bson_time(T)}, LEGACY),
+            InHouse(LEGACY).stamped({"lockedUntil": bson_time(T)}),
             T,
         ),
-        (queries.legacy_fields({"lockedUntil": EPOCH}, LEGACY), EPOCH.replace(tzinfo=UTC)),
+        (InHouse(LEGACY).stamped({"lockedUntil": EPOCH}), EPOCH.replace(tzinfo=UTC)),
     ],
     ids=["old-claim", "old-relock", "replica-lease", "replica-unlock"],
 )
@@ -501,8 +504,8 @@ def test_a_lease_s_fence_names_the_lockedAt_its_write_stored_whatever_the_settin
     even for a setting finer than a millisecond (which settings now refuse)."""
     until = T.replace(microsecond=123_000 + micros)
     for legacy in (LEGACY, LEGACY + 0.0005, LEGACY + 0.0009):
-        stored = queries.legacy_update(queries.extend_update(T, until), legacy)["$set"]
-        fence = queries.legacy_fence({"_id": 1}, [until], legacy)
+        stored = InHouse(legacy).update(lease_writes.extend_update(T, until))["$set"]
+        fence = InHouse(legacy).fence({"_id": 1}, [until])
         assert fence["lockedAt"] == stored["lockedAt"], legacy
 
 
@@ -546,7 +549,7 @@ async def test_every_outcome_lands_with_a_setting_finer_than_a_millisecond(
 def _told_alike(doc: dict[str, Any]) -> None:
     """``doc``'s lockedAt tells an old pod what its lockedUntil tells a replica."""
     until, at = doc["lockedUntil"], doc["lockedAt"]
-    assert queries.as_utc(at) == queries.as_utc(queries.legacy_locked_at(until, LEGACY)), doc
+    assert as_utc(at) == as_utc(InHouse(LEGACY).stamp(until)), doc
 
 
 def test_every_lease_a_replica_writes_tells_old_pods_the_same(
@@ -583,15 +586,13 @@ def test_every_lease_a_replica_writes_tells_old_pods_the_same(
         orch.run_once()
         doc = db.gateways.find_one()
         _told_alike(doc)
-        clock.advance(
-            max((queries.as_utc(doc["lockedUntil"]) - orch.clock.now()).total_seconds(), 0)
-        )
+        clock.advance(max((as_utc(doc["lockedUntil"]) - orch.clock.now()).total_seconds(), 0))
     assert doc["phase"] == "Failed"
     _told_alike(doc)
     assert len(held) == 6
     for seen in held:
         _told_alike(seen)
-        assert queries.as_utc(seen["lockedUntil"]) > orch.clock.now()
+        assert as_utc(seen["lockedUntil"]) > orch.clock.now()
 
     # The operators' tools learn the setting from the live replicas' records.
     Store(db).record_replica(_record(orch.clock.now(), LEGACY))
@@ -621,7 +622,7 @@ def test_an_operators_change_frees_a_document_for_old_pods_though_no_replica_is_
     orch.run_once()
     assert len(claimed) == 1
     seen = db.gateways.find_one()
-    assert queries.as_utc(seen["lockedAt"]) > orch.clock.now()  # the relock's stamp
+    assert as_utc(seen["lockedAt"]) > orch.clock.now()  # the relock's stamp
     operations = Operations(db)
     assert operations.replicas() == []
     if action == "unlock":
@@ -630,7 +631,7 @@ def test_an_operators_change_frees_a_document_for_old_pods_though_no_replica_is_
         after = operations.retry("gateways", seen, "Deleting", any_phase=True).document
     else:
         after = operations.cancel("gateways", seen, to="Deleting", any_phase=True).document
-    assert queries.as_utc(after["lockedAt"]) == queries.as_utc(TASK_LOCK_INIT_TIME)
+    assert as_utc(after["lockedAt"]) == as_utc(TASK_LOCK_INIT_TIME)
     _told_alike(after)
     pod = LegacyPod("old-0", db, orch.clock.now, platform)
     clock.advance(1)
@@ -659,44 +660,46 @@ def _record(now: datetime, legacy: float | None, replica_id: str = "new-a") -> R
 @pytest.mark.parametrize(
     "update",
     [
-        queries.claim_update(T, T + timedelta(seconds=30), "t", "r"),
-        queries.extend_update(T, T + timedelta(seconds=30)),
-        queries.carry_update(queries.unlock_update({}), T, T + timedelta(seconds=30), "t", "r"),
-        queries.unlock_update({"x": 1}),
-        queries.unlock_update({}, T + timedelta(seconds=1)),
-        queries.release_update(),
-        queries.relock_update(T + timedelta(seconds=7), {}),
-        queries.advance_update("Next", T, {}),
-        queries.retry_update(2, {"type": "E"}, T + timedelta(seconds=4)),
-        queries.fail_update("Failed", 5, {"type": "E"}, T, "key"),
-        queries.operator_unlock_update(),
-        queries.operator_move_update("Again", T),
+        claims.claim_update(T, T + timedelta(seconds=30), "t", "r"),
+        lease_writes.extend_update(T, T + timedelta(seconds=30)),
+        lease_writes.carry_update(
+            lease_writes.unlock_update({}), T, T + timedelta(seconds=30), "t", "r"
+        ),
+        lease_writes.unlock_update({"x": 1}),
+        lease_writes.unlock_update({}, T + timedelta(seconds=1)),
+        lease_writes.release_update(),
+        lease_writes.relock_update(T + timedelta(seconds=7), {}),
+        lease_writes.advance_update("Next", T, {}),
+        lease_writes.retry_update(2, {"type": "E"}, T + timedelta(seconds=4)),
+        lease_writes.fail_update("Failed", 5, {"type": "E"}, T, "key"),
+        operators.operator_unlock_update(),
+        operators.operator_move_update("Again", T),
     ],
     ids=lambda u: ",".join(sorted(u["$set"])),
 )
 def test_every_update_that_sets_lockedUntil_sets_lockedAt_with_it(
     update: dict[str, Any],
 ) -> None:
-    stamped = queries.legacy_update(update, LEGACY)
+    stamped = InHouse(LEGACY).update(update)
     until = update["$set"]["lockedUntil"]
-    assert stamped["$set"]["lockedAt"] == queries.legacy_locked_at(until, LEGACY)
+    assert stamped["$set"]["lockedAt"] == InHouse(LEGACY).stamp(until)
     assert {k: v for k, v in stamped["$set"].items() if k != "lockedAt"} == {
         k: v for k, v in update["$set"].items() if k != "lockedAt"
     }
     assert {k: v for k, v in stamped.items() if k != "$set"} == {
         k: v for k, v in update.items() if k != "$set"
     }
-    assert queries.legacy_update(update, None) is update  # without the setting: untouched
+    assert InHouse(None).update(update) is update  # without the setting: untouched
 
 
 @pytest.mark.pure
 def test_a_release_at_once_writes_the_epoch_as_the_old_pods_unlock_does() -> None:
-    assert queries.legacy_locked_at(EPOCH, LEGACY) == TASK_LOCK_INIT_TIME
+    assert InHouse(LEGACY).stamp(EPOCH) == TASK_LOCK_INIT_TIME
     assert (
-        queries.legacy_fields(queries.new_document({"phase": "A"}, T), LEGACY)["lockedAt"]
+        InHouse(LEGACY).stamped(submissions.new_document({"phase": "A"}, T))["lockedAt"]
         == TASK_LOCK_INIT_TIME
     )
-    assert "lockedAt" not in queries.legacy_fields({"lockedUntil": "soon"}, LEGACY)
+    assert "lockedAt" not in InHouse(LEGACY).stamped({"lockedUntil": "soon"})
 
 
 # -- what is not a date --------------------------------------------------------------------
@@ -749,12 +752,12 @@ def test_the_probe_sees_an_in_house_lease_and_when_it_runs_out(db: Database[Any]
     assert store.probe(groups, found.next_due, horizon).ready == frozenset({0})
     assert Store(db).probe(groups, at, horizon).ready == frozenset({0})
     peek = sharding.ClaimPlan(strategy="peek")
-    update = queries.claim_update(at, at + timedelta(seconds=30), "t", "r")
+    update = claims.claim_update(at, at + timedelta(seconds=30), "t", "r")
     match = {"phase": "Deleting"}
     assert store.claim("gateways", match, at, horizon, None, update, plan=peek) is None
     assert store.claim("gateways", match, at, horizon, None, update) is None
     later = found.next_due
-    update = queries.claim_update(later, later + timedelta(seconds=30), "t", "r")
+    update = claims.claim_update(later, later + timedelta(seconds=30), "t", "r")
     taken = store.claim("gateways", match, later, horizon, None, update, plan=peek)
     assert taken is not None
     _told_alike(db.gateways.find_one())
@@ -767,7 +770,7 @@ def test_a_replica_with_the_setting_makes_the_index_of_the_in_house_query(
     _taking(orch)
     orch.ensure_indexes()
     keys = [list(info["key"].items()) for info in db.gateways.list_indexes()]
-    assert [(k, int(v)) for k, v in queries.LEGACY_INDEX] in [
+    assert [(k, int(v)) for k, v in IN_HOUSE_INDEX] in [
         [(k, int(v)) for k, v in key] for key in keys
     ]
 
@@ -782,20 +785,20 @@ def test_the_operators_tools_judge_an_in_house_lease_held(
     platform = Platform(orch.clock.now)
     _gateway(db, platform, orch.clock.now())
     LegacyPod("old-0", db, orch.clock.now, platform, latency=lambda: 45.0).tick()
-    taken_at = queries.as_utc(db.gateways.find_one()["lockedAt"])
+    taken_at = as_utc(db.gateways.find_one()["lockedAt"])
     clock.advance(5)
     Store(db).record_replica(_record(orch.clock.now(), LEGACY))
     operations = Operations(db)
     [count] = operations.status(["gateways"]).phases
     assert (count.leased, count.overdue, count.waiting) == (1, 0, 0)
     [row] = operations.browse(Filter("gateways", state=LeaseState.LEASED)).rows
-    assert row.holder == queries.IN_HOUSE_HOLDER
+    assert row.holder == IN_HOUSE_HOLDER
     assert row.until == taken_at + timedelta(seconds=LEGACY) + MS
     assert operations.browse(Filter("gateways", state=LeaseState.FREE)).rows == []
     doc = db.gateways.find_one()
     with pytest.raises(LeaseHeld) as refused:
         operations.retry("gateways", doc, "Deleting", any_phase=True)
-    assert refused.value.holder == queries.IN_HOUSE_HOLDER
+    assert refused.value.holder == IN_HOUSE_HOLDER
     operations.unlock("gateways", doc)
     pod = LegacyPod("old-1", db, orch.clock.now, platform)
     pod.tick()
@@ -807,18 +810,18 @@ def test_a_document_held_by_an_in_house_lease_is_judged_leased_and_nothing_else(
     now = T + timedelta(seconds=10)
     old = {"phase": "P", "lockedAt": T}
     assert judge(old, now) is LeaseState.FREE  # without the setting: free
-    assert judge(old, now, LEGACY) is LeaseState.LEASED
-    assert live_lease(old, now, LEGACY) and not live_lease(old, now)
+    assert judge(old, now, InHouse(LEGACY)) is LeaseState.LEASED
+    assert live_lease(old, now, InHouse(LEGACY)) and not live_lease(old, now)
     expired = T + timedelta(seconds=LEGACY) + MS
-    assert judge(old, expired, LEGACY) is LeaseState.FREE
+    assert judge(old, expired, InHouse(LEGACY)) is LeaseState.FREE
     # A replica's own wait is still a wait: its lockedAt says the same as its lockedUntil.
-    waiting = queries.legacy_fields({"phase": "P", "lockedUntil": T + timedelta(seconds=20)}, 30)
-    assert judge(waiting, now, LEGACY) is LeaseState.WAITING
-    assert not live_lease(waiting, now, LEGACY)
+    waiting = InHouse(30).stamped({"phase": "P", "lockedUntil": T + timedelta(seconds=20)})
+    assert judge(waiting, now, InHouse(LEGACY)) is LeaseState.WAITING
+    assert not live_lease(waiting, now, InHouse(LEGACY))
     # A replica's expired lease that an old pod took since: held by the old pod.
     taken = {"phase": "P", "lockToken": "t", "lockedBy": "dead", "lockedUntil": T, "lockedAt": T}
-    assert judge(taken, now, LEGACY) is LeaseState.LEASED
-    assert Row.read(taken, now, legacy=LEGACY).holder == queries.IN_HOUSE_HOLDER
+    assert judge(taken, now, InHouse(LEGACY)) is LeaseState.LEASED
+    assert Row.read(taken, now, in_house=InHouse(LEGACY)).holder == IN_HOUSE_HOLDER
     assert judge(taken, now) is LeaseState.OVERDUE
 
 
@@ -826,15 +829,15 @@ def test_a_document_held_by_an_in_house_lease_is_judged_leased_and_nothing_else(
 def test_claim_latency_counts_from_when_an_in_house_lease_ran_out() -> None:
     entered = T - timedelta(minutes=5)
     relocked = {"lockedAt": T, "lockedUntil": EPOCH, "updatedAt": entered, "lockedBy": "x"}
-    assert queries.due_since(relocked, LEGACY) == T + timedelta(seconds=LEGACY) + MS
-    own = queries.legacy_fields({"lockedUntil": T, "updatedAt": entered, "lockedBy": "x"}, 30)
-    assert queries.due_since(own, LEGACY) == T == queries.due_since(own)
-    submitted = queries.legacy_fields({"lockedUntil": EPOCH, "updatedAt": entered}, LEGACY)
-    assert queries.due_since(submitted, LEGACY) == entered
+    assert claims.due_since(relocked, InHouse(LEGACY)) == T + timedelta(seconds=LEGACY) + MS
+    own = InHouse(30).stamped({"lockedUntil": T, "updatedAt": entered, "lockedBy": "x"})
+    assert claims.due_since(own, InHouse(LEGACY)) == T == claims.due_since(own)
+    submitted = InHouse(LEGACY).stamped({"lockedUntil": EPOCH, "updatedAt": entered})
+    assert claims.due_since(submitted, InHouse(LEGACY)) == entered
     # Released at once after a replica's claim: an unlock within the phase or an advance
     # into it, which the epoch no longer tells apart: not known, rather than wrong.
-    assert queries.due_since({**submitted, "lockedBy": "x"}, LEGACY) is None
-    assert queries.due_since({**relocked, "lockedUntil": "soon"}, LEGACY) is None
+    assert claims.due_since({**submitted, "lockedBy": "x"}, InHouse(LEGACY)) is None
+    assert claims.due_since({**relocked, "lockedUntil": "soon"}, InHouse(LEGACY)) is None
 
 
 # -- the setting ---------------------------------------------------------------------------
@@ -868,7 +871,7 @@ def test_the_setting_is_off_unless_given_and_bounded_like_the_lock_timeout() -> 
 @pytest.mark.pure
 def test_replicas_that_disagree_on_it_are_flagged_like_a_lock_timeout() -> None:
     records = [_record(T, LEGACY, "new-a"), _record(T, LEGACY, "new-b"), _record(T, None, "x")]
-    stored = queries.replica_document(records[0])
+    stored = replica_records.replica_document(records[0])
     assert stored["legacyLockTimeout"] == LEGACY
     assert ReplicaRecord.from_document(stored) == records[0]
     assert ReplicaRecord.from_document({**stored, "legacyLockTimeout": "30"}) is None

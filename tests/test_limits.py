@@ -18,17 +18,10 @@ from pymongo.database import Database
 
 from bench.instrument import CountingDatabase, Meter
 from orchestrator import ConfigError, Lease, Orchestrator, Settings
-from orchestrator.core import queries
-from orchestrator.core.limits import (
-    SLOTS_COLLECTION,
-    SLOTS_RECHECK,
-    Limit,
-    LimitKind,
-    Slot,
-    limits_of,
-    parse_rate,
-)
-from orchestrator.core.queries import as_utc
+from orchestrator.core.clock import as_utc, bson_time
+from orchestrator.core.limits import SLOTS_RECHECK, Limit, LimitKind, Slot, limits_of, parse_rate
+from orchestrator.core.names import SLOTS_COLLECTION
+from orchestrator.core.queries import limit_slots, replica_records
 from orchestrator.core.registry import Handler
 from orchestrator.core.replicas import HandlerInfo, disagreements, new_record
 from orchestrator.core.resource import EPOCH
@@ -117,7 +110,7 @@ def register(
 
 def ms(moment: datetime) -> datetime:
     """``moment`` as BSON stores it (milliseconds), aware UTC."""
-    return as_utc(queries.bson_time(moment))
+    return as_utc(bson_time(moment))
 
 
 def slots(db: Database[Any], kind: str = "global") -> list[dict[str, Any]]:
@@ -217,20 +210,20 @@ def test_a_handler_s_limits_are_its_rate_then_its_global_limit() -> None:
 def test_slot_writes_are_fenced_and_judged_by_the_server_s_time() -> None:
     now = datetime(2026, 1, 1, tzinfo=UTC)
     rate = Limit(LimitKind.RATE, 3, "minute")
-    assert queries.take_slot_filter(KEY, rate, now) == {
+    assert limit_slots.take_slot_filter(KEY, rate, now) == {
         "handler": KEY,
         "kind": "rate",
         "n": {"$lt": 3},
-        "until": {"$not": {"$gt": queries.bson_time(now)}},
+        "until": {"$not": {"$gt": bson_time(now)}},
     }
-    assert [d["_id"] for d in queries.slot_documents(KEY, rate)] == [
+    assert [d["_id"] for d in limit_slots.slot_documents(KEY, rate)] == [
         f"{KEY}/rate/0",
         f"{KEY}/rate/1",
         f"{KEY}/rate/2",
     ]
-    assert queries.slot_fence("s", "t") == {"_id": "s", "token": "t"}
-    assert queries.free_slot_update() == {"$set": {"until": EPOCH, "token": None}}
-    assert queries.restore_slot_update(None, None) == {"$set": {"until": EPOCH, "token": None}}
+    assert limit_slots.slot_fence("s", "t") == {"_id": "s", "token": "t"}
+    assert limit_slots.free_slot_update() == {"$set": {"until": EPOCH, "token": None}}
+    assert limit_slots.restore_slot_update(None, None) == {"$set": {"until": EPOCH, "token": None}}
     taken = Slot(KEY, Limit(LimitKind.GLOBAL, 1), "s", "t", now, now - timedelta(seconds=1), "old")
     assert taken.recovered, "a global slot left taken by a holder that never freed it"
     assert not Slot(KEY, Limit(LimitKind.GLOBAL, 1), "s", "t", now, UTC_EPOCH, None).recovered
@@ -312,7 +305,7 @@ def test_replicas_that_disagree_on_a_handler_s_limit_are_flagged() -> None:
         f"replicas disagree on global_limit of {KEY}: 2 (a, c); 3 (b)",
         f"replicas disagree on rate_limit of {KEY}: none (a, c); 5/second (b)",
     ]
-    stored = queries.replica_document(record("b", info(3, "5/second")))
+    stored = replica_records.replica_document(record("b", info(3, "5/second")))
     assert stored["handlers"][0]["globalLimit"] == 3
     assert HandlerInfo.read(stored["handlers"][0]) == info(3, "5/second")
     assert HandlerInfo.read({"collection": "jobs"}).global_limit is None  # an older record

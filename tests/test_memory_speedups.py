@@ -17,7 +17,7 @@ import pytest
 from bson import ObjectId
 from pymongo import ReturnDocument
 
-from orchestrator.core import queries
+from orchestrator.core.queries import claims, lease_writes
 from orchestrator.testing import memory_database
 
 BASE = datetime(2026, 1, 1)
@@ -71,18 +71,18 @@ def _documents(seed: int) -> list[dict[str, Any]]:
 
 NOW = BASE.replace(tzinfo=UTC)
 FILTERS = [
-    queries.claim_filter({"phase": "A"}, NOW, 60, queries.failed_exclusion("h1", "x", "A", {})),
-    queries.claim_filter({"phase": "C"}, NOW, 60),
-    queries.probe_filter(
-        [({"phase": "A"}, queries.failed_exclusion("h1", "h1", "B", {})), ({"phase": "B"}, None)],
+    claims.claim_filter({"phase": "A"}, NOW, 60, claims.failed_exclusion("h1", "x", "A", {})),
+    claims.claim_filter({"phase": "C"}, NOW, 60),
+    claims.probe_filter(
+        [({"phase": "A"}, claims.failed_exclusion("h1", "h1", "B", {})), ({"phase": "B"}, None)],
         NOW,
         60,
     ),
-    queries.claim_filter(
+    claims.claim_filter(
         {"$or": [{"phase": "A"}, {"phase": "B"}]},
         NOW,
         60,
-        queries.failed_exclusion("h2", "h1", "B", {}),
+        claims.failed_exclusion("h2", "h1", "B", {}),
     ),
     {"phase": {"$in": ["A", "B"]}, "lockedUntil": {"$lt": BASE}},
     {"lockedUntil": {"$gte": BASE.replace(tzinfo=UTC)}},
@@ -104,7 +104,7 @@ def test_finds_and_sorted_claims_match_plain_mongomock(seed: int, spec: dict[str
     assert list(fast.find(spec)) == list(plain.find(spec))
     assert fast.count_documents(spec) == plain.count_documents(spec)
     for sort in (
-        queries.CLAIM_SORT,
+        claims.CLAIM_SORT,
         [("lockedUntil", -1), ("updatedAt", 1)],
         [("claimPriority", 1), ("lockedUntil", 1)],
     ):
@@ -124,9 +124,13 @@ def test_fenced_writes_by_id_match_only_the_holder() -> None:
     coll = memory_database()["items"]
     oid = coll.insert_one({"lockToken": "t1", "phase": "A"}).inserted_id
     coll.insert_one({"_id": "named", "lockToken": "t1", "phase": "A"})
-    assert coll.update_one(queries.fenced(oid, "t2"), {"$set": {"x": 1}}).matched_count == 0
-    assert coll.update_one(queries.fenced(oid, "t1"), {"$set": {"x": 1}}).matched_count == 1
-    assert coll.update_one(queries.fenced(str(oid), "t1"), {"$set": {"x": 2}}).matched_count == 0
-    assert coll.update_one(queries.fenced("named", "t1"), {"$set": {"x": 3}}).matched_count == 1
+    assert coll.update_one(lease_writes.fenced(oid, "t2"), {"$set": {"x": 1}}).matched_count == 0
+    assert coll.update_one(lease_writes.fenced(oid, "t1"), {"$set": {"x": 1}}).matched_count == 1
+    assert (
+        coll.update_one(lease_writes.fenced(str(oid), "t1"), {"$set": {"x": 2}}).matched_count == 0
+    )
+    assert (
+        coll.update_one(lease_writes.fenced("named", "t1"), {"$set": {"x": 3}}).matched_count == 1
+    )
     assert coll.find_one({"_id": oid})["x"] == 1
     assert coll.find_one({"_id": "named"})["x"] == 3

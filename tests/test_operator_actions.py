@@ -13,8 +13,9 @@ import pytest
 from pymongo.database import Database
 
 from orchestrator import ConfigError, LeaseLost, Orchestrator
-from orchestrator.core import history, queries
+from orchestrator.core import history
 from orchestrator.core.audit import AuditKind
+from orchestrator.core.clock import bson_time
 from orchestrator.operations import (
     Action,
     Filter,
@@ -134,7 +135,7 @@ async def test_a_step_that_takes_over_an_expired_lease_says_whose_it_was(
     async def a(lease: Any) -> Any:
         return await lease.advance("B")
 
-    now = queries.bson_time(replica.clock.now())
+    now = bson_time(replica.clock.now())
     db.jobs.insert_one(
         {
             "_id": "j",
@@ -409,7 +410,7 @@ async def test_a_bulk_retry_lists_then_acts_on_what_still_matches(
     assert sorted(r.key or "" for r in dry.changed) == [f"invoiceNo=INV-{n}" for n in range(5)]
     assert db.invoices.count_documents({"phase": "Failed"}) == 5  # nothing changed
     # One is claimed by a replica meanwhile (a live lease): not retried without force.
-    now = queries.bson_time(replica.clock.now())
+    now = bson_time(replica.clock.now())
     db.invoices.update_one(
         {"invoiceNo": "INV-0"},
         {

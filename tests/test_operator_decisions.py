@@ -10,7 +10,6 @@ from typing import Any
 import pytest
 from bson import Int64, ObjectId
 
-from orchestrator.core import queries as q
 from orchestrator.core.errors import (
     AmbiguousId,
     DocumentChanged,
@@ -26,6 +25,7 @@ from orchestrator.core.operator import (
     live_lease,
     parse_id_json,
 )
+from orchestrator.core.queries import operators, replica_records
 from orchestrator.core.replicas import ReplicaRecord
 
 pytestmark = pytest.mark.pure
@@ -169,18 +169,21 @@ def test_each_refusal_says_which_document_and_why() -> None:
 
 @pytest.mark.parametrize("doc_id", [42, "42", OID, {"$gt": ""}, None])
 def test_an_id_is_matched_exactly_never_read_as_an_operator(doc_id: Any) -> None:
-    assert q.exact_id_filter(doc_id) == {"_id": {"$eq": doc_id}}
+    assert operators.exact_id_filter(doc_id) == {"_id": {"$eq": doc_id}}
 
 
 def test_an_operator_action_applies_only_to_the_state_the_operator_saw() -> None:
-    assert q.operator_guard(42, "Failed") == {"_id": {"$eq": 42}, "phase": {"$eq": "Failed"}}
-    assert q.operator_guard("x", {"$ne": 1}, "tok") == {
+    assert operators.operator_guard(42, "Failed") == {
+        "_id": {"$eq": 42},
+        "phase": {"$eq": "Failed"},
+    }
+    assert operators.operator_guard("x", {"$ne": 1}, "tok") == {
         "_id": {"$eq": "x"},
         "phase": {"$eq": {"$ne": 1}},
         "lockToken": {"$eq": "tok"},
     }
     # None is a token too: held by no lease.
-    assert q.operator_guard(1, None, None) == {
+    assert operators.operator_guard(1, None, None) == {
         "_id": {"$eq": 1},
         "phase": {"$eq": None},
         "lockToken": {"$eq": None},
@@ -188,20 +191,20 @@ def test_an_operator_action_applies_only_to_the_state_the_operator_saw() -> None
 
 
 def test_errors_are_the_documents_with_a_last_error() -> None:
-    assert q.errors_filter(["A", "B"]) == {
+    assert operators.errors_filter(["A", "B"]) == {
         "phase": {"$in": ["A", "B"]},
         "lastError": {"$ne": None},
     }
 
 
 def test_replica_records_are_found_by_id_and_removed_only_by_their_writer() -> None:
-    assert q.replica_filter("pod-1") == {"_id": "pod-1"}
-    assert q.replica_removal("pod-1", "i-7") == {"_id": "pod-1", "instance": "i-7"}
+    assert replica_records.replica_filter("pod-1") == {"_id": "pod-1"}
+    assert replica_records.replica_removal("pod-1", "i-7") == {"_id": "pod-1", "instance": "i-7"}
 
 
 def test_live_records_expire_after_now_as_stored() -> None:
     now = datetime(2026, 1, 1, 12, 0, 0, 123456, tzinfo=UTC)
-    assert q.live_replicas_filter(now) == {
+    assert replica_records.live_replicas_filter(now) == {
         "expiresAt": {"$gt": datetime(2026, 1, 1, 12, 0, 0, 123000)}
     }
 
@@ -228,12 +231,12 @@ def test_the_status_pipeline_groups_by_phase_into_the_counts_the_report_reads() 
             "failed": count_if({"$gt": [{"$ifNull": ["$lastError", None]}, None]}),
         }
     }
-    assert q.status_pipeline(now) == [
+    assert operators.status_pipeline(now) == [
         {"$match": {"phase": {"$exists": True}}},
         group,
         {"$sort": {"_id": 1}},
     ]
-    assert q.status_pipeline(now, {"_id": {"$eq": 7}})[0] == {
+    assert operators.status_pipeline(now, {"_id": {"$eq": 7}})[0] == {
         "$match": {"_id": {"$eq": 7}, "phase": {"$exists": True}}
     }
 

@@ -28,7 +28,7 @@ from pymongo.database import Database
 
 from orchestrator import Orchestrator
 from orchestrator.cli import main as cli
-from orchestrator.core.queries import as_utc
+from orchestrator.core.clock import as_utc
 from orchestrator.core.steps import started
 from orchestrator.demo.processes import REPLICAS
 from tests.conftest import MONGODB_URI

@@ -12,7 +12,8 @@ from bson import ObjectId
 
 from orchestrator import EPOCH, ConfigError
 from orchestrator.core import browse, starts
-from orchestrator.core import queries as q
+from orchestrator.core.clock import as_utc, bson_time
+from orchestrator.core.queries import claims, lease_writes, operators, submissions
 
 pytestmark = pytest.mark.pure
 
@@ -20,7 +21,7 @@ NOW = datetime(2026, 1, 1, 12, 0, 0, 123456, tzinfo=UTC)
 
 
 def test_claim_filter_keeps_the_handler_match_and_requires_a_lease_past_its_own_expiry() -> None:
-    f = q.claim_filter({"phase": "Deleting"}, NOW, 3600)
+    f = claims.claim_filter({"phase": "Deleting"}, NOW, 3600)
     assert f == {
         "phase": "Deleting",
         "$or": [
@@ -31,32 +32,34 @@ def test_claim_filter_keeps_the_handler_match_and_requires_a_lease_past_its_own_
 
 
 def test_a_handler_filter_with_its_own_or_keeps_both_conditions() -> None:
-    f = q.claim_filter({"$or": [{"phase": "A"}, {"phase": "B"}]}, NOW, 60)
+    f = claims.claim_filter({"$or": [{"phase": "A"}, {"phase": "B"}]}, NOW, 60)
     assert f["$and"][0] == {"$or": [{"phase": "A"}, {"phase": "B"}]}
     assert "$or" in f["$and"][1]
     with pytest.raises(ConfigError, match="failedBy"):
-        q.check_match({"phase": "A", "failedBy": "x"})
+        claims.check_match({"phase": "A", "failedBy": "x"})
 
 
 def test_the_failed_mark_applies_only_in_the_failed_phase_it_names() -> None:
     """A handler pinned to another phase needs no exclusion; one whose filter may match
     its failed phase is kept off a document only while it is there, marked by its key (or
     by its name, as marks were written before keys)."""
-    assert q.failed_exclusion("jobs {...}", "app.create", "Failed", {"phase": "Creating"}) is None
-    exclusion = q.failed_exclusion("jobs {...}", "app.report", "Failed", {"kind": "w"})
+    assert (
+        claims.failed_exclusion("jobs {...}", "app.create", "Failed", {"phase": "Creating"}) is None
+    )
+    exclusion = claims.failed_exclusion("jobs {...}", "app.report", "Failed", {"kind": "w"})
     assert exclusion == {
         "$or": [
             {"$and": [{"failedBy": {"$ne": "jobs {...}"}}, {"failedBy": {"$ne": "app.report"}}]},
             {"phase": {"$ne": "Failed"}},
         ]
     }
-    f = q.claim_filter({"kind": "w"}, NOW, 60, exclusion)
+    f = claims.claim_filter({"kind": "w"}, NOW, 60, exclusion)
     assert f["$and"][:2] == [{"kind": "w"}, exclusion]
 
 
 def test_claim_update_sets_time_expiry_token_and_holder() -> None:
     until = NOW + timedelta(seconds=30)
-    assert q.claim_update(NOW, until, "tok", "pod-1") == {
+    assert claims.claim_update(NOW, until, "tok", "pod-1") == {
         "$set": {
             "lockedAt": datetime(2026, 1, 1, 12, 0, 0, 123000),
             "lockedUntil": datetime(2026, 1, 1, 12, 0, 30, 123000),
@@ -64,8 +67,8 @@ def test_claim_update_sets_time_expiry_token_and_holder() -> None:
             "lockedBy": "pod-1",
         }
     }
-    assert q.CLAIM_SORT == [("claimPriority", -1), ("lockedUntil", 1), ("updatedAt", 1)]
-    assert [k for k, _ in q.CLAIM_INDEX] == [
+    assert claims.CLAIM_SORT == [("claimPriority", -1), ("lockedUntil", 1), ("updatedAt", 1)]
+    assert [k for k, _ in claims.CLAIM_INDEX] == [
         "phase",
         "claimPriority",
         "lockedUntil",
@@ -111,18 +114,18 @@ def test_the_claim_peek_probe_and_browse_read_the_claim_index_in_its_order() -> 
     The probe's due branch sorts on lockedUntil alone: it pins every stored priority
     (missing, 1 to 9), so each (phase, priority) run is read in lockedUntil order and the
     runs merge; and browse pages in the index's own order."""
-    claim = q.claim_filter({"phase": "A"}, NOW, 3600)
-    assert _served_in_order(q.CLAIM_INDEX, claim, q.CLAIM_SORT)
-    assert _served_in_order(q.CLAIM_INDEX, {"phase": "A"}, browse.LEASE_ORDER)
-    assert not _served_in_order(q.CLAIM_INDEX, claim, [("lockedUntil", 1)])  # the check bites
-    pipeline = q.probe_pipeline([("jobs", [({"phase": "A"}, None)])], NOW, 3600)
+    claim = claims.claim_filter({"phase": "A"}, NOW, 3600)
+    assert _served_in_order(claims.CLAIM_INDEX, claim, claims.CLAIM_SORT)
+    assert _served_in_order(claims.CLAIM_INDEX, {"phase": "A"}, browse.LEASE_ORDER)
+    assert not _served_in_order(claims.CLAIM_INDEX, claim, [("lockedUntil", 1)])  # the check bites
+    pipeline = claims.probe_pipeline([("jobs", [({"phase": "A"}, None)])], NOW, 3600)
     due = next(b["$unionWith"]["pipeline"] for b in pipeline if "$unionWith" in b)
     assert due[1] == {"$sort": {"lockedUntil": 1}}
-    assert _served_in_order(q.CLAIM_INDEX, due[0]["$match"]["$or"][0], [("lockedUntil", 1)])
+    assert _served_in_order(claims.CLAIM_INDEX, due[0]["$match"]["$or"][0], [("lockedUntil", 1)])
     assert due[0]["$match"]["$or"][0]["$and"][-1] == {
-        "claimPriority": {"$in": [None, *range(1, q.MAX_PRIORITY + 1)]}
+        "claimPriority": {"$in": [None, *range(1, claims.MAX_PRIORITY + 1)]}
     }
-    assert q.peek_projection(("tenant",)) == {"_id": 1, "claimPriority": 1, "tenant": 1}
+    assert claims.peek_projection(("tenant",)) == {"_id": 1, "claimPriority": 1, "tenant": 1}
 
 
 def test_a_priority_is_an_int_from_0_to_9_stored_only_when_above_0() -> None:
@@ -130,9 +133,9 @@ def test_a_priority_is_an_int_from_0_to_9_stored_only_when_above_0() -> None:
     for bad in (-1, 10, True, 1.0, "5", None):
         with pytest.raises(ConfigError, match="priority is an int from 0"):
             starts.check_priority(bad)
-    assert "claimPriority" not in q.new_document({"phase": "A"}, NOW)
-    assert "claimPriority" not in q.new_document({"phase": "A"}, NOW, priority=0)
-    assert q.new_document({"phase": "A"}, NOW, priority=7)["claimPriority"] == 7
+    assert "claimPriority" not in submissions.new_document({"phase": "A"}, NOW)
+    assert "claimPriority" not in submissions.new_document({"phase": "A"}, NOW, priority=0)
+    assert submissions.new_document({"phase": "A"}, NOW, priority=7)["claimPriority"] == 7
 
 
 def test_a_later_start_is_a_wait_from_the_server_clock_bounded_by_max_wait() -> None:
@@ -166,33 +169,48 @@ def test_a_later_start_is_a_wait_from_the_server_clock_bounded_by_max_wait() -> 
         with pytest.raises(ConfigError, match="not_before") as refused:
             starts.check_not_before(bad)
         assert "\n" not in str(refused.value), why
-    doc = q.new_document({"phase": "A"}, NOW, until=later)
-    assert doc["lockedUntil"] == q.bson_time(later)
-    assert doc["createdAt"] == q.bson_time(NOW)
+    doc = submissions.new_document({"phase": "A"}, NOW, until=later)
+    assert doc["lockedUntil"] == bson_time(later)
+    assert doc["createdAt"] == bson_time(NOW)
 
 
 def test_every_release_clears_the_token_so_the_old_holder_is_fenced_out() -> None:
     for update in (
-        q.unlock_update({}),
-        q.relock_update(NOW, {}),
-        q.advance_update("Done", NOW, {}),
-        q.retry_update(1, {"type": "E"}, NOW),
-        q.fail_update("Failed", 3, {"type": "E"}, NOW, "app.h"),
-        q.release_update(),
+        lease_writes.unlock_update({}),
+        lease_writes.relock_update(NOW, {}),
+        lease_writes.advance_update("Done", NOW, {}),
+        lease_writes.retry_update(1, {"type": "E"}, NOW),
+        lease_writes.fail_update("Failed", 3, {"type": "E"}, NOW, "app.h"),
+        lease_writes.release_update(),
     ):
         assert update["$unset"]["lockToken"] == ""
-    assert q.fenced("id", "tok") == {"_id": "id", "lockToken": "tok"}
-    assert q.fenced("id", "tok", "Running") == {"_id": "id", "lockToken": "tok", "phase": "Running"}
-    assert q.fenced("id", "tok", None) == {"_id": "id", "lockToken": "tok", "phase": None}
+    assert lease_writes.fenced("id", "tok") == {"_id": "id", "lockToken": "tok"}
+    assert lease_writes.fenced("id", "tok", "Running") == {
+        "_id": "id",
+        "lockToken": "tok",
+        "phase": "Running",
+    }
+    assert lease_writes.fenced("id", "tok", None) == {
+        "_id": "id",
+        "lockToken": "tok",
+        "phase": None,
+    }
 
 
 def test_success_moves_the_last_error_aside_and_failure_marks_the_handler() -> None:
-    for update in (q.unlock_update({}), q.relock_update(NOW, {}), q.advance_update("B", NOW, {})):
+    for update in (
+        lease_writes.unlock_update({}),
+        lease_writes.relock_update(NOW, {}),
+        lease_writes.advance_update("B", NOW, {}),
+    ):
         assert update["$rename"] == {"lastError": "previousError"}
-    assert "$rename" not in q.retry_update(1, {"type": "E"}, NOW)
-    assert q.fail_update("Failed", 3, {"type": "E"}, NOW, "app.h")["$set"]["failedBy"] == "app.h"
-    assert q.advance_update("B", NOW, {})["$unset"]["failedBy"] == ""
-    assert q.operator_move_update("B", NOW)["$unset"] == {
+    assert "$rename" not in lease_writes.retry_update(1, {"type": "E"}, NOW)
+    assert (
+        lease_writes.fail_update("Failed", 3, {"type": "E"}, NOW, "app.h")["$set"]["failedBy"]
+        == "app.h"
+    )
+    assert lease_writes.advance_update("B", NOW, {})["$unset"]["failedBy"] == ""
+    assert operators.operator_move_update("B", NOW)["$unset"] == {
         "lockToken": "",
         "failedBy": "",
         "lastToken": "",
@@ -200,19 +218,23 @@ def test_success_moves_the_last_error_aside_and_failure_marks_the_handler() -> N
 
 
 def test_unlock_goes_back_to_the_epoch_and_relock_keeps_updated_at() -> None:
-    assert q.unlock_update({"n": 1})["$set"] == {"n": 1, "lockedUntil": EPOCH, "attempts": 0}
-    relock = q.relock_update(NOW, {})
+    assert lease_writes.unlock_update({"n": 1})["$set"] == {
+        "n": 1,
+        "lockedUntil": EPOCH,
+        "attempts": 0,
+    }
+    relock = lease_writes.relock_update(NOW, {})
     assert "updatedAt" not in relock["$set"]
     assert relock["$set"]["lockedUntil"] == datetime(2026, 1, 1, 12, 0, 0, 123000)
     assert relock["$inc"] == {"relocks": 1}
-    advance = q.advance_update("Created", NOW, {"url": "x"})["$set"]
+    advance = lease_writes.advance_update("Created", NOW, {"url": "x"})["$set"]
     assert advance["phase"] == "Created"
     assert advance["updatedAt"] == datetime(2026, 1, 1, 12, 0, 0, 123000)
     assert advance["lockedUntil"] == EPOCH
 
 
 def test_new_document_starts_unlocked_and_drops_forged_lease_fields() -> None:
-    doc = q.new_document(
+    doc = submissions.new_document(
         {
             "name": "a",
             "phase": "Creating",
@@ -227,14 +249,14 @@ def test_new_document_starts_unlocked_and_drops_forged_lease_fields() -> None:
     assert "lockToken" not in doc
     assert "failedBy" not in doc
     assert doc["attempts"] == 0
-    assert doc["createdAt"] == doc["updatedAt"] == q.bson_time(NOW)
+    assert doc["createdAt"] == doc["updatedAt"] == bson_time(NOW)
 
 
 def test_times_are_naive_utc_milliseconds_and_read_back_aware() -> None:
     seoul = NOW.astimezone(timezone(timedelta(hours=9)))
-    assert q.bson_time(seoul) == datetime(2026, 1, 1, 12, 0, 0, 123000)
-    assert q.as_utc(datetime(2026, 1, 1)) == datetime(2026, 1, 1, tzinfo=UTC)
-    assert q.as_utc(seoul) == NOW
+    assert bson_time(seoul) == datetime(2026, 1, 1, 12, 0, 0, 123000)
+    assert as_utc(datetime(2026, 1, 1)) == datetime(2026, 1, 1, tzinfo=UTC)
+    assert as_utc(seoul) == NOW
 
 
 @pytest.mark.parametrize(
@@ -256,36 +278,38 @@ def test_fields_that_would_corrupt_the_lease_or_inject_operators_are_refused(
     fields: dict[str, object],
 ) -> None:
     with pytest.raises(ConfigError):
-        q.check_fields(fields)
+        submissions.check_fields(fields)
 
 
 def test_unique_filter_needs_every_key() -> None:
-    assert q.unique_filter({"name": "a", "x": 1}, ["name"]) == {"name": "a"}
+    assert submissions.unique_filter({"name": "a", "x": 1}, ["name"]) == {"name": "a"}
     with pytest.raises(ConfigError, match="unique key"):
-        q.unique_filter({"x": 1}, ["name"])
+        submissions.unique_filter({"x": 1}, ["name"])
 
 
 def test_handler_filters_cannot_touch_the_lease_fields() -> None:
     with pytest.raises(ConfigError):
-        q.check_match({"lockedAt": {"$gt": NOW}})
+        claims.check_match({"lockedAt": {"$gt": NOW}})
     with pytest.raises(ConfigError):
-        q.check_match({})
+        claims.check_match({})
 
 
 def test_an_id_typed_as_text_matches_the_integer_or_objectid_it_spells() -> None:
-    assert q.id_filter("42") == {"_id": {"$in": [42, "42"]}}
-    assert q.id_filter("-7") == {"_id": {"$in": [-7, "-7"]}}
+    assert operators.id_filter("42") == {"_id": {"$in": [42, "42"]}}
+    assert operators.id_filter("-7") == {"_id": {"$in": [-7, "-7"]}}
     hex_id = "65a1b2c3d4e5f60718293a4b"
-    assert q.id_filter(hex_id) == {"_id": {"$in": [ObjectId(hex_id), hex_id]}}
+    assert operators.id_filter(hex_id) == {"_id": {"$in": [ObjectId(hex_id), hex_id]}}
     for text in ("042", "gw-1", "1e3", str(2**63), ""):
-        assert q.id_filter(text) == {"_id": text}
+        assert operators.id_filter(text) == {"_id": text}
 
 
 def test_fields_a_step_may_set_are_accepted_nested_and_dotted() -> None:
-    q.check_fields(
+    submissions.check_fields(
         {"progress": 3, "result": {"items": [1, {"ok": True}]}, "a.b": 1, "phaseNote": "x"}
     )
-    q.check_fields({"lockToken": 1}, reserved=frozenset())  # the reserved set is the caller's
+    submissions.check_fields(
+        {"lockToken": 1}, reserved=frozenset()
+    )  # the reserved set is the caller's
 
 
 @pytest.mark.parametrize(
@@ -309,24 +333,24 @@ def test_fields_a_step_may_set_are_accepted_nested_and_dotted() -> None:
 )
 def test_each_refused_field_says_why(fields: dict[object, object], says: str) -> None:
     with pytest.raises(ConfigError) as refused:
-        q.check_fields(fields)  # type: ignore[arg-type]
+        submissions.check_fields(fields)  # type: ignore[arg-type]
     assert says in str(refused.value)
 
 
 def test_a_handler_filter_is_a_non_empty_dict_that_leaves_the_claim_its_fields() -> None:
-    q.check_match({"phase": "A", "attempts": {"$lt": 3}})
+    claims.check_match({"phase": "A", "attempts": {"$lt": 3}})
     with pytest.raises(ConfigError, match="must be a non-empty dict"):
-        q.check_match([("phase", "A")])  # type: ignore[arg-type]
+        claims.check_match([("phase", "A")])  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match=r"cannot select on \['failedBy', 'lockToken'\]"):
-        q.check_match({"lockToken": "t", "failedBy": "x", "phase": "A"})
+        claims.check_match({"lockToken": "t", "failedBy": "x", "phase": "A"})
 
 
 def test_a_probe_asks_for_any_of_the_handlers_claims() -> None:
     exclusion = {"failedBy": {"$ne": "k"}}
-    probe = q.probe_filter([({"phase": "A"}, None), ({"kind": 1}, exclusion)], NOW, 86_400)
+    probe = claims.probe_filter([({"phase": "A"}, None), ({"kind": 1}, exclusion)], NOW, 86_400)
     assert probe == {
         "$or": [
-            q.claim_filter({"phase": "A"}, NOW, 86_400),
-            q.claim_filter({"kind": 1}, NOW, 86_400, exclusion),
+            claims.claim_filter({"phase": "A"}, NOW, 86_400),
+            claims.claim_filter({"kind": 1}, NOW, 86_400, exclusion),
         ]
     }

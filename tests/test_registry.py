@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 import pytest
 
 from orchestrator import ConfigError, ExponentialBackoff, ProgressiveBackoff, Resource
-from orchestrator.core import queries
+from orchestrator.core.queries import claims
 from orchestrator.core.registry import Registry, options, resolve
 from orchestrator.core.settings import Settings
 
@@ -109,7 +109,7 @@ def test_a_handler_is_named_by_its_function_and_keyed_by_its_collection_and_filt
 
 def test_a_phaseless_filter_keeps_off_what_the_handler_failed() -> None:
     handler = Registry(Settings()).add(step, "jobs", {"desired": "on"}, None, options({}))
-    assert handler.exclusion == queries.failed_exclusion(
+    assert handler.exclusion == claims.failed_exclusion(
         handler.key, f"{__name__}.step", "Failed", {"desired": "on"}
     )
     assert handler.exclusion is not None

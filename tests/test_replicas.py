@@ -19,13 +19,14 @@ from pymongo.database import Database
 from orchestrator import AsyncOrchestrator, ConfigError, Orchestrator, Settings
 from orchestrator.cli import connecting
 from orchestrator.cli import main as cli
-from orchestrator.core import queries
+from orchestrator.core.clock import as_utc, bson_time
 from orchestrator.core.extras import library_version
+from orchestrator.core.names import REPLICAS_COLLECTION
+from orchestrator.core.queries import replica_records
 from orchestrator.core.replicas import (
     MAX_REFRESH,
     MIN_TTL,
     RECORD_INTERVAL,
-    REPLICAS_COLLECTION,
     ReplicaRecord,
     RunningStep,
     disagreements,
@@ -80,7 +81,7 @@ def test_a_record_outlives_several_refreshes(lock_timeout: float) -> None:
 def test_a_record_round_trips_through_its_stored_form() -> None:
     step = RunningStep("gateways", "gw-1", "Deleting", T0 + timedelta(seconds=1, microseconds=7))
     original = record("pod-1", steps=[step], now=T0 + timedelta(seconds=5))
-    stored = queries.replica_document(original)
+    stored = replica_records.replica_document(original)
     parsed = ReplicaRecord.from_document({**stored, "lastSeen": stored["lastSeen"]})
     assert parsed is not None
     assert parsed.replica_id == "pod-1"
@@ -131,7 +132,9 @@ def test_a_record_as_json_for_the_status_command_and_the_page() -> None:
 
 @pytest.mark.pure
 def test_a_record_reads_its_times_as_utc_and_what_it_may_lack_as_empty() -> None:
-    stored = queries.replica_document(record("pod-1", steps=[RunningStep("c", "1", None, T0)]))
+    stored = replica_records.replica_document(
+        record("pod-1", steps=[RunningStep("c", "1", None, T0)])
+    )
     for optional in ("instance", "host", "pid", "version", "engine"):
         del stored[optional]
     stored["started"] = T0.replace(tzinfo=None)
@@ -159,13 +162,13 @@ def test_a_record_reads_its_times_as_utc_and_what_it_may_lack_as_empty() -> None
     "junk",
     [
         {"_id": "x"},
-        {**queries.replica_document(record("x")), "lastSeen": "yesterday"},
-        {**queries.replica_document(record("x")), "maxConcurrency": 2.5},
-        {**queries.replica_document(record("x")), "lockTimeout": True},
-        {**queries.replica_document(record("x")), "steps": [{"collection": "c"}]},
-        {**queries.replica_document(record("x")), "steps": 3},
+        {**replica_records.replica_document(record("x")), "lastSeen": "yesterday"},
+        {**replica_records.replica_document(record("x")), "maxConcurrency": 2.5},
+        {**replica_records.replica_document(record("x")), "lockTimeout": True},
+        {**replica_records.replica_document(record("x")), "steps": [{"collection": "c"}]},
+        {**replica_records.replica_document(record("x")), "steps": 3},
         *(
-            {k: v for k, v in queries.replica_document(record("x")).items() if k != missing}
+            {k: v for k, v in replica_records.replica_document(record("x")).items() if k != missing}
             for missing in (
                 "started",
                 "lastSeen",
@@ -175,12 +178,12 @@ def test_a_record_reads_its_times_as_utc_and_what_it_may_lack_as_empty() -> None
                 "maxConcurrency",
             )
         ),
-        {**queries.replica_document(record("x")), "pid": "1"},
-        {**queries.replica_document(record("x")), "pid": False},
-        {**queries.replica_document(record("x")), "tick": "1"},
-        {**queries.replica_document(record("x")), "steps": [{"collection": "c", "id": 1}]},
+        {**replica_records.replica_document(record("x")), "pid": "1"},
+        {**replica_records.replica_document(record("x")), "pid": False},
+        {**replica_records.replica_document(record("x")), "tick": "1"},
+        {**replica_records.replica_document(record("x")), "steps": [{"collection": "c", "id": 1}]},
         {
-            **queries.replica_document(record("x")),
+            **replica_records.replica_document(record("x")),
             "steps": [{"collection": "c", "id": 1, "since": "today"}],
         },
     ],
@@ -273,7 +276,7 @@ async def test_the_record_lists_the_steps_running_now(
     await replica.heartbeat()
     [step] = listed(db, replica.clock.now())["pod-1"].steps
     assert (step.collection, step.id, step.phase) == ("jobs", "j1", "Running")
-    assert step.since == queries.as_utc(queries.bson_time(box["lease"].claimed_at))
+    assert step.since == as_utc(bson_time(box["lease"].claimed_at))
     box["go"].set()
     assert await wait(box["returned"])
 

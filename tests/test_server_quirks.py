@@ -25,9 +25,10 @@ from pymongo.errors import (
 from orchestrator import ConfigError, Lease, Orchestrator, Resource, StoreError
 from orchestrator.cli import connecting
 from orchestrator.cli import main as cli
-from orchestrator.core import queries
+from orchestrator.core.clock import bson_time
 from orchestrator.core.history import HISTORY_FIELD
-from orchestrator.core.queries import bson_time
+from orchestrator.core.names import CLAIM_INDEX_NAME
+from orchestrator.core.queries import claims, lease_writes
 from orchestrator.core.settings import Settings
 from orchestrator.mongo import Store
 from orchestrator.mongo.common import MIN_SERVER_VERSION, driver_errors
@@ -120,7 +121,7 @@ def test_a_unique_index_cannot_be_built_over_duplicates_and_says_so(
 def test_an_equivalent_claim_index_under_another_name_is_reused(
     make: MakeReplica, db: Database[Any]
 ) -> None:
-    db.jobs.create_index(queries.CLAIM_INDEX, name="app_claim")
+    db.jobs.create_index(claims.CLAIM_INDEX, name="app_claim")
     orch = make()
 
     @orch.phase("jobs", "Queued")
@@ -130,7 +131,7 @@ def test_an_equivalent_claim_index_under_another_name_is_reused(
     orch.ensure_indexes()
     orch.ensure_indexes()
     claim_keys = [
-        name for name, key in index_names(db, "jobs").items() if key == queries.CLAIM_INDEX
+        name for name, key in index_names(db, "jobs").items() if key == claims.CLAIM_INDEX
     ]
     assert claim_keys == ["app_claim"]
 
@@ -142,7 +143,7 @@ def test_an_equivalent_claim_index_under_another_name_is_reused(
 def test_an_index_on_the_claim_keys_that_cannot_serve_it_is_refused_by_name(
     make: MakeReplica, db: Database[Any], options: dict[str, Any], reason: str
 ) -> None:
-    db.jobs.create_index(queries.CLAIM_INDEX, name="odd_claim", **options)
+    db.jobs.create_index(claims.CLAIM_INDEX, name="odd_claim", **options)
     orch = make()
 
     @orch.phase("jobs", "Queued")
@@ -157,7 +158,7 @@ def test_the_claim_index_of_an_earlier_version_is_replaced(
     make: MakeReplica, db: Database[Any]
 ) -> None:
     """An upgrade that changes the claim's key pattern keeps the index name."""
-    db.jobs.create_index([("phase", 1), ("lockedAt", 1)], name=queries.CLAIM_INDEX_NAME)
+    db.jobs.create_index([("phase", 1), ("lockedAt", 1)], name=CLAIM_INDEX_NAME)
     db.jobs.insert_one({"phase": "Queued"})
     orch = make()
 
@@ -166,7 +167,7 @@ def test_the_claim_index_of_an_earlier_version_is_replaced(
         return lease.advance("Done")
 
     orch.ensure_indexes()
-    assert index_names(db, "jobs")[queries.CLAIM_INDEX_NAME] == queries.CLAIM_INDEX
+    assert index_names(db, "jobs")[CLAIM_INDEX_NAME] == claims.CLAIM_INDEX
 
 
 def test_the_in_memory_store_refuses_conflicting_indexes_as_the_server_does() -> None:
@@ -246,7 +247,7 @@ def test_a_write_concern_timeout_is_a_transient_store_error(clock: FakeClock) ->
     store.collection("jobs").insert_one({"_id": 1, "phase": "Queued", "lockToken": "t"})
     db.replication.lose_majority()  # type: ignore[attr-defined]
     with pytest.raises(StoreError, match="no majority acknowledged") as raised:
-        store.write("jobs", queries.fenced(1, "t"), {"$set": {"x": 1}})
+        store.write("jobs", lease_writes.fenced(1, "t"), {"$set": {"x": 1}})
     assert raised.value.transient
     assert isinstance(raised.value.__cause__, WTimeoutError)
     assert raised.value.__cause__.code == 64

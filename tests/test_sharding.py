@@ -23,7 +23,8 @@ from pymongo.errors import OperationFailure, WriteError
 
 from bench.instrument import CountingDatabase, Meter
 from orchestrator import ConfigError, Orchestrator, Resource, ShardKeyRequired
-from orchestrator.core import queries, sharding
+from orchestrator.core import sharding
+from orchestrator.core.queries import claims, lease_writes
 from orchestrator.core.sharding import ShardState
 from orchestrator.mongo import Store
 from orchestrator.operations import Action, Filter, Operations
@@ -262,7 +263,7 @@ class StagedCollection:
 
     def find(self, *args: Any, **kwargs: Any) -> Any:
         cursor = self._collection.find(*args, **kwargs)
-        peek = args[1:2] == (queries.peek_projection(()),)
+        peek = args[1:2] == (claims.peek_projection(()),)
         return StagedCursor(cursor, self._staging) if peek else cursor
 
     def find_one_and_update(self, query: Any, update: Any, **kwargs: Any) -> Any:
@@ -374,7 +375,7 @@ def test_a_claim_reads_again_when_its_replica_took_all_its_read_found(
     staging = Overtaken("overtaken", times=2)
     store = Store(StagedDatabase(db, staging))  # type: ignore[arg-type]
     plan = sharding.ClaimPlan(strategy="peek", candidates=1, key="run")
-    update = queries.claim_update(now, now + timedelta(seconds=30), "t", "pod-1")
+    update = claims.claim_update(now, now + timedelta(seconds=30), "t", "pod-1")
 
     def claim() -> Any:
         return store.claim("jobs", {"phase": "Run"}, now, 3600.0, None, update, plan=plan)
@@ -606,7 +607,7 @@ async def test_operator_actions_name_the_shard_key_of_what_they_change(cluster: 
 def test_a_targeted_filter_names_the_id_and_shard_key_at_its_top_level() -> None:
     candidate = {"_id": 7, "tenant": "t", "region": {"zone": 1}}
     key = ("tenant", "region")
-    assert queries.targeted_claim(candidate, key, {"phase": "Run"}) == {
+    assert claims.targeted_claim(candidate, key, {"phase": "Run"}) == {
         "_id": 7,
         "tenant": "t",
         "region": {"$eq": {"zone": 1}},
@@ -614,18 +615,18 @@ def test_a_targeted_filter_names_the_id_and_shard_key_at_its_top_level() -> None
     }
     # A handler's filter on a shard key field stays whole beside the equality.
     clash = {"tenant": {"$in": ["t", "u"]}}
-    assert queries.targeted_claim(candidate, ("tenant",), clash) == {
+    assert claims.targeted_claim(candidate, ("tenant",), clash) == {
         "_id": 7,
         "tenant": "t",
         "$and": [clash],
     }
-    assert queries.fenced(7, "tok", "Run", {"_id": 7}) == {
+    assert lease_writes.fenced(7, "tok", "Run", {"_id": 7}) == {
         "_id": 7,
         "lockToken": "tok",
         "phase": "Run",
     }
-    assert queries.shard_filter({"_id": 1}, ("tenant",)) == {"tenant": None}
-    assert queries.shard_filter({"_id": 1}, ()) == {}
+    assert claims.shard_filter({"_id": 1}, ("tenant",)) == {"tenant": None}
+    assert claims.shard_filter({"_id": 1}, ()) == {}
 
 
 @pytest.mark.pure

@@ -20,9 +20,10 @@ from pymongo.database import Database
 
 from orchestrator import ConfigError, Lease, Orchestrator
 from orchestrator.cli import connecting
-from orchestrator.core import queries, starts
+from orchestrator.core import starts
 from orchestrator.core.browse import Filter, LeaseState
-from orchestrator.core.queries import as_utc, bson_time
+from orchestrator.core.clock import as_utc, bson_time
+from orchestrator.core.queries import submissions
 from orchestrator.core.settings import HORIZON
 from orchestrator.mongo import Store
 from orchestrator.operations import Operations
@@ -205,7 +206,7 @@ def test_a_later_start_is_stored_on_the_server_clock_in_milliseconds() -> None:
     """``lockedUntil`` is computed from the same time as ``createdAt`` (the submitting
     replica's estimate of the server's clock), as BSON keeps it."""
     now = datetime(2026, 1, 1, 12, 0, 0, 123456, tzinfo=UTC)
-    doc = queries.new_document(
+    doc = submissions.new_document(
         {"phase": "Queued"}, now, until=starts.start_time(1.5, now, 3600), priority=1
     )
     assert doc["lockedUntil"] == bson_time(now + timedelta(seconds=1.5))

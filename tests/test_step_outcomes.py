@@ -15,7 +15,7 @@ import pytest
 from pymongo.database import Database
 
 from orchestrator import EPOCH, Lease, LeaseLost, Operations, Orchestrator, Outcome
-from orchestrator.core.queries import as_utc
+from orchestrator.core.clock import as_utc
 from orchestrator.testing import FakeClock, memory_database
 from orchestrator.testing.faults import Faults
 from tests.conftest import MakeEither

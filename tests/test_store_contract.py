@@ -30,9 +30,10 @@ from pymongo.errors import AutoReconnect, OperationFailure, WriteError, WTimeout
 from pymongo.errors import DocumentTooLarge as DriverDocumentTooLarge
 
 from orchestrator import ConfigError, StoreError
-from orchestrator.core import queries
+from orchestrator.core.clock import as_utc, bson_time
 from orchestrator.core.limits import Limit, LimitKind
-from orchestrator.core.queries import as_utc, bson_time
+from orchestrator.core.names import CLAIM_INDEX_NAME
+from orchestrator.core.queries import claims, lease_writes, limit_slots, operators
 from orchestrator.core.resource import EPOCH
 from orchestrator.core.status import PhaseCount, RecentError
 from orchestrator.mongo import AsyncReports, AsyncStore, Reports, Store, connect, connect_async
@@ -197,7 +198,7 @@ def lease(now: datetime, token: str, seconds: float = 30) -> dict[str, Any]:
 
 
 def claim_update(now: datetime, token: str) -> dict[str, Any]:
-    return queries.claim_update(now, now + timedelta(seconds=30), token, "pod-1")
+    return claims.claim_update(now, now + timedelta(seconds=30), token, "pod-1")
 
 
 async def seed(store: Any, name: str, *docs: dict[str, Any]) -> None:
@@ -287,8 +288,8 @@ async def test_a_handler_does_not_claim_what_it_failed_while_it_stays_failed(
     now = clock.now()
     await seed(store, "jobs", {"_id": 1, "phase": "Failed", "failedBy": "create"})
     update = claim_update(now, "t")
-    create = queries.failed_exclusion("create", "app.create", "Failed", {"kind": "w"})
-    report = queries.failed_exclusion("report", "app.report", "Failed", {"kind": "w"})
+    create = claims.failed_exclusion("create", "app.create", "Failed", {"kind": "w"})
+    report = claims.failed_exclusion("report", "app.report", "Failed", {"kind": "w"})
     assert await store.claim("jobs", {"phase": "Failed"}, now, HORIZON, create, update) is None
     found = await store.probe([("jobs", [({"phase": "Failed"}, create)])], now, HORIZON)
     assert found.ready == frozenset()
@@ -364,9 +365,9 @@ async def test_one_probe_covers_every_collection_and_says_when_work_comes_due(
     ]
     answer = await store.probe(groups, now, HORIZON)
     assert answer.ready == {3}  # keys.K, the fourth handler
-    assert answer.next_due == queries.as_utc(queries.bson_time(soon))
+    assert answer.next_due == as_utc(bson_time(soon))
     idle = await store.probe(groups[:1], now, HORIZON)
-    assert idle.ready == frozenset() and idle.next_due == queries.as_utc(queries.bson_time(later))
+    assert idle.ready == frozenset() and idle.next_due == as_utc(bson_time(later))
     assert (await store.probe(groups[:1], later, HORIZON)).ready == {0}
     # With the replicas' collection, it counts the live ones (the due wake's odds).
     await seed(
@@ -385,7 +386,7 @@ SLOTS = "orchestrator.slots"
 
 
 def take_update(now: datetime, token: str, seconds: float = 30) -> dict[str, Any]:
-    return queries.take_slot_update(token, now + timedelta(seconds=seconds), "pod-1", now)
+    return limit_slots.take_slot_update(token, now + timedelta(seconds=seconds), "pod-1", now)
 
 
 async def test_each_free_slot_is_taken_by_one_taker_at_a_time(
@@ -407,9 +408,9 @@ async def test_each_free_slot_is_taken_by_one_taker_at_a_time(
     first = await read(store, SLOTS, {"_id": "k/global/0"})
     assert first is not None and first["handler"] == "k" and first["n"] == 0
     assert as_utc(first["until"]) == as_utc(bson_time(now + timedelta(seconds=30)))
-    free = queries.free_slot_update()
-    assert await store.write(SLOTS, queries.slot_fence("k/global/0", "stale"), free) is False
-    assert await store.write(SLOTS, queries.slot_fence("k/global/0", first["token"]), free)
+    free = limit_slots.free_slot_update()
+    assert await store.write(SLOTS, limit_slots.slot_fence("k/global/0", "stale"), free) is False
+    assert await store.write(SLOTS, limit_slots.slot_fence("k/global/0", first["token"]), free)
     again = await take(9)
     assert again is not None and again["_id"] == "k/global/0" and again["token"] is None
     # Taken back after it expired: the slot as its last holder left it.
@@ -438,8 +439,8 @@ async def test_a_rate_slot_given_back_is_as_it_was_and_the_next_free_one_is_know
         bson_time(now + timedelta(seconds=60))
     )
     # "b" found no document: its slot is given back, as it was before its take.
-    restore = queries.restore_slot_update(second["until"], second["token"])
-    assert await store.write(SLOTS, queries.slot_fence(second["_id"], "b"), restore)
+    restore = limit_slots.restore_slot_update(second["until"], second["token"])
+    assert await store.write(SLOTS, limit_slots.slot_fence(second["_id"], "b"), restore)
     assert await store.next_slot(SLOTS, "r", limit) == as_utc(EPOCH)
     third = await store.take_slot(SLOTS, "r", limit, now, take_update(now, "d", 60))
     assert third is not None and third["_id"] == second["_id"]
@@ -457,11 +458,15 @@ async def test_a_fenced_write_lands_only_under_its_lease(
     store = backend.open()
     now = clock.now()
     await seed(store, "jobs", {"_id": 1, "phase": "Q", **lease(now, "mine")})
-    assert await store.write("jobs", queries.fenced(1, "mine"), {"$set": {"x": 1}}) is True
-    assert await store.write("jobs", queries.fenced(1, "stale"), {"$set": {"x": 2}}) is False
-    assert await store.write("jobs", queries.fenced(1, "mine", "R"), {"$set": {"x": 3}}) is False
-    assert await store.write("jobs", queries.fenced(1, "mine", "Q"), {"$set": {"y": 4}}) is True
-    assert await store.write("jobs", queries.fenced(2, "mine"), {"$set": {"x": 5}}) is False
+    assert await store.write("jobs", lease_writes.fenced(1, "mine"), {"$set": {"x": 1}}) is True
+    assert await store.write("jobs", lease_writes.fenced(1, "stale"), {"$set": {"x": 2}}) is False
+    assert (
+        await store.write("jobs", lease_writes.fenced(1, "mine", "R"), {"$set": {"x": 3}}) is False
+    )
+    assert (
+        await store.write("jobs", lease_writes.fenced(1, "mine", "Q"), {"$set": {"y": 4}}) is True
+    )
+    assert await store.write("jobs", lease_writes.fenced(2, "mine"), {"$set": {"x": 5}}) is False
     doc = await read(store, "jobs", {"_id": 1})
     assert doc is not None and (doc["x"], doc["y"]) == (1, 4)
 
@@ -480,9 +485,9 @@ async def test_a_fenced_delete_matches_only_the_lease_s_token_and_phase(
         {"_id": 2, "phase": "Deleting", **lease(now, "b")},
         {"_id": 3, "phase": "Cancelled", **lease(now, "mine")},
     )
-    assert await store.delete("jobs", queries.fenced(2, "mine", "Deleting")) is False
-    assert await store.delete("jobs", queries.fenced(3, "mine", "Deleting")) is False
-    assert await store.delete("jobs", queries.fenced(1, "mine", "Deleting")) is True
+    assert await store.delete("jobs", lease_writes.fenced(2, "mine", "Deleting")) is False
+    assert await store.delete("jobs", lease_writes.fenced(3, "mine", "Deleting")) is False
+    assert await store.delete("jobs", lease_writes.fenced(1, "mine", "Deleting")) is True
     assert await read(store, "jobs", {"_id": 1}) is None
     assert await read(store, "jobs", {"_id": 2}) is not None
     assert await read(store, "jobs", {"_id": 3}) is not None
@@ -495,10 +500,12 @@ async def test_an_operator_update_is_not_fenced_and_returns_the_document_after(
     reports = backend.reports(store.database)
     now = clock.now()
     await seed(store, "jobs", {"_id": 1, "phase": "Failed", **lease(now, "held")})
-    doc = await reports.operator_update("jobs", {"_id": 1}, queries.operator_move_update("Q", now))
+    doc = await reports.operator_update(
+        "jobs", {"_id": 1}, operators.operator_move_update("Q", now)
+    )
     assert doc is not None and doc["phase"] == "Q" and "lockToken" not in doc
     assert await reports.operator_update("jobs", {"_id": 2}, {"$set": {"x": 1}}) is None
-    assert await store.write("jobs", queries.fenced(1, "held"), {"$set": {"x": 1}}) is False
+    assert await store.write("jobs", lease_writes.fenced(1, "held"), {"$set": {"x": 1}}) is False
 
 
 # -- documents ---------------------------------------------------------------------------------
@@ -567,16 +574,16 @@ async def index_keys(store: Any, name: str) -> dict[str, list[tuple[str, Any]]]:
 
 async def test_the_claim_index_is_made_once(backend: Backend) -> None:
     store = backend.open()
-    assert await store.ensure_claim_index("jobs") == queries.CLAIM_INDEX_NAME
-    assert await backend.open().ensure_claim_index("jobs") == queries.CLAIM_INDEX_NAME
+    assert await store.ensure_claim_index("jobs") == CLAIM_INDEX_NAME
+    assert await backend.open().ensure_claim_index("jobs") == CLAIM_INDEX_NAME
     keys = await index_keys(store, "jobs")
-    assert keys == {"_id_": [("_id", 1)], queries.CLAIM_INDEX_NAME: queries.CLAIM_INDEX}
+    assert keys == {"_id_": [("_id", 1)], CLAIM_INDEX_NAME: claims.CLAIM_INDEX}
 
 
 async def test_an_equivalent_index_is_reused_whatever_its_name(backend: Backend) -> None:
     store = backend.open()
     jobs = store.collection("jobs")
-    await resolve(jobs.create_index(queries.CLAIM_INDEX, name="app_claim"))
+    await resolve(jobs.create_index(claims.CLAIM_INDEX, name="app_claim"))
     await resolve(jobs.create_index([("zone", -1), ("host", 1)], unique=True, name="app_host"))
     assert await store.ensure_claim_index("jobs") == "app_claim"
     await store.insert("jobs", {"host": "h", "zone": "z"}, ("host", "zone"))
@@ -588,7 +595,7 @@ async def test_an_index_on_the_keys_that_cannot_do_the_job_is_refused_by_name(
 ) -> None:
     store = backend.open()
     jobs = store.collection("jobs")
-    await resolve(jobs.create_index(queries.CLAIM_INDEX, name="sparse_claim", sparse=True))
+    await resolve(jobs.create_index(claims.CLAIM_INDEX, name="sparse_claim", sparse=True))
     await resolve(jobs.create_index([("name", 1)], name="name_lookup"))
     with pytest.raises(ConfigError, match=r"'sparse_claim'.*is sparse"):
         await store.ensure_claim_index("jobs")
@@ -611,10 +618,10 @@ async def test_an_earlier_versions_index_of_the_same_name_is_replaced(
     backend: Backend, earlier: list[tuple[str, int]]
 ) -> None:
     store = backend.open()
-    await resolve(store.collection("jobs").create_index(earlier, name=queries.CLAIM_INDEX_NAME))
-    assert await store.ensure_claim_index("jobs") == queries.CLAIM_INDEX_NAME
+    await resolve(store.collection("jobs").create_index(earlier, name=CLAIM_INDEX_NAME))
+    assert await store.ensure_claim_index("jobs") == CLAIM_INDEX_NAME
     keys = await index_keys(store, "jobs")
-    assert keys[queries.CLAIM_INDEX_NAME] == queries.CLAIM_INDEX
+    assert keys[CLAIM_INDEX_NAME] == claims.CLAIM_INDEX
     assert len(keys) == 2  # replaced, not added beside it
 
 
@@ -636,13 +643,13 @@ async def test_driver_errors_leave_as_store_errors_that_say_whether_to_retry(
 
     faults.fail_next("update_one", OperationFailure("not authorized", 13))
     with pytest.raises(StoreError, match="not authorized") as refused:
-        await store.write("jobs", queries.fenced(1, "t"), {"$set": {"x": 1}})
+        await store.write("jobs", lease_writes.fenced(1, "t"), {"$set": {"x": 1}})
     assert not refused.value.transient
 
     timeout = WTimeoutError("waiting for replication timed out", 64, {"errInfo": {}})
     faults.fail_next("update_one", timeout, applied=True)
     with pytest.raises(StoreError, match="no majority acknowledged") as unacknowledged:
-        await store.write("jobs", queries.fenced(1, "t"), {"$set": {"y": 1}})
+        await store.write("jobs", lease_writes.fenced(1, "t"), {"$set": {"y": 1}})
     assert unacknowledged.value.transient
 
     faults.cut_off(60)
@@ -668,7 +675,7 @@ async def test_a_document_refused_as_over_16_mib_is_a_document_too_large_error(
     message = "Resulting document after update is larger than 16777216"
     faults.fail_next("update_one", WriteError(message, 17419, {"code": 17419}))
     with pytest.raises(DocumentTooLarge, match="write to jobs/1 refused"):
-        await store.write("jobs", queries.fenced(1, "t"), {"$set": {"blob": "x"}})
+        await store.write("jobs", lease_writes.fenced(1, "t"), {"$set": {"blob": "x"}})
     faults.fail_next("find_one_and_update", OperationFailure(message, 17419))
     with pytest.raises(DocumentTooLarge, match="update jobs refused"):
         await backend.reports(store.database).operator_update(
@@ -699,11 +706,11 @@ async def test_a_write_no_majority_acknowledges_fails_at_the_write_timeout(
     await seed(store, "jobs", {"_id": 1, "phase": "Q", **lease(now, "t")})
     db.replication.lose_majority()
     with pytest.raises(StoreError, match="no majority acknowledged") as lost:
-        await store.write("jobs", queries.fenced(1, "t"), {"$set": {"x": 1}})
+        await store.write("jobs", lease_writes.fenced(1, "t"), {"$set": {"x": 1}})
     assert lost.value.transient
     assert db.replication.timed_out == 1
     db.replication.restore_majority()
-    assert await store.write("jobs", queries.fenced(1, "t"), {"$set": {"x": 2}}) is True
+    assert await store.write("jobs", lease_writes.fenced(1, "t"), {"$set": {"x": 2}}) is True
 
 
 async def test_a_store_refuses_a_bad_database_name_or_write_timeout(backend: Backend) -> None:
@@ -783,7 +790,7 @@ async def test_phase_summary_counts_each_phase_by_lease_state(
 ) -> None:
     store = backend.open()
     now = clock.now()
-    error = queries.error_record("ValueError", "bad", now, "Q")
+    error = lease_writes.error_record("ValueError", "bad", now, "Q")
     await seed(
         store,
         "jobs",
@@ -814,7 +821,9 @@ async def test_latest_errors_are_the_newest_first_as_a_report_shows_them(
                 "phase": "Q",
                 "attempts": n,
                 "payload": "large",
-                "lastError": queries.error_record("E", f"e{n}", now + timedelta(seconds=n), "Q"),
+                "lastError": lease_writes.error_record(
+                    "E", f"e{n}", now + timedelta(seconds=n), "Q"
+                ),
             }
             for n in range(4)
         ),
@@ -916,9 +925,9 @@ async def test_a_probe_of_hundreds_of_handlers_is_read_in_parts_numbered_as_one(
     now = clock.now()
     await seed(store, "jobs", {"_id": 1, "phase": "P349", "lockedUntil": EPOCH})
     await seed(store, "mail", {"_id": 2, "phase": "M", "lockedUntil": now + timedelta(seconds=3)})
-    many = [({"phase": f"P{n}"}, None) for n in range(queries.PROBE_BRANCHES + 50)]
+    many = [({"phase": f"P{n}"}, None) for n in range(claims.PROBE_BRANCHES + 50)]
     groups = [("jobs", many), ("mail", [({"phase": "M"}, None)])]
-    assert [sum(len(m) for _, m in c) for c in queries.probe_chunks(groups)] == [300, 51]
+    assert [sum(len(m) for _, m in c) for c in claims.probe_chunks(groups)] == [300, 51]
     answer = await store.probe(groups, now, HORIZON)
     assert answer.ready == {349}
     assert answer.next_due == as_utc(bson_time(now + timedelta(seconds=3)))

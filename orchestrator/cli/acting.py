@@ -35,7 +35,7 @@ from orchestrator.cli.selecting import (
     row_of,
     the_document,
 )
-from orchestrator.core.queries import IN_HOUSE_HOLDER
+from orchestrator.core.in_house import IN_HOUSE_HOLDER
 from orchestrator.core.redact import visible
 from orchestrator.mongo.common import Document
 from orchestrator.operations import (

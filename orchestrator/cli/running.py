@@ -18,7 +18,7 @@ from orchestrator import AsyncOrchestrator, Orchestrator, StopReport
 from orchestrator.cli.connecting import DEFAULT_CONNECT_TIMEOUT, database_options
 from orchestrator.cli.conventions import EPILOG, EXIT_FAILED, LOG_LEVELS, CommandError
 from orchestrator.cli.loading import Engine, load_orchestrator
-from orchestrator.core.replicas import REPLICAS_COLLECTION
+from orchestrator.core.names import REPLICAS_COLLECTION
 from orchestrator.demo.run import DemoOptions
 from orchestrator.demo.run import run as run_demo
 from orchestrator.mongo import check_reachable, check_reachable_async

@@ -145,8 +145,8 @@ def _print_replicas(out: Console, status: Status) -> None:
 
 def _in_house(replica: ReplicaRecord) -> str:
     """The in-house pods' lock timeout a replica honours during a migration, if any."""
-    legacy = replica.legacy_lock_timeout
-    return "" if legacy is None else f" (in-house {legacy:g}s)"
+    timeout = replica.legacy_lock_timeout
+    return "" if timeout is None else f" (in-house {timeout:g}s)"
 
 
 def _print_pauses(out: Console, status: Status) -> None:

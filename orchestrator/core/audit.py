@@ -16,17 +16,14 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
-from orchestrator.core.queries import as_utc, bson_time
+from orchestrator.core.clock import as_utc, bson_time
 from orchestrator.core.redact import redact
 
-AUDIT_COLLECTION = "orchestrator.audit"
 AUDIT_RETENTION = 90 * 86_400.0
 """Seconds an entry is kept."""
 AUDIT_INDEX: list[tuple[str, int]] = [("expiresAt", 1)]
-AUDIT_INDEX_NAME = "orchestrator_audit_expiry"
 AUDIT_SORT: list[tuple[str, int]] = [("at", -1), ("_id", -1)]
 AUDIT_ORDER_INDEX: list[tuple[str, int]] = AUDIT_SORT
-AUDIT_ORDER_INDEX_NAME = "orchestrator_audit_order"
 FAILURE_LENGTH = 300
 """Most characters of a failure an entry keeps."""
 
@@ -151,7 +148,6 @@ def _text(value: Any) -> str:
 
 
 __all__ = [
-    "AUDIT_COLLECTION",
     "AUDIT_RETENTION",
     "AuditEntry",
     "AuditKind",

@@ -40,10 +40,13 @@ from bson.datetime_ms import DatetimeMS
 from bson.errors import BSONError
 from bson.json_util import CANONICAL_JSON_OPTIONS
 
-from orchestrator.core import queries
+from orchestrator.core.clock import as_utc, bson_time
 from orchestrator.core.errors import OperatorError
 from orchestrator.core.history import HISTORY_FIELD
-from orchestrator.core.queries import CLAIM_INDEX, ERRORS_INDEX, bson_time
+from orchestrator.core.in_house import IN_HOUSE_HOLDER, NO_IN_HOUSE, InHouse
+from orchestrator.core.names import CLAIM_INDEX_NAME, ERRORS_INDEX_NAME
+from orchestrator.core.queries.claims import CLAIM_INDEX
+from orchestrator.core.queries.operators import ERRORS_INDEX
 
 MAX_LIMIT = 500
 """Most documents one page holds."""
@@ -51,7 +54,7 @@ DEFAULT_LIMIT = 50
 
 
 class LeaseState(StrEnum):
-    """A document's lease state, as the status counts judge it (``queries.status_pipeline``):
+    """A document's lease state, as the status counts judge it (``operators.status_pipeline``):
     ``leased`` a live lease holds it; ``overdue`` a lease past its expiry still names it
     (its holder died or is stuck: claimable); ``waiting`` it sits out a relock's or retry's
     wait, or a later start set at submit (``not_before``);
@@ -133,23 +136,23 @@ entries with tracebacks)."""
 
 
 def state_condition(
-    state: LeaseState, now: datetime, legacy: float | None = None
+    state: LeaseState, now: datetime, in_house: InHouse = NO_IN_HOUSE
 ) -> dict[str, Any]:
     """The documents in ``state`` at ``now`` (the server's time), as a query: the status
     pipeline's judgement in query form (a date ``lockedUntil`` after ``now`` is live;
-    anything else, missing and malformed values included, is not). ``legacy``: a
-    document only an in-house lease holds is leased (``queries.in_house_lease``)."""
+    anything else, missing and malformed values included, is not). ``in_house``: a
+    document only an in-house lease holds is leased (``InHouse.holds``)."""
     at = bson_time(now)
     live = {"lockedUntil": {"$gt": at}}
     not_live = {"lockedUntil": {"$not": {"$gt": at}}}
     held = {"lockToken": {"$ne": None}}
     free = {"lockToken": None}
-    if legacy is not None:
-        floor = queries.legacy_floor(now, legacy)
-        in_house = {"lockedAt": {"$gt": floor}}
+    if in_house.migrating:
+        floor = in_house.floor(now)
+        in_house_held = {"lockedAt": {"$gt": floor}}
         not_in_house = {"lockedAt": {"$not": {"$gt": floor}}}
         if state is LeaseState.LEASED:
-            return {"$or": [{"$and": [held, live]}, {"$and": [in_house, not_live]}]}
+            return {"$or": [{"$and": [held, live]}, {"$and": [in_house_held, not_live]}]}
         if state is LeaseState.OVERDUE:
             return {"$and": [held, not_live, not_in_house]}
         if state is LeaseState.FREE:
@@ -171,16 +174,16 @@ def plan(
     every_phase: Sequence[str],
     indexes: Sequence[Sequence[tuple[str, Any]]],
     after: str | None = None,
-    legacy: float | None = None,
+    in_house: InHouse = NO_IN_HOUSE,
 ) -> Plan:
     """The query serving ``browse`` at ``now``; ``every_phase``: the collection's phases
     (``distinct``), for a filter naming none; ``indexes``: the collection's indexes' key
     patterns (a business key needs one); ``after``: the cursor of the page before
-    (``cursor``), or None for the first page; ``legacy``: as for ``state_condition``."""
+    (``cursor``), or None for the first page; ``in_house``: as for ``state_condition``."""
     phases = list(browse.phases) or sorted(set(every_phase))
     parts: list[dict[str, Any]] = [{"phase": phases[0] if len(phases) == 1 else {"$in": phases}}]
     if browse.state is not None:
-        parts.append(state_condition(browse.state, now, legacy))
+        parts.append(state_condition(browse.state, now, in_house))
     if browse.error_type is not None:
         parts.append({"lastError.type": {"$eq": browse.error_type}})
     for name, value in browse.fields:
@@ -199,25 +202,25 @@ def plan(
         served = f"the index on ({', '.join(k for k, _ in hint)})"
     elif browse.state is LeaseState.FAILED or browse.error_type is not None:
         hint, sort = list(ERRORS_INDEX), ERROR_ORDER
-        served = f"{queries.ERRORS_INDEX_NAME} (phase, lastError.at desc, _id desc)"
+        served = f"{ERRORS_INDEX_NAME} (phase, lastError.at desc, _id desc)"
     else:
         hint, sort = list(CLAIM_INDEX), LEASE_ORDER
-        served = f"{queries.CLAIM_INDEX_NAME} ({CLAIM_KEYS})"
+        served = f"{CLAIM_INDEX_NAME} ({CLAIM_KEYS})"
     if after is not None:
         parts.append(_after(sort, _decode(after, sort)))
     query = parts[0] if len(parts) == 1 else {"$and": parts}
     return Plan(query=query, sort=sort, hint=hint, index=served)
 
 
-def judge(doc: Mapping[str, Any], now: datetime, legacy: float | None = None) -> LeaseState:
+def judge(doc: Mapping[str, Any], now: datetime, in_house: InHouse = NO_IN_HOUSE) -> LeaseState:
     """``doc``'s lease state at ``now`` (leased, overdue, waiting or free), as
     ``state_condition`` and the status counts judge it: a lease token with a date
     ``lockedUntil`` after ``now`` is leased, with anything else overdue; no token and a
-    later date is waiting; anything else is free. ``legacy``: an in-house lease is leased."""
-    if queries.in_house_lease(doc, now, legacy):
+    later date is waiting; anything else is free. ``in_house``: an in-house lease is leased."""
+    if in_house.holds(doc, now):
         return LeaseState.LEASED
     until = doc.get("lockedUntil")
-    live = isinstance(until, datetime) and queries.as_utc(until) > queries.as_utc(now)
+    live = isinstance(until, datetime) and as_utc(until) > as_utc(now)
     if doc.get("lockToken") is not None:
         return LeaseState.LEASED if live else LeaseState.OVERDUE
     return LeaseState.WAITING if live else LeaseState.FREE
@@ -230,7 +233,7 @@ class Row:
     actions; None when it has none); ``key`` its business key (``FIELD=VALUE``), ``state``
     its lease state, ``failed_by`` the handler (by name where a live replica publishes
     it) that gave up on it and leaves it alone in its failed phase. An in-house pod's
-    lease (``legacy``) shows its own expiry, held by ``queries.IN_HOUSE_HOLDER``."""
+    lease (``in_house``) shows its own expiry, held by ``IN_HOUSE_HOLDER``."""
 
     id: str
     ref: str | None
@@ -253,10 +256,10 @@ class Row:
         now: datetime,
         keys: Sequence[tuple[str, ...]] = (),
         names: Mapping[str, str] | None = None,
-        legacy: float | None = None,
+        in_house: InHouse = NO_IN_HOUSE,
     ) -> Row:
-        state = judge(doc, now, legacy)
-        in_house = queries.in_house_lease(doc, now, legacy)
+        state = judge(doc, now, in_house)
+        in_house_held = in_house.holds(doc, now)
         error = doc.get("lastError")
         kind = message = at = None
         if isinstance(error, Mapping):
@@ -265,10 +268,9 @@ class Row:
             kind, message = "?", error
         until, updated = doc.get("lockedUntil"), doc.get("updatedAt")
         attempts, holder, mark = doc.get("attempts"), doc.get("lockedBy"), doc.get("failedBy")
-        if in_house:
-            assert legacy is not None
-            until = queries.legacy_expiry(doc["lockedAt"], legacy)
-            holder = queries.IN_HOUSE_HOLDER
+        if in_house_held:
+            until = in_house.expiry(doc["lockedAt"])
+            holder = IN_HOUSE_HOLDER
         return cls(
             id=_text(doc.get("_id")),
             ref=_ref(doc.get("_id")),
@@ -278,15 +280,15 @@ class Row:
             holder=_text(holder)
             if holder is not None and state in (LeaseState.LEASED, LeaseState.OVERDUE)
             else None,
-            until=queries.as_utc(until) if isinstance(until, datetime) else None,
+            until=as_utc(until) if isinstance(until, datetime) else None,
             attempts=attempts
             if isinstance(attempts, int) and not isinstance(attempts, bool)
             else 0,
             error_type=None if kind is None else _text(kind),
             error_message=None if message is None else _text(message),
-            error_at=queries.as_utc(at) if isinstance(at, datetime) else None,
+            error_at=as_utc(at) if isinstance(at, datetime) else None,
             failed_by=None if mark is None else (names or {}).get(_text(mark), _text(mark)),
-            updated_at=queries.as_utc(updated) if isinstance(updated, datetime) else None,
+            updated_at=as_utc(updated) if isinstance(updated, datetime) else None,
         )
 
     def to_dict(self) -> dict[str, Any]:

@@ -1,4 +1,5 @@
-"""Time: a replica's local clock, and the database server's clock as seen from it.
+"""Time: a replica's local clock, the database server's clock as seen from it, and
+dates as the server stores them (``bson_time``) and hands them back (``as_utc``).
 
 Leases are compared across replicas, so they must be judged by one clock: the server's.
 Each replica estimates its offset from the server's ``hello`` reply and refreshes it.
@@ -13,6 +14,25 @@ from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
 from orchestrator.core.errors import OrchestratorError
+
+_NAIVE_EPOCH = datetime(1970, 1, 1)
+UTC_EPOCH = _NAIVE_EPOCH.replace(tzinfo=UTC)
+"""The epoch, aware: the stored ``EPOCH`` as ``as_utc`` reads it back."""
+
+
+def bson_time(value: datetime) -> datetime:
+    """Naive UTC with millisecond precision: what the server will hand back."""
+    if value.tzinfo is not None:
+        value = value.astimezone(UTC).replace(tzinfo=None)
+    return value.replace(microsecond=value.microsecond // 1000 * 1000)
+
+
+def as_utc(value: datetime) -> datetime:
+    """Aware UTC, whatever the client's ``tz_aware`` setting gave us."""
+    if value.tzinfo is None:
+        # As value.replace(tzinfo=UTC), a tenth of its cost (every claim pays it).
+        return UTC_EPOCH + (value - _NAIVE_EPOCH)
+    return value.astimezone(UTC)
 
 
 class Clock(Protocol):

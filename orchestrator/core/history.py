@@ -20,7 +20,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-from orchestrator.core.queries import as_utc, bson_time
+from orchestrator.core.clock import as_utc, bson_time
 from orchestrator.core.redact import redact
 
 HISTORY_FIELD = "orchestratorHistory"

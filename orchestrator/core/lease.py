@@ -18,10 +18,11 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from pydantic import BaseModel
 
-from orchestrator.core import history, queries
+from orchestrator.core import history
+from orchestrator.core.clock import as_utc
 from orchestrator.core.errors import ConfigError, LeaseLost, OrchestratorError
 from orchestrator.core.outcomes import LeaseWrite, StepOutcome
-from orchestrator.core.queries import as_utc
+from orchestrator.core.queries import claims, lease_writes, submissions
 from orchestrator.core.resource import EPOCH
 
 if TYPE_CHECKING:
@@ -94,7 +95,7 @@ that takes the next step at once (its slot and budget reserved), or None: releas
 
 @dataclass
 class Carry:
-    """A release that took the lease on into the next step (``queries.carry_update``): the
+    """A release that took the lease on into the next step (``lease_writes.carry_update``): the
     handler that runs it, its fresh token and expiry, and (once written) the document as
     stored."""
 
@@ -208,7 +209,7 @@ class LeaseCore(Generic[R]):
     def _unlock_write(self, fields: dict[str, Any]) -> tuple[Write, float | None]:
         data = self._fields(fields)
         until, wait = self._free_until()
-        update = queries.unlock_update(data, until)
+        update = lease_writes.unlock_update(data, until)
         return self._releasing(update, LeaseWrite.UNLOCK, until, StepOutcome.UNLOCKED), wait
 
     def _relock_write(self, wait: float | None, fields: dict[str, Any]) -> tuple[Write, float]:
@@ -223,7 +224,7 @@ class LeaseCore(Generic[R]):
             )
         wait = self._bounded(float(wait))
         until = now + timedelta(seconds=wait)
-        update = queries.relock_update(until, data)
+        update = lease_writes.relock_update(until, data)
         return self._releasing(update, LeaseWrite.RELOCK, until, StepOutcome.RELOCKED), wait
 
     def _advance_write(self, phase: str, fields: dict[str, Any]) -> tuple[Write, float | None]:
@@ -235,7 +236,7 @@ class LeaseCore(Generic[R]):
             )
         data = self._fields(fields)
         until, wait = self._free_until()
-        update = queries.advance_update(phase, self._clock.now(), data, until)
+        update = lease_writes.advance_update(phase, self._clock.now(), data, until)
         write = self._releasing(
             update, LeaseWrite.ADVANCE, until, StepOutcome.ADVANCED, True, phase
         )
@@ -243,13 +244,13 @@ class LeaseCore(Generic[R]):
 
     def _release_write(self) -> tuple[Write, float | None]:
         until, wait = self._free_until()
-        update = queries.release_update(until)
+        update = lease_writes.release_update(until)
         return self._releasing(update, LeaseWrite.RELEASE, until, StepOutcome.RELEASED), wait
 
     def _extend_write(self) -> tuple[datetime, datetime, dict[str, Any]]:
         now = self._clock.now()
         until = now + timedelta(seconds=self._settings.lock_timeout)
-        return now, until, queries.extend_update(now, until)
+        return now, until, lease_writes.extend_update(now, until)
 
     def _error_write(
         self, kind: str, message: str, permanent: bool, trace: str | None = None
@@ -278,7 +279,7 @@ class LeaseCore(Generic[R]):
             except PolicyError as exc:  # a broken policy must not leave the attempt uncounted
                 wait = self._bounded(self._settings.lock_timeout)
                 note = f" [{exc}; waiting {wait:g}s instead]"
-        error = queries.error_record(kind, message + note, now, self.phase, trace)
+        error = lease_writes.error_record(kind, message + note, now, self.phase, trace)
         build: Callable[[dict[str, Any]], dict[str, Any]]
         if final:
             failed = self.handler.failed_phase
@@ -286,7 +287,7 @@ class LeaseCore(Generic[R]):
             name = self.handler.key
 
             def build(record: dict[str, Any]) -> dict[str, Any]:
-                return queries.fail_update(failed, attempts, record, now, name, until)
+                return lease_writes.fail_update(failed, attempts, record, now, name, until)
 
             action, phase_change, next_phase = LeaseWrite.FAIL, True, failed
             outcome = Outcome(StepOutcome.FAILED, failed, None, self.token)
@@ -294,7 +295,7 @@ class LeaseCore(Generic[R]):
             until = now + timedelta(seconds=wait)
 
             def build(record: dict[str, Any]) -> dict[str, Any]:
-                return queries.retry_update(attempts, record, until)
+                return lease_writes.retry_update(attempts, record, until)
 
             action, phase_change, next_phase = LeaseWrite.RETRY, False, SAME
             outcome = Outcome(StepOutcome.RETRYING, self.phase, wait, self.token)
@@ -302,7 +303,7 @@ class LeaseCore(Generic[R]):
             self._releasing(u, action, until, outcome.action, phase_change, next_phase, record)
             for u, record in _record_forms(error, build)
         )
-        unrecorded = queries.unrecorded(build(error))
+        unrecorded = lease_writes.unrecorded(build(error))
         last = self._releasing(unrecorded, action, until, outcome.action, phase_change, next_phase)
         return ErrorWrite((*forms, last), outcome)
 
@@ -315,8 +316,8 @@ class LeaseCore(Generic[R]):
         until = self._released_until
         if until is None:
             return ErrorWrite((), self.outcome)
-        error = queries.error_record(kind, message, self._clock.now(), self.phase)
-        updates = _record_forms(error, queries.note_update)
+        error = lease_writes.error_record(kind, message, self._clock.now(), self.phase)
+        updates = _record_forms(error, lease_writes.note_update)
         forms = tuple(Write(u, LeaseWrite.NOTE, until) for u, _ in updates)
         return ErrorWrite(forms, self.outcome)
 
@@ -353,7 +354,7 @@ class LeaseCore(Generic[R]):
         the record it stores, whose absence on a failed attempt means the document is at
         its size limit, where nothing more is added), with the same write without it as
         its lighter form: a document at 16 MiB still takes the outcome."""
-        update = queries.stamp_release(update, self.token)
+        update = lease_writes.stamp_release(update, self.token)
         keep = self._settings.history
         failing = action in _RECORDS
         lighter: tuple[dict[str, Any], ...] = ()
@@ -389,7 +390,9 @@ class LeaseCore(Generic[R]):
         now = self._clock.now()
         until = now + timedelta(seconds=self._settings.lock_timeout)
         token = secrets.token_hex(8)
-        update = queries.carry_update(write.update, now, until, token, self._settings.replica_id)
+        update = lease_writes.carry_update(
+            write.update, now, until, token, self._settings.replica_id
+        )
         return Carry(handler, token, now, until, update, self._fence(True))
 
     def _carried(self, write: Write, outcome: Outcome, carry: Carry) -> None:
@@ -404,13 +407,13 @@ class LeaseCore(Generic[R]):
         change), or, after this step's own release, the document as that release left it;
         with the document's shard key, so the write targets its shard; while migrating
         from the in-house pattern, with the ``lockedAt`` the lease wrote
-        (``queries.legacy_fence``)."""
-        pins = queries.shard_filter(self.doc, self.handler.shard_key)
-        legacy = self._settings.legacy_lock_timeout
+        (``InHouse.fence``)."""
+        pins = claims.shard_filter(self.doc, self.handler.shard_key)
+        in_house = self._settings.in_house
         if self._state is State.RELEASED:
             assert self._released_until is not None
             holder = self.carried.token if self.carried is not None else None
-            released = queries.released_fence(
+            released = lease_writes.released_fence(
                 self.id,
                 self.token,
                 self._released_until,
@@ -418,14 +421,14 @@ class LeaseCore(Generic[R]):
                 pins,
                 holder,
             )
-            return queries.legacy_fence(released, [self._released_until], legacy)
+            return in_house.fence(released, [self._released_until])
         if phase_change:
-            held = queries.fenced(self.id, self.token, self.doc.get("phase"), pins)
+            held = lease_writes.fenced(self.id, self.token, self.doc.get("phase"), pins)
         else:
-            held = queries.fenced(self.id, self.token, pins=pins)
+            held = lease_writes.fenced(self.id, self.token, pins=pins)
         maybe = self._unconfirmed_until
         untils = [self.expires_at] if maybe is None else [self.expires_at, maybe]
-        return queries.legacy_fence(held, untils, legacy)
+        return in_house.fence(held, untils)
 
     def _lost(self, action: LeaseWrite, reason: str | None = None) -> LeaseLost:
         """The write matched nothing (or, ``reason``, could not be confirmed in time): the
@@ -508,7 +511,7 @@ class LeaseCore(Generic[R]):
         named = {
             (model.field_name(k) if model is not None else k): _plain(v) for k, v in fields.items()
         }
-        queries.check_fields(named)
+        submissions.check_fields(named)
         return named
 
     def _time_in_phase(self, now: datetime) -> float:

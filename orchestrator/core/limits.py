@@ -4,7 +4,7 @@
 Both are kept by slots: ``N`` small documents per limit in ``Settings.slots_collection``
 (``orchestrator.slots``), ``{_id: "<handler key>/<kind>/<n>", handler, kind, n, until,
 token, by}``. A replica takes one with a single find-and-modify before it claims a
-document for the handler (``queries.take_slot_filter``: a slot whose ``until`` has passed,
+document for the handler (``limit_slots.take_slot_filter``: a slot whose ``until`` has passed,
 judged by the server's clock as leases are), so the claim of a step needs a free slot:
 
 - ``global``: the slot lasts as long as the step's lease (``until`` is the lease's expiry,
@@ -29,11 +29,8 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
-from orchestrator.core.queries import as_utc
+from orchestrator.core.clock import as_utc
 from orchestrator.core.resource import EPOCH
-
-SLOTS_COLLECTION = "orchestrator.slots"
-"""Where limited handlers' slots are kept unless ``Settings.slots_collection`` says otherwise."""
 
 MAX_SLOTS = 10_000
 """The most a limit may count: each unit is a slot document, made when a replica starts."""

@@ -24,8 +24,9 @@ from bson.json_util import CANONICAL_JSON_OPTIONS
 
 from orchestrator.core import history, replicas
 from orchestrator.core.browse import Filter, Row
+from orchestrator.core.clock import as_utc
 from orchestrator.core.errors import OperatorError, UnhandledPhase
-from orchestrator.core.queries import as_utc, in_house_lease
+from orchestrator.core.in_house import NO_IN_HOUSE, InHouse
 from orchestrator.core.replicas import ReplicaRecord
 
 T = TypeVar("T", str, int)
@@ -142,12 +143,12 @@ def default_actor() -> str:
     return f"{user}@{socket.gethostname()}"
 
 
-def live_lease(doc: Mapping[str, Any], now: datetime, legacy: float | None = None) -> bool:
+def live_lease(doc: Mapping[str, Any], now: datetime, in_house: InHouse = NO_IN_HOUSE) -> bool:
     """Whether a replica holds ``doc`` now: a lease token with a ``lockedUntil`` after
-    ``now``, the server's time (as the status counts judge ``leased``), or, ``legacy``,
-    an in-house pod's lease (``queries.in_house_lease``). An expired lease is no one's:
+    ``now``, the server's time (as the status counts judge ``leased``), or, while
+    migrating, an in-house pod's lease (``InHouse.holds``). An expired lease is no one's:
     its holder died or is stuck, and any replica may claim it."""
-    if in_house_lease(doc, now, legacy):
+    if in_house.holds(doc, now):
         return True
     until = doc.get("lockedUntil")
     return doc.get("lockToken") is not None and isinstance(until, datetime) and as_utc(until) > now

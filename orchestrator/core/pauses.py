@@ -19,13 +19,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.core.clock import as_utc, bson_time
 from orchestrator.core.errors import OperatorError
-from orchestrator.core.queries import as_utc, bson_time
 
 if TYPE_CHECKING:
     from orchestrator.core.registry import Handler
-
-PAUSES_COLLECTION = "orchestrator.pauses"
 
 
 @dataclass(frozen=True)
@@ -128,4 +126,4 @@ def paused(pauses: Iterable[Pause], handlers: Iterable[Handler]) -> frozenset[st
     return frozenset(h.key for h in handlers if any(s.covers(h) for s in scopes))
 
 
-__all__ = ["PAUSES_COLLECTION", "Pause", "Scope", "paused", "read_all"]
+__all__ = ["Pause", "Scope", "paused", "read_all"]

@@ -10,9 +10,10 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from orchestrator.core import limits, queries, sharding
+from orchestrator.core import limits, sharding
 from orchestrator.core.backoff import BackoffPolicy
 from orchestrator.core.errors import ConfigError
+from orchestrator.core.queries import claims
 from orchestrator.core.resource import Resource
 from orchestrator.core.settings import HandlerOptions, Settings
 from orchestrator.core.validation import explain
@@ -43,7 +44,7 @@ class Handler:
     which no two registrations of one orchestrator share (its name may be shared: handlers
     made by one helper function, lambdas) and every replica of the same code agrees on."""
     exclusion: Mapping[str, Any] | None = None
-    """The claim's condition that keeps it off what it failed (``queries.failed_exclusion``)."""
+    """The claim's condition that keeps it off what it failed (``claims.failed_exclusion``)."""
     shard_key: tuple[str, ...] = ()
     """The fields its collection is sharded on, as declared (every write names them)."""
     plan: sharding.ClaimPlan = sharding.SORTED
@@ -106,7 +107,7 @@ class Registry:
         if inspect.isasyncgenfunction(func):
             raise ConfigError(f"{_describe(func)} is an async generator; a handler returns")
         collection, model = resolve(target)
-        queries.check_match(match)
+        claims.check_match(match)
         key = (collection, _canonical(match))
         if key in self._keys:
             raise ConfigError(
@@ -131,7 +132,7 @@ class Registry:
             name=name,
             to=opts.to or (),
             key=handler_key,
-            exclusion=queries.failed_exclusion(
+            exclusion=claims.failed_exclusion(
                 handler_key, _describe(func, "."), failed_phase, match
             ),
             shard_key=shard_key,

@@ -21,9 +21,6 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-REPLICAS_COLLECTION = "orchestrator.replicas"
-"""Where replicas record themselves unless ``Settings.replicas_collection`` says otherwise."""
-
 MAX_REFRESH = 10.0
 """A replica refreshes its record (with its heartbeat) at least this often, whatever its
 lock timeout: a replica with a one-day lease must not look alive for hours after it died."""
@@ -195,7 +192,7 @@ class ReplicaRecord:
 
     @classmethod
     def from_document(cls, doc: Mapping[str, Any]) -> ReplicaRecord | None:
-        """The record stored as ``doc`` (``queries.replica_document``), or None when it is
+        """The record stored as ``doc`` (``replica_records.replica_document``), or None when it is
         not one (a document some other writer put there): a reader skips it, not fails."""
         try:
             steps = tuple(
@@ -403,14 +400,6 @@ def _shown(value: Any) -> str:
 def _rank(value: Any) -> tuple[bool, Any]:
     """Values of one setting in order, an unset one (None) last."""
     return (value is None, 0 if value is None else value)
-
-
-def legacy_lock_timeout(records: Iterable[ReplicaRecord]) -> float | None:
-    """The in-house pods' lock timeout the live replicas honour (the longest, should they
-    disagree: the judgement that takes no in-house lease early), None when none does: how
-    the operators' tools judge and write leases."""
-    values = [r.legacy_lock_timeout for r in records if r.legacy_lock_timeout is not None]
-    return max(values) if values else None
 
 
 def _utc(value: Any) -> datetime:

@@ -19,7 +19,7 @@ TRACE_FIELD = "orchestratorTrace"
 ``traceparent``, ``tracestate``), when a listener gives one (``SubmittingEvent``); each of
 its steps' ``StepClaimedEvent`` carries it back."""
 PRIORITY_FIELD = "claimPriority"
-"""Where ``submit(..., priority=N)`` stores a document's priority (``queries.MAX_PRIORITY``)."""
+"""Where ``submit(..., priority=N)`` stores a document's priority (``claims.MAX_PRIORITY``)."""
 
 LEASE_FIELDS = frozenset(
     {

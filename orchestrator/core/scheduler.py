@@ -22,7 +22,7 @@ from orchestrator.core.outcomes import StepOutcome
 
 if TYPE_CHECKING:
     from orchestrator.core.pauses import Pause
-    from orchestrator.core.queries import Matches
+    from orchestrator.core.queries.claims import Matches
     from orchestrator.core.registry import Handler
 
 

@@ -19,13 +19,17 @@ from pydantic import (
     model_validator,
 )
 
-from orchestrator.core.audit import AUDIT_COLLECTION
 from orchestrator.core.backoff import BackoffPolicy, ExponentialBackoff, ProgressiveBackoff
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.history import DEFAULT_HISTORY, DEFAULT_TRACEBACK, MAX_HISTORY
-from orchestrator.core.limits import MAX_SLOTS, SLOTS_COLLECTION, parse_rate
-from orchestrator.core.pauses import PAUSES_COLLECTION
-from orchestrator.core.replicas import REPLICAS_COLLECTION
+from orchestrator.core.in_house import InHouse
+from orchestrator.core.limits import MAX_SLOTS, parse_rate
+from orchestrator.core.names import (
+    AUDIT_COLLECTION,
+    PAUSES_COLLECTION,
+    REPLICAS_COLLECTION,
+    SLOTS_COLLECTION,
+)
 from orchestrator.core.validation import explain
 
 DAY = 86_400.0
@@ -255,6 +259,12 @@ class Settings(BaseModel):
     @property
     def relock_floor(self) -> float:
         return min(self.tick if self.min_relock is None else self.min_relock, self.max_wait)
+
+    @property
+    def in_house(self) -> InHouse:
+        """``legacy_lock_timeout`` as the object every judgement and write of the in-house
+        leases goes through."""
+        return InHouse(self.legacy_lock_timeout)
 
     @property
     def horizon(self) -> float:

@@ -9,7 +9,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from orchestrator.core.errors import ConfigError
-from orchestrator.core.queries import MAX_PRIORITY
+from orchestrator.core.queries.claims import MAX_PRIORITY
 from orchestrator.core.resource import EPOCH
 
 __all__ = ["NotBefore", "check_not_before", "check_priority", "start_time"]

@@ -13,9 +13,9 @@ from bson.errors import BSONError
 
 from orchestrator.core.audit import AuditEntry
 from orchestrator.core.browse import business_key
+from orchestrator.core.clock import as_utc
 from orchestrator.core.operator import id_json
 from orchestrator.core.pauses import Pause
-from orchestrator.core.queries import as_utc
 from orchestrator.core.replicas import Disagreement, ReplicaRecord
 
 
@@ -36,7 +36,7 @@ class PhaseCount:
 
     @classmethod
     def from_row(cls, collection: str, row: Mapping[str, Any]) -> PhaseCount:
-        """A row of ``queries.status_pipeline`` (its ``_id`` is the phase)."""
+        """A row of ``operators.status_pipeline`` (its ``_id`` is the phase)."""
         return cls(
             collection=collection,
             phase=str(row["_id"]),
@@ -71,7 +71,7 @@ class RecentError:
     def from_document(
         cls, collection: str, doc: Mapping[str, Any], keys: Sequence[tuple[str, ...]] = ()
     ) -> RecentError:
-        """From a document carrying ``lastError`` (``queries.ERRORS_PROJECTION``'s fields,
+        """From a document carrying ``lastError`` (``operators.ERRORS_PROJECTION``'s fields,
         and those of ``keys``, the collection's business keys)."""
         error = doc.get("lastError")
         if isinstance(error, dict):

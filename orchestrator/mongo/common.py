@@ -33,8 +33,11 @@ from pymongo.errors import DocumentTooLarge as DriverDocumentTooLarge
 from pymongo.server_type import SERVER_TYPE
 from pymongo.write_concern import WriteConcern
 
-from orchestrator.core import pauses, queries, sharding
+from orchestrator.core import pauses, sharding
+from orchestrator.core.clock import as_utc
 from orchestrator.core.errors import ConfigError, StoreError
+from orchestrator.core.in_house import NO_IN_HOUSE, InHouse
+from orchestrator.core.queries import claims
 from orchestrator.core.redact import redact
 from orchestrator.core.scheduler import Found
 
@@ -402,10 +405,10 @@ def unknown_stage(exc: OperationFailure) -> bool:
 
 
 def found(
-    rows: Sequence[Mapping[str, Any]], with_pauses: bool = False, legacy: float | None = None
+    rows: Sequence[Mapping[str, Any]], with_pauses: bool = False, in_house: InHouse = NO_IN_HOUSE
 ) -> Found:
-    """A probe's answer (``queries.probe_pipeline``): the handlers with work now, the
-    earliest due time among the documents of the others (with ``legacy``, an in-house
+    """A probe's answer (``claims.probe_pipeline``): the handlers with work now, the
+    earliest due time among the documents of the others (while migrating, an in-house
     lease's comes as its ``lockedAt``), the operators' pauses (``with_pauses``) and how
     many replicas are live, when it read them. A row that is none of those is skipped:
     the probe only ever narrows what is claimed."""
@@ -414,25 +417,25 @@ def found(
     paused: list[Mapping[str, Any]] = []
     live: int | None = None
     for row in rows:
-        number = row.get(queries.PROBE_HANDLER)
-        when = row.get(queries.PROBE_DUE)
-        held = row.get(queries.PROBE_HELD_AT)
-        if legacy is not None and isinstance(held, datetime):
-            when = queries.legacy_expiry(held, legacy)
+        number = row.get(claims.PROBE_HANDLER)
+        when = row.get(claims.PROBE_DUE)
+        held = row.get(claims.PROBE_HELD_AT)
+        if in_house.migrating and isinstance(held, datetime):
+            when = in_house.expiry(held)
         if isinstance(number, int) and not isinstance(number, bool):
             ready.add(number)
         elif isinstance(when, datetime):
-            when = queries.as_utc(when)
+            when = as_utc(when)
             due = when if due is None or when < due else due
-        elif isinstance(row.get(queries.PROBE_PAUSE), Mapping):
-            paused.append(row[queries.PROBE_PAUSE])
-        elif isinstance(row.get(queries.PROBE_LIVE), int):
-            live = row[queries.PROBE_LIVE]
+        elif isinstance(row.get(claims.PROBE_PAUSE), Mapping):
+            paused.append(row[claims.PROBE_PAUSE])
+        elif isinstance(row.get(claims.PROBE_LIVE), int):
+            live = row[claims.PROBE_LIVE]
     return Found(frozenset(ready), due, pauses.read_all(paused) if with_pauses else None, live)
 
 
 def merged(answers: Sequence[Found], sizes: Sequence[int]) -> Found:
-    """The answers of a probe read in parts (``queries.probe_chunks``) as one: each part's
+    """The answers of a probe read in parts (``claims.probe_chunks``) as one: each part's
     handlers numbered after those of the parts before (``sizes``), the earliest due time,
     the pauses and the live replicas of the first."""
     ready: set[int] = set()

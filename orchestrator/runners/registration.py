@@ -9,8 +9,9 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from orchestrator.core import queries, sharding
+from orchestrator.core import sharding
 from orchestrator.core.errors import ConfigError
+from orchestrator.core.queries import submissions
 from orchestrator.core.registry import (
     Handler,
     Registry,
@@ -100,7 +101,7 @@ class Registration:
                     f"submit: field {name!r} is managed by the orchestrator; pass"
                     f" submit(..., {instead}=...) instead"
                 )
-        queries.check_fields(
+        submissions.check_fields(
             {k: v for k, v in fields.items() if k not in {"_id", "phase", "updatedAt"}}
         )
         keys: tuple[str, ...]

@@ -27,7 +27,6 @@ from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
 from orchestrator.core.operator import error_phase
-from orchestrator.core.queries import in_house_lease
 from orchestrator.operations import (
     Action,
     DocumentChanged,
@@ -82,9 +81,9 @@ async def confirm(site: Site, request: Request, links: Links) -> Response:
     status = await site.status()
     now = await site.operations.now()
     fleet = replace(Fleet.of(status), at=now)
-    legacy = fleet.legacy_lock_timeout()
-    row = Row.read(doc, now, fleet.keys(collection), fleet.names(), legacy)
-    in_house = in_house_lease(doc, now, legacy)
+    in_house = fleet.in_house()
+    row = Row.read(doc, now, fleet.keys(collection), fleet.names(), in_house)
+    in_house_held = in_house.holds(doc, now)
     seen = {"phase": doc.get("phase"), "lockToken": doc.get("lockToken")}
     return await site.render(
         request,
@@ -99,8 +98,8 @@ async def confirm(site: Site, request: Request, links: Links) -> Response:
         badge=fleet.badge(collection, row),
         phase=doc.get("phase", MISSING),
         # An in-house pod's lease: held until its lockedAt runs out, by no replica.
-        holder=row.holder if in_house else doc.get("lockedBy", MISSING),
-        until=row.until if in_house else doc.get("lockedUntil", MISSING),
+        holder=row.holder if in_house_held else doc.get("lockedBy", MISSING),
+        until=row.until if in_house_held else doc.get("lockedUntil", MISSING),
         attempts=doc.get("attempts", 0),
         ref=json_util.dumps(doc["_id"], json_options=CANONICAL_JSON_OPTIONS),
         seen=json_util.dumps(seen, json_options=CANONICAL_JSON_OPTIONS),

@@ -162,9 +162,7 @@ async def document(site: Site, request: Request) -> dict[str, Any]:
     collection, doc = await site.locate(request.query_params)
     fleet_at = await site.operations.now()
     fleet = replace(Fleet.of(await site.status()), at=fleet_at)
-    row = Row.read(
-        doc, fleet_at, fleet.keys(collection), fleet.names(), fleet.legacy_lock_timeout()
-    )
+    row = Row.read(doc, fleet_at, fleet.keys(collection), fleet.names(), fleet.in_house())
     badge = fleet.badge(collection, row)
     fields = {name: value for name, value in doc.items() if name != HISTORY_FIELD}
     seen = {"phase": doc.get("phase"), "lockToken": doc.get("lockToken")}
@@ -263,7 +261,7 @@ async def act(action: Action, site: Site, request: Request) -> dict[str, Any]:
     site.changed()
     now = await site.operations.now()
     fleet = Fleet.of(await site.status())
-    row = Row.read(after, now, fleet.keys(collection), fleet.names(), fleet.legacy_lock_timeout())
+    row = Row.read(after, now, fleet.keys(collection), fleet.names(), fleet.in_house())
     return {**shown, "document": row.to_dict()}
 
 

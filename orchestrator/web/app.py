@@ -65,11 +65,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Mount, Route
 
-from orchestrator.core.audit import AUDIT_COLLECTION
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.history import entries
-from orchestrator.core.pauses import PAUSES_COLLECTION
-from orchestrator.core.replicas import REPLICAS_COLLECTION
+from orchestrator.core.names import AUDIT_COLLECTION, PAUSES_COLLECTION, REPLICAS_COLLECTION
 from orchestrator.mongo.common import Document
 from orchestrator.operations import AsyncOperations, AsyncStatusCache, LeaseState, Row, id_json
 from orchestrator.web import actions, api, browse
@@ -219,7 +217,7 @@ async def document(site: Site, request: Request, links: Links) -> Response:
     status = await site.status()
     now = await site.operations.now()
     fleet = replace(Fleet.of(status), at=now)
-    row = Row.read(doc, now, fleet.keys(collection), fleet.names(), fleet.legacy_lock_timeout())
+    row = Row.read(doc, now, fleet.keys(collection), fleet.names(), fleet.in_house())
     badge = fleet.badge(collection, row)
     return await site.render(
         request,

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import uvicorn
 
 from orchestrator.core.errors import ConfigError
-from orchestrator.core.replicas import REPLICAS_COLLECTION
+from orchestrator.core.names import REPLICAS_COLLECTION
 from orchestrator.mongo import connect_async
 from orchestrator.web.app import operator_app
 

@@ -22,6 +22,7 @@ from jinja2 import Environment, PackageLoader, StrictUndefined
 from orchestrator.core import replicas as records
 from orchestrator.core.audit import AuditEntry
 from orchestrator.core.history import HISTORY_FIELD
+from orchestrator.core.in_house import InHouse
 from orchestrator.core.operator import cancelled_phase, parse_id_json
 from orchestrator.core.replicas import HandlerInfo, ReplicaRecord
 from orchestrator.core.resource import EPOCH, LEASE_FIELDS, TRACE_FIELD
@@ -150,10 +151,10 @@ class Fleet:
         """Handler keys to ``module:function`` names."""
         return records.handler_names(self.replicas)
 
-    def legacy_lock_timeout(self) -> float | None:
-        """The in-house pods' lock timeout the live replicas honour, by which a document
-        only an in-house lease holds is leased (``records.legacy_lock_timeout``)."""
-        return records.legacy_lock_timeout(self.replicas)
+    def in_house(self) -> InHouse:
+        """The in-house pods' leases the live replicas honour, by which a document only an
+        in-house lease holds is leased (``InHouse.honoured_by``)."""
+        return InHouse.honoured_by(self.replicas)
 
     def stale(self, record: ReplicaRecord) -> bool:
         """Silent past two record intervals (``ReplicaRecord.stale``), as of the report."""

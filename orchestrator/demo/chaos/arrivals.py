@@ -11,8 +11,8 @@ from typing import Any
 
 from pymongo.database import Database
 
+from orchestrator.core.clock import bson_time
 from orchestrator.core.errors import StoreError
-from orchestrator.core.queries import bson_time
 from orchestrator.core.resource import EPOCH
 from orchestrator.demo.chaos.ledger import Ledger
 from orchestrator.demo.chaos.replicas import Replicas

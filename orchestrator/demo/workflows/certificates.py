@@ -21,7 +21,7 @@ from pymongo import ReturnDocument
 from pymongo.asynchronous.database import AsyncDatabase
 
 from orchestrator import AsyncLease, AsyncOrchestrator, Outcome, Resource
-from orchestrator.core.queries import as_utc
+from orchestrator.core.clock import as_utc
 
 if TYPE_CHECKING:
     from orchestrator.demo.workflows.gateway import Faults

@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import pymongo
 
-from orchestrator.core import queries
 from orchestrator.core.errors import LeaseLost, StoreError
 from orchestrator.core.lease import LeaseCore, Outcome, Write
 from orchestrator.core.outcomes import LeaseWrite, StepOutcome
+from orchestrator.core.queries import lease_writes, limit_slots
 from orchestrator.mongo.common import DocumentTooLarge
 
 if TYPE_CHECKING:
@@ -144,8 +144,8 @@ class AsyncLease(LeaseCore[R]):
         (it expired and another step took it): it is not this step's any more."""
         name = self._settings.slots_collection
         for slot in self._held_slots():
-            fence = queries.slot_fence(slot.id, slot.token)
-            if not await self._store.write(name, fence, queries.extend_slot_update(until)):
+            fence = limit_slots.slot_fence(slot.id, slot.token)
+            if not await self._store.write(name, fence, limit_slots.extend_slot_update(until)):
                 slot.freed = True
                 return False
             slot.until = until
@@ -154,9 +154,9 @@ class AsyncLease(LeaseCore[R]):
     async def _free_slots(self) -> None:
         name = self._settings.slots_collection
         for slot in self._held_slots():
-            fence = queries.slot_fence(slot.id, slot.token)
+            fence = limit_slots.slot_fence(slot.id, slot.token)
             try:
-                await self._store.write(name, fence, queries.free_slot_update())
+                await self._store.write(name, fence, limit_slots.free_slot_update())
             except StoreError:
                 slot.freed = True
                 raise
@@ -261,4 +261,6 @@ class AsyncLease(LeaseCore[R]):
         """The phase-fenced write matched nothing: if the token still matches, the phase was
         changed from outside while the step ran; let the document go at once."""
         with contextlib.suppress(StoreError):  # if it fails, the lease expires on its own
-            await self._store.write(self.collection, self._fence(False), queries.release_update())
+            await self._store.write(
+                self.collection, self._fence(False), lease_writes.release_update()
+            )

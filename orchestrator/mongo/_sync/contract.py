@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 from orchestrator.core.limits import Limit
 from orchestrator.core.pauses import Pause
-from orchestrator.core.queries import Matches
+from orchestrator.core.queries.claims import Matches
 from orchestrator.core.replicas import ReplicaRecord
 from orchestrator.core.scheduler import Found
 from orchestrator.core.sharding import ClaimPlan, ShardState
@@ -114,7 +114,7 @@ class LeaseStore(Protocol):
         """Delete this process's record of ``replica_id``; False if it was not there."""
 
     def ensure_errors_index(self, name: str) -> str:
-        """The index serving the latest errors of each phase (``queries.ERRORS_INDEX``);
+        """The index serving the latest errors of each phase (``operators.ERRORS_INDEX``);
         its name."""
 
     def read_pauses(self, name: str) -> list[Pause]:
@@ -125,7 +125,7 @@ class LeaseStore(Protocol):
         this store has not yet."""
 
     def ensure_slots(self, name: str, key: str, limit: Limit) -> None:
-        """The slots of ``limit`` of the handler ``key`` in ``name`` (``queries.
+        """The slots of ``limit`` of the handler ``key`` in ``name`` (``limit_slots.
         slot_documents``) and their index, made once per store; slots already there are
         kept as they are."""
 

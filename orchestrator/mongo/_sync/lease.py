@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import pymongo
 
-from orchestrator.core import queries
 from orchestrator.core.errors import LeaseLost, StoreError
 from orchestrator.core.lease import LeaseCore, Outcome, Write
 from orchestrator.core.outcomes import LeaseWrite, StepOutcome
+from orchestrator.core.queries import lease_writes, limit_slots
 from orchestrator.mongo.common import DocumentTooLarge
 
 if TYPE_CHECKING:
@@ -141,8 +141,8 @@ class Lease(LeaseCore[R]):
         (it expired and another step took it): it is not this step's any more."""
         name = self._settings.slots_collection
         for slot in self._held_slots():
-            fence = queries.slot_fence(slot.id, slot.token)
-            if not self._store.write(name, fence, queries.extend_slot_update(until)):
+            fence = limit_slots.slot_fence(slot.id, slot.token)
+            if not self._store.write(name, fence, limit_slots.extend_slot_update(until)):
                 slot.freed = True
                 return False
             slot.until = until
@@ -151,9 +151,9 @@ class Lease(LeaseCore[R]):
     def _free_slots(self) -> None:
         name = self._settings.slots_collection
         for slot in self._held_slots():
-            fence = queries.slot_fence(slot.id, slot.token)
+            fence = limit_slots.slot_fence(slot.id, slot.token)
             try:
-                self._store.write(name, fence, queries.free_slot_update())
+                self._store.write(name, fence, limit_slots.free_slot_update())
             except StoreError:
                 slot.freed = True
                 raise
@@ -258,4 +258,4 @@ class Lease(LeaseCore[R]):
         """The phase-fenced write matched nothing: if the token still matches, the phase was
         changed from outside while the step ran; let the document go at once."""
         with contextlib.suppress(StoreError):  # if it fails, the lease expires on its own
-            self._store.write(self.collection, self._fence(False), queries.release_update())
+            self._store.write(self.collection, self._fence(False), lease_writes.release_update())

@@ -9,7 +9,7 @@ both are public as ``orchestrator.operations``.
 Every tool acts through these (the command line on the sync form, the page and an async
 application on this one), so what an action means cannot differ between them. An action
 is applied only while the document is still as the operator saw it (its phase and lease
-token, ``queries.operator_guard``): a retry confirmed on a free document never takes the
+token, ``operators.operator_guard``): a retry confirmed on a free document never takes the
 lease of a replica that claimed it since, an unlock confirmed for one holder never
 releases the next one's.
 """
@@ -24,14 +24,8 @@ from typing import Any
 from pymongo.synchronous.database import Database
 
 from orchestrator.core import browse as browsing
-from orchestrator.core import history, queries, replicas, sharding
-from orchestrator.core.audit import (
-    AUDIT_COLLECTION,
-    AuditEntry,
-    AuditKind,
-    failure_text,
-    operator_record,
-)
+from orchestrator.core import history, replicas, sharding
+from orchestrator.core.audit import AuditEntry, AuditKind, failure_text, operator_record
 from orchestrator.core.browse import Filter, LeaseState, Page, Plan, Row
 from orchestrator.core.errors import (
     AmbiguousId,
@@ -44,6 +38,8 @@ from orchestrator.core.errors import (
     StoreError,
     UnhandledPhase,
 )
+from orchestrator.core.in_house import IN_HOUSE_HOLDER, NO_IN_HOUSE, InHouse
+from orchestrator.core.names import AUDIT_COLLECTION, PAUSES_COLLECTION, REPLICAS_COLLECTION
 from orchestrator.core.operator import (
     Action,
     Bulk,
@@ -58,8 +54,9 @@ from orchestrator.core.operator import (
     id_json_or_text,
     live_lease,
 )
-from orchestrator.core.pauses import PAUSES_COLLECTION, Pause, Scope
-from orchestrator.core.replicas import REPLICAS_COLLECTION, ReplicaRecord, disagreements
+from orchestrator.core.pauses import Pause, Scope
+from orchestrator.core.queries import operators
+from orchestrator.core.replicas import ReplicaRecord, disagreements
 from orchestrator.core.status import PhaseCount, RecentError, Status
 from orchestrator.mongo._sync.reports import Reports, ReportStore
 from orchestrator.mongo.common import Document
@@ -124,12 +121,12 @@ class Operations:
         server = self._reports.server_time()
         now = server or datetime.now(UTC)
         live = self._reports.live_replicas(now, self._replicas)
-        legacy = replicas.legacy_lock_timeout(live)
+        in_house = InHouse.honoured_by(live)
         phases: list[PhaseCount] = []
         latest: list[RecentError] = []
         notes: list[str] = []
         for collection in names:
-            rows = self._reports.phase_summary(collection, now, legacy=legacy)
+            rows = self._reports.phase_summary(collection, now, in_house=in_house)
             phases.extend(rows)
             if errors > 0 and rows:
                 try:
@@ -184,19 +181,19 @@ class Operations:
     def document(self, collection: str, doc_id: Any) -> Document:
         """The document whose ``_id`` is ``doc_id``, exactly (the string ``"42"`` is not
         the integer ``42``); ``DocumentNotFound`` when there is none."""
-        doc = self._reports.find_one(collection, queries.exact_id_filter(doc_id))
+        doc = self._reports.find_one(collection, operators.exact_id_filter(doc_id))
         if doc is None:
             raise DocumentNotFound(collection, id_json(doc_id))
         return doc
 
     def find(self, collection: str, typed: str) -> Document:
         """The one document text typed by an operator names: its id
-        (``queries.id_filter``: an ObjectId's hex or an integer's digits name that value
+        (``operators.id_filter``: an ObjectId's hex or an integer's digits name that value
         and the string alike), else its business key (a unique key the live replicas
         declare, of one field). ``DocumentNotFound`` when it names none, ``AmbiguousId``
         (with both) when it names two: which one is the operator's to say, never
         guessed."""
-        query = queries.id_filter(typed)
+        query = operators.id_filter(typed)
         found = self._two(collection, query)
         if not found:
             for keys in self._keys(collection):
@@ -252,18 +249,18 @@ class Operations:
         self._check_collection(query.collection)
         now = self.now()
         live = self._reports.live_replicas(now, self._replicas)
-        plan = self._plan(query, now, None, replicas.legacy_lock_timeout(live))
+        plan = self._plan(query, now, None, InHouse.honoured_by(live))
         return self._reports.count(query.collection, plan, limit) if plan else 0
 
     def lease_state(
-        self, collection: str, doc_id: Any, now: datetime, *, legacy: float | None = None
+        self, collection: str, doc_id: Any, now: datetime, *, in_house: InHouse = NO_IN_HOUSE
     ) -> PhaseCount | None:
         """One document's lease state at ``now`` as the status counts judge it (the same
         aggregation, on that document alone); None when it has no phase or is gone.
-        ``legacy``: the live replicas' ``legacy_lock_timeout`` (``replicas.legacy_lock_timeout``),
+        ``in_house``: the in-house leases the live replicas honour (``InHouse.honoured_by``),
         as the status counts take it."""
         rows = self._reports.phase_summary(
-            collection, now, queries.exact_id_filter(doc_id), legacy=legacy
+            collection, now, operators.exact_id_filter(doc_id), in_house=in_house
         )
         return rows[0] if rows else None
 
@@ -276,24 +273,24 @@ class Operations:
     ) -> tuple[Plan, list[Row], list[Document]]:
         self._check_collection(query.collection)
         live = self._reports.live_replicas(now, self._replicas)
-        legacy = replicas.legacy_lock_timeout(live)
-        plan = self._plan(query, now, after, legacy)
+        in_house = InHouse.honoured_by(live)
+        plan = self._plan(query, now, after, in_house)
         if plan is None:
             return Plan({}, [], [], "none: the collection has no phases"), [], []
         docs = self._reports.browse(query.collection, plan, limit)
         keys = self._keys(query.collection, live)
         names = replicas.handler_names(live)
-        return plan, [Row.read(doc, now, keys, names, legacy) for doc in docs], docs
+        return plan, [Row.read(doc, now, keys, names, in_house) for doc in docs], docs
 
     def _plan(
-        self, query: Filter, now: datetime, after: str | None, legacy: float | None
+        self, query: Filter, now: datetime, after: str | None, in_house: InHouse
     ) -> Plan | None:
         self._ensure_indexes(query.collection)
         phases = [] if query.phases else self._reports.phases(query.collection)
         if not query.phases and not phases:
             return None
         indexes = self._reports.index_keys(query.collection) if query.fields else []
-        return browsing.plan(query, now, phases, indexes, after, legacy)
+        return browsing.plan(query, now, phases, indexes, after, in_house)
 
     # -- acting on one document -------------------------------------------------------
 
@@ -313,7 +310,7 @@ class Operations:
         live = self._reports.live_replicas(now, self._replicas)
         keep = history_length(live)
         shard = self._shard(collection, seen, live)
-        update = queries.operator_unlock_update()
+        update = operators.operator_unlock_update()
         after = self._act(
             collection,
             seen,
@@ -325,7 +322,7 @@ class Operations:
             phase,
             keep,
             shard=shard,
-            legacy=replicas.legacy_lock_timeout(live),
+            in_house=InHouse.honoured_by(live),
         )
         self._record(
             Action.UNLOCK,
@@ -375,8 +372,8 @@ class Operations:
             check_target(collection, to, live, action=Action.RETRY)
         keep = history_length(live)
         shard = self._shard(collection, seen, live)
-        legacy = replicas.legacy_lock_timeout(live)
-        return self._move(Action.RETRY, collection, seen, to, force, by, why, keep, shard, legacy)
+        in_house = InHouse.honoured_by(live)
+        return self._move(Action.RETRY, collection, seen, to, force, by, why, keep, shard, in_house)
 
     def cancel(
         self,
@@ -406,9 +403,9 @@ class Operations:
             check_target(collection, target, live, action=Action.CANCEL)
         keep = history_length(live)
         shard = self._shard(collection, seen, live)
-        legacy = replicas.legacy_lock_timeout(live)
+        in_house = InHouse.honoured_by(live)
         return self._move(
-            Action.CANCEL, collection, seen, target, True, by, why, keep, shard, legacy
+            Action.CANCEL, collection, seen, target, True, by, why, keep, shard, in_house
         )
 
     def _move(
@@ -422,22 +419,21 @@ class Operations:
         why: str,
         keep: int,
         shard: Mapping[str, Any],
-        legacy: float | None,
+        in_house: InHouse,
     ) -> Retried:
         doc_id, source = seen["_id"], seen.get("phase")
         server = self._reports.server_time()
         # ``updatedAt`` starts the phase's clock for the replicas' backoff: the server's.
         now = server or datetime.now(UTC)
-        held = live_lease(seen, now, legacy)
+        held = live_lease(seen, now, in_house)
         if held and not force:
-            if queries.in_house_lease(seen, now, legacy):
-                assert legacy is not None
-                until = queries.legacy_expiry(seen["lockedAt"], legacy)
-                raise LeaseHeld(collection, doc_id, queries.IN_HOUSE_HOLDER, until)
+            if in_house.holds(seen, now):
+                until = in_house.expiry(seen["lockedAt"])
+                raise LeaseHeld(collection, doc_id, IN_HOUSE_HOLDER, until)
             raise LeaseHeld(collection, doc_id, seen.get("lockedBy"), seen.get("lockedUntil"))
-        update = queries.operator_move_update(to, now)
+        update = operators.operator_move_update(to, now)
         after = self._act(
-            collection, seen, update, action, now, by, why, to, keep, shard=shard, legacy=legacy
+            collection, seen, update, action, now, by, why, to, keep, shard=shard, in_house=in_house
         )
         scope = {"_id": id_json_or_text(doc_id), "to": to}
         self._record(action, collection, scope, [doc_id], now, by, why)
@@ -456,7 +452,7 @@ class Operations:
         keep: int,
         extra: Mapping[str, Any] | None = None,
         shard: Mapping[str, Any] | None = None,
-        legacy: float | None = None,
+        in_house: InHouse = NO_IN_HOUSE,
     ) -> Document:
         """Apply an operator's ``update`` to the document as ``seen`` (its phase and lease;
         ``extra``: conditions it must still meet, a bulk action's filter; ``shard``: its
@@ -464,12 +460,12 @@ class Operations:
         history of ``keep`` entries (none: 0). The entry is pushed onto a history that is
         a list (or absent), and set whole over any other value, each fenced on that
         shape: a document whose history a writer changed meanwhile is tried once more, as
-        it is now. ``legacy`` (the live replicas' ``legacy_lock_timeout``): the change
+        it is now. ``in_house`` (the live replicas', ``InHouse.honoured_by``): the change
         carries the ``lockedAt`` in-house pods read it by, the epoch's even with none
-        (``queries.operator_legacy_update``)."""
+        (``InHouse.operator_update``)."""
         doc_id = seen["_id"]
-        update = dict(queries.operator_legacy_update(update, legacy))
-        guard = queries.operator_guard(doc_id, seen.get("phase"), seen.get("lockToken"), shard)
+        update = dict(in_house.operator_update(update))
+        guard = operators.operator_guard(doc_id, seen.get("phase"), seen.get("lockToken"), shard)
         if extra:
             guard = {"$and": [guard, dict(extra)]}
         entry = history.operator_entry(
@@ -492,7 +488,7 @@ class Operations:
             after = self._reports.operator_update(collection, query, change)
             if after is not None:
                 return after
-        if self._reports.find_one(collection, queries.exact_id_filter(doc_id)) is None:
+        if self._reports.find_one(collection, operators.exact_id_filter(doc_id)) is None:
             raise DocumentNotFound(collection, id_json_or_text(doc_id))
         raise DocumentChanged(collection, doc_id)
 
@@ -537,7 +533,7 @@ class Operations:
         result = Bulk(action, query, dry_run, target)
         shard_key = self._shard_key(query.collection, live)
         now = self.now()
-        plan = self._plan(query, now, None, replicas.legacy_lock_timeout(live))
+        plan = self._plan(query, now, None, InHouse.honoured_by(live))
         if plan is None:
             return result
         scope = {**query.describe(), **({"to": target} if target else {})}
@@ -665,18 +661,18 @@ class Operations:
                     check_target(query.collection, to, live, action=action)
                 except UnhandledPhase as exc:
                     return str(exc)
-        legacy = replicas.legacy_lock_timeout(live)
-        if action is Action.RETRY and live_lease(doc, now, legacy) and not force:
+        in_house = InHouse.honoured_by(live)
+        if action is Action.RETRY and live_lease(doc, now, in_house) and not force:
             return f"held by a live lease of {row.holder!r} (force to take it)"
         if action is Action.UNLOCK and row.state is LeaseState.FREE:
             return "free already: no lease and no wait to end"
         if dry_run:
             return None
         if action is Action.UNLOCK:
-            update = queries.operator_unlock_update()
+            update = operators.operator_unlock_update()
         else:
             assert to is not None
-            update = queries.operator_move_update(to, now)
+            update = operators.operator_move_update(to, now)
         try:
             self._act(
                 query.collection,
@@ -690,7 +686,7 @@ class Operations:
                 history_length(live),
                 extra=plan.query,
                 shard=sharding.shard_values(doc, shard_key),
-                legacy=legacy,
+                in_house=in_house,
             )
         except (DocumentChanged, DocumentNotFound):
             return "changed meanwhile (no longer as read, or no longer matching the filter)"
@@ -801,7 +797,7 @@ class Operations:
             return {}
         if not sharding.missing_fields(seen, key):
             return sharding.shard_values(seen, key)
-        doc = self._reports.find_one(collection, queries.exact_id_filter(seen["_id"]))
+        doc = self._reports.find_one(collection, operators.exact_id_filter(seen["_id"]))
         if doc is None:
             raise DocumentNotFound(collection, id_json(seen["_id"]))
         return sharding.shard_values(doc, key)

@@ -21,12 +21,14 @@ from typing import Any, Protocol
 from pymongo import ReturnDocument
 from pymongo.synchronous.database import Database
 
-from orchestrator.core import audit, browse, queries, replicas
+from orchestrator.core import audit, browse, replicas
 from orchestrator.core.audit import AuditEntry, AuditKind
 from orchestrator.core.browse import Plan
+from orchestrator.core.in_house import NO_IN_HOUSE, InHouse
+from orchestrator.core.names import REPLICAS_COLLECTION, UNIQUE_PREFIX
 from orchestrator.core.pauses import Pause, Scope
-from orchestrator.core.queries import UNIQUE_PREFIX
-from orchestrator.core.replicas import REPLICAS_COLLECTION, ReplicaRecord
+from orchestrator.core.queries import operators, replica_records
+from orchestrator.core.replicas import ReplicaRecord
 from orchestrator.core.sharding import ShardState
 from orchestrator.core.status import PhaseCount, RecentError
 from orchestrator.mongo._sync.store import Store
@@ -41,7 +43,7 @@ class ReportStore(Protocol):
     Each call is one round trip (a status report costs one per collection, whatever its
     size). Reads are plain reads outside any lease: what they return may be changed by a
     holder at once, so an operator's change is guarded by what was read
-    (``queries.operator_guard``), never decided on the read alone. Any driver failure
+    (``operators.operator_guard``), never decided on the read alone. Any driver failure
     leaves as ``StoreError``, with ``transient`` saying whether a retry may succeed.
     """
 
@@ -69,15 +71,15 @@ class ReportStore(Protocol):
         now: datetime,
         match: Mapping[str, Any] | None = None,
         *,
-        legacy: float | None = None,
+        in_house: InHouse = NO_IN_HOUSE,
     ) -> list[PhaseCount]:
         """Documents per phase and lease state at ``now``, in one aggregation
-        (``queries.status_pipeline``).
+        (``operators.status_pipeline``).
 
         :param name: the collection
         :param now: the server's time: leases are judged by their own expiry against it
         :param match: narrows the count (to one document, for the operator's page)
-        :param legacy: the live replicas' ``legacy_lock_timeout``: in-house leases count
+        :param in_house: the in-house leases the live replicas honour: they count
         :return: one count per phase holding documents, in no promised order; none for a
             collection that is empty or absent
         :raises StoreError: the aggregation failed
@@ -92,7 +94,7 @@ class ReportStore(Protocol):
         keys: Sequence[tuple[str, ...]] = (),
     ) -> list[RecentError]:
         """The documents of ``phases`` carrying an error, most recent error first, read
-        through ``queries.ERRORS_INDEX`` (hinted: never a collection scan).
+        through ``operators.ERRORS_INDEX`` (hinted: never a collection scan).
 
         :param name: the collection
         :param limit: at most this many
@@ -203,7 +205,7 @@ class ReportStore(Protocol):
         """One document, read outside any lease.
 
         :param name: the collection
-        :param query: a filter (``queries.exact_id_filter``, ``queries.id_filter``)
+        :param query: a filter (``operators.exact_id_filter``, ``operators.id_filter``)
         :return: the first document it matches, or None
         :raises StoreError: the read failed
         """
@@ -225,9 +227,9 @@ class ReportStore(Protocol):
         write then fails with ``LeaseLost``.
 
         :param name: the collection
-        :param query: which document, as the operator saw it (``queries.operator_guard``)
-        :param update: the change (``queries.release_update``,
-            ``queries.operator_move_update``)
+        :param query: which document, as the operator saw it (``operators.operator_guard``)
+        :param update: the change (``lease_writes.release_update``,
+            ``operators.operator_move_update``)
         :return: the document after the change, or None when ``query`` matched nothing
             (the document is gone, or no longer as the operator saw it)
         :raises StoreError: the write failed, or no majority acknowledged it within the
@@ -267,11 +269,11 @@ class Reports:
         now: datetime,
         match: Mapping[str, Any] | None = None,
         *,
-        legacy: float | None = None,
+        in_house: InHouse = NO_IN_HOUSE,
     ) -> list[PhaseCount]:
         with driver_errors(f"summarise {name}"):
             cursor = self._store.collection(name).aggregate(
-                queries.status_pipeline(now, match, legacy)
+                operators.status_pipeline(now, match, in_house)
             )
             rows = cursor.to_list()
         return [PhaseCount.from_row(name, row) for row in rows]
@@ -285,10 +287,10 @@ class Reports:
     ) -> list[RecentError]:
         if not phases or limit <= 0:
             return []
-        projection = {**queries.ERRORS_PROJECTION, **{f: 1 for key in keys for f in key}}
+        projection = {**operators.ERRORS_PROJECTION, **{f: 1 for key in keys for f in key}}
         with driver_errors(f"read errors of {name}"):
-            cursor = self._store.collection(name).find(queries.errors_filter(phases), projection)
-            cursor = cursor.sort(queries.ERRORS_SORT).hint(queries.ERRORS_INDEX)
+            cursor = self._store.collection(name).find(operators.errors_filter(phases), projection)
+            cursor = cursor.sort(operators.ERRORS_SORT).hint(operators.ERRORS_INDEX)
             docs = cursor.limit(limit).to_list()
         return [RecentError.from_document(name, doc, keys) for doc in docs]
 
@@ -358,8 +360,8 @@ class Reports:
 
     def live_replicas(self, now: datetime, name: str = REPLICAS_COLLECTION) -> list[ReplicaRecord]:
         with driver_errors(f"read replicas from {name}"):
-            cursor = self._store.collection(name).find(queries.live_replicas_filter(now))
-            docs = cursor.sort(queries.REPLICAS_SORT).to_list()
+            cursor = self._store.collection(name).find(replica_records.live_replicas_filter(now))
+            docs = cursor.sort(replica_records.REPLICAS_SORT).to_list()
         parsed = (ReplicaRecord.from_document(doc) for doc in docs)
         return replicas.live((r for r in parsed if r is not None), now)
 

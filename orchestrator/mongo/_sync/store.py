@@ -39,11 +39,30 @@ from pymongo.errors import (
 from pymongo.synchronous.collection import Collection
 from pymongo.synchronous.database import Database
 
-from orchestrator.core import audit, history, limits, pauses, queries, sharding
+from orchestrator.core import audit, history, limits, pauses, sharding
+from orchestrator.core.clock import as_utc
 from orchestrator.core.errors import ConfigError, ShardKeyRequired, StoreError
-from orchestrator.core.queries import as_utc
+from orchestrator.core.in_house import IN_HOUSE_INDEX, InHouse
+from orchestrator.core.names import (
+    AUDIT_INDEX_NAME,
+    AUDIT_ORDER_INDEX_NAME,
+    CLAIM_INDEX_NAME,
+    ERRORS_INDEX_NAME,
+    IN_HOUSE_INDEX_NAME,
+    REPLICA_INDEX_NAME,
+    REPLICAS_COLLECTION,
+    SLOT_INDEX_NAME,
+    UNIQUE_PREFIX,
+)
+from orchestrator.core.queries import (
+    claims,
+    limit_slots,
+    operators,
+    replica_records,
+    submissions,
+)
 from orchestrator.core.redact import redact
-from orchestrator.core.replicas import REPLICAS_COLLECTION, ReplicaRecord
+from orchestrator.core.replicas import ReplicaRecord
 from orchestrator.core.scheduler import Found
 from orchestrator.core.settings import DEFAULT_DATABASE
 from orchestrator.mongo import common
@@ -71,8 +90,8 @@ class Store:
     ``legacy_lock_timeout`` (``Settings.legacy_lock_timeout``): while in-house pods run
     beside the replicas, their leases (``lockedAt`` alone) hold documents for the claim and
     the probe, and every lease this store writes, or document it inserts, carries the
-    ``lockedAt`` they read it by (``queries.legacy_update``): here, where every write
-    leaves, so none is left out.
+    ``lockedAt`` they read it by (``InHouse.update``): here, where every write leaves, so
+    none is left out.
     """
 
     def __init__(
@@ -84,7 +103,7 @@ class Store:
     ) -> None:
         common.check_database_name(getattr(db, "name", None))
         self._db = db
-        self._legacy = legacy_lock_timeout
+        self._in_house = InHouse(legacy_lock_timeout)
         self._write_concern = common.write_concern(write_concern, write_timeout)
         self._codec: CodecOptions[Document] = common.codec_options(db.codec_options)
         self._collections: dict[str, Collection[Document]] = {}
@@ -94,7 +113,7 @@ class Store:
         self._slots_checked: dict[tuple[str, str, limits.Limit], datetime] = {}
         """When a take that found no free slot last counted the slots (``take_slot``)."""
         self._lock = threading.Lock()
-        self._legacy_hello = False
+        self._predates_hello = False
         self._no_union = False  # the server lacks $unionWith: a probe per collection
         self._sharding: dict[str, sharding.ShardState] = {}
         self._refused: dict[str, ShardKeyRequired] = {}
@@ -140,13 +159,13 @@ class Store:
 
     def _hello(self) -> Mapping[str, Any]:
         """``hello``, or ``isMaster`` on servers that predate it (and from then on)."""
-        if not self._legacy_hello:
+        if not self._predates_hello:
             try:
                 return self._db.command("hello", codec_options=self._codec)
             except OperationFailure as exc:
                 if exc.code != COMMAND_NOT_FOUND:
                     raise
-                self._legacy_hello = True
+                self._predates_hello = True
         return self._db.command("isMaster", codec_options=self._codec)
 
     # -- leases -------------------------------------------------------------------------
@@ -190,8 +209,8 @@ class Store:
             if problem is not None:
                 self._refused[name] = problem
                 raise problem
-        query = queries.claim_filter(match, judged_at, horizon, exclusion, self._legacy)
-        update = queries.legacy_update(update, self._legacy)
+        query = claims.claim_filter(match, judged_at, horizon, exclusion, self._in_house)
+        update = self._in_house.update(update)
         try:
             with driver_errors(f"claim on {name}", (name, plan.shard_key)):
                 if plan.peeks(live):
@@ -201,7 +220,7 @@ class Store:
                         query,
                         dict(update),
                         projection=history.CLAIM_PROJECTION,
-                        sort=queries.CLAIM_SORT,
+                        sort=claims.CLAIM_SORT,
                         return_document=ReturnDocument.BEFORE,
                     )
         except ShardKeyRequired as exc:
@@ -211,7 +230,7 @@ class Store:
             return None
         if seen is not None:
             seen(before)
-        return queries.claimed(before, update)
+        return claims.claimed(before, update)
 
     def _peek_and_claim(
         self,
@@ -247,9 +266,9 @@ class Store:
                     return None
                 peek = queue.sent()
                 try:
-                    cursor = coll.find(dict(query), queries.peek_projection(plan.shard_key))
+                    cursor = coll.find(dict(query), claims.peek_projection(plan.shard_key))
                     most = plan.candidates + queue.claiming  # those are left out of the list
-                    docs = cursor.sort(queries.CLAIM_SORT).limit(most).to_list()
+                    docs = cursor.sort(claims.CLAIM_SORT).limit(most).to_list()
                     candidate = queue.listed(peek, docs, plan.seed, judged_at)
                 finally:
                     queue.over(peek)
@@ -261,7 +280,7 @@ class Store:
             before: Document | None = None
             try:
                 before = coll.find_one_and_update(
-                    queries.targeted_claim(candidate, plan.shard_key, query),
+                    claims.targeted_claim(candidate, plan.shard_key, query),
                     dict(update),
                     projection=history.CLAIM_PROJECTION,
                     return_document=ReturnDocument.BEFORE,
@@ -303,7 +322,7 @@ class Store:
 
     def probe(
         self,
-        groups: Sequence[tuple[str, queries.Matches]],
+        groups: Sequence[tuple[str, claims.Matches]],
         now: datetime,
         horizon: float,
         pauses_collection: str | None = None,
@@ -336,8 +355,8 @@ class Store:
         for name, matches in groups:
             with driver_errors(f"probe {name}"):
                 doc = self.collection(name).find_one(
-                    queries.probe_filter(matches, now, horizon, self._legacy),
-                    queries.PROBE_PROJECTION,
+                    claims.probe_filter(matches, now, horizon, self._in_house),
+                    claims.PROBE_PROJECTION,
                 )
             if doc is not None:  # one of them: each claims to find out which
                 ready.update(range(first, first + len(matches)))
@@ -346,7 +365,7 @@ class Store:
 
     def _probe_at_once(
         self,
-        groups: Sequence[tuple[str, queries.Matches]],
+        groups: Sequence[tuple[str, claims.Matches]],
         now: datetime,
         horizon: float,
         pauses_collection: str | None,
@@ -356,53 +375,51 @@ class Store:
         and the live replicas read with the first."""
         read = None if pauses_collection is None else (pauses_collection, self.MAX_PAUSES)
         answers: list[Found] = []
-        chunks = queries.probe_chunks(groups)
+        chunks = claims.probe_chunks(groups)
         for chunk in chunks:
             first = not answers
-            pipeline = queries.probe_pipeline(
+            pipeline = claims.probe_pipeline(
                 chunk,
                 now,
                 horizon,
                 read if first else None,
                 replicas_collection if first else None,
-                self._legacy,
+                self._in_house,
             )
             cursor = self.collection(chunk[0][0]).aggregate(pipeline)
             rows = cursor.to_list()
-            answers.append(common.found(rows, first and read is not None, self._legacy))
+            answers.append(common.found(rows, first and read is not None, self._in_house))
         return common.merged(
-            answers, [sum(len(m) for _, m in c) for c in queries.probe_chunks(groups)]
+            answers, [sum(len(m) for _, m in c) for c in claims.probe_chunks(groups)]
         )
 
     def carry(
         self, name: str, query: Mapping[str, Any], update: Mapping[str, Any]
     ) -> Document | None:
-        """A fenced write that also takes the lease on (``queries.carry_update``): the
+        """A fenced write that also takes the lease on (``lease_writes.carry_update``): the
         document as it stored it (its history cut as a claim reads it), or None when
         ``query`` matched nothing. One command, as the release alone was."""
         with driver_errors(f"write to {name}/{query.get('_id')}"):
             return self.collection(name).find_one_and_update(
                 dict(query),
-                dict(queries.legacy_update(update, self._legacy)),
+                dict(self._in_house.update(update)),
                 projection=history.CLAIM_PROJECTION,
                 return_document=ReturnDocument.AFTER,
             )
 
     def write(self, name: str, query: Mapping[str, Any], update: Mapping[str, Any]) -> bool:
-        """A fenced write (``query`` from ``queries.fenced``); False when it matched nothing,
+        """A fenced write (``query`` from ``lease_writes.fenced``); False when it matched nothing,
         that is, the lease is no longer the writer's.
 
         A result, not an exception: the caller decides whether a lost lease is an error
         (a step's outcome: ``LeaseLost``) or expected (a heartbeat racing a release).
         """
         with driver_errors(f"write to {name}/{query.get('_id')}"):
-            result = self.collection(name).update_one(
-                dict(query), queries.legacy_update(update, self._legacy)
-            )
+            result = self.collection(name).update_one(dict(query), self._in_house.update(update))
         return result.matched_count > 0
 
     def delete(self, name: str, query: Mapping[str, Any]) -> bool:
-        """A fenced delete (``query`` from ``queries.fenced``); False when it matched
+        """A fenced delete (``query`` from ``lease_writes.fenced``); False when it matched
         nothing: the lease is no longer the writer's, or the phase was changed from outside."""
         with driver_errors(f"remove {name}/{query.get('_id')}"):
             result = self.collection(name).delete_one(dict(query))
@@ -418,12 +435,12 @@ class Store:
         retried after a lost reply returns the document it made instead of failing.
         """
         coll = self.collection(name)
-        doc = queries.legacy_fields(doc, self._legacy) if self._legacy is not None else doc
+        doc = self._in_house.stamped(doc) if self._in_house.migrating else doc
         if not unique:
             with driver_errors(f"insert into {name}"):
                 coll.insert_one(doc)
             return doc
-        key = queries.unique_filter(doc, unique)
+        key = submissions.unique_filter(doc, unique)
         if "_id" not in unique:  # the _id index keeps those unique (``Registry.add_unique``)
             self.ensure_unique(name, unique)
         on_insert = {k: v for k, v in doc.items() if k not in key}
@@ -446,13 +463,11 @@ class Store:
     def ensure_claim_index(self, name: str) -> str:
         """The index serving the claim: an equivalent one already there under any name, or
         a new one. Returns the name of the index used. With ``legacy_lock_timeout``, the
-        index serving the probe's in-house branch too (``queries.LEGACY_INDEX``)."""
-        if self._legacy is not None:
-            self.ensure_index(
-                name, queries.LEGACY_INDEX, index_name=queries.LEGACY_INDEX_NAME, unique=False
-            )
+        index serving the probe's in-house branch too (``IN_HOUSE_INDEX``)."""
+        if self._in_house.migrating:
+            self.ensure_index(name, IN_HOUSE_INDEX, index_name=IN_HOUSE_INDEX_NAME, unique=False)
         return self.ensure_index(
-            name, queries.CLAIM_INDEX, index_name=queries.CLAIM_INDEX_NAME, unique=False
+            name, claims.CLAIM_INDEX, index_name=CLAIM_INDEX_NAME, unique=False
         )
 
     def ensure_unique(self, name: str, keys: Sequence[str]) -> None:
@@ -467,7 +482,7 @@ class Store:
             self.ensure_index(
                 name,
                 [(k, 1) for k in keys],
-                index_name=queries.UNIQUE_PREFIX + "_".join(keys),
+                index_name=UNIQUE_PREFIX + "_".join(keys),
                 unique=True,
             )
             self._unique_done.add(marker)
@@ -542,10 +557,10 @@ class Store:
         their own (within a minute of their ``expiresAt``: the TTL monitor's period)."""
         return self.ensure_index(
             name,
-            queries.REPLICA_INDEX,
-            index_name=queries.REPLICA_INDEX_NAME,
+            replica_records.REPLICA_INDEX,
+            index_name=REPLICA_INDEX_NAME,
             unique=False,
-            expire_after=queries.REPLICA_INDEX_EXPIRY,
+            expire_after=replica_records.REPLICA_INDEX_EXPIRY,
         )
 
     def record_replica(self, record: ReplicaRecord, name: str = REPLICAS_COLLECTION) -> str | None:
@@ -554,9 +569,9 @@ class Store:
         replica can tell that another process wrote under its replica id meanwhile."""
         with driver_errors(f"record replica {record.replica_id} in {name}"):
             before = self.collection(name).find_one_and_replace(
-                queries.replica_filter(record.replica_id),
-                queries.replica_document(record),
-                projection=queries.REPLICA_INSTANCE_PROJECTION,
+                replica_records.replica_filter(record.replica_id),
+                replica_records.replica_document(record),
+                projection=replica_records.REPLICA_INSTANCE_PROJECTION,
                 upsert=True,
                 return_document=ReturnDocument.BEFORE,
             )
@@ -568,14 +583,16 @@ class Store:
         """Delete a stopping replica's own record; False if it was not there (expired, or
         replaced by another process with the same replica id)."""
         with driver_errors(f"remove replica {replica_id} from {name}"):
-            result = self.collection(name).delete_one(queries.replica_removal(replica_id, instance))
+            result = self.collection(name).delete_one(
+                replica_records.replica_removal(replica_id, instance)
+            )
         return result.deleted_count > 0
 
     def ensure_errors_index(self, name: str) -> str:
-        """The index serving the latest errors of each phase (``queries.ERRORS_INDEX``): the
+        """The index serving the latest errors of each phase (``operators.ERRORS_INDEX``): the
         status report's and the failed documents' list."""
         return self.ensure_index(
-            name, queries.ERRORS_INDEX, index_name=queries.ERRORS_INDEX_NAME, unique=False
+            name, operators.ERRORS_INDEX, index_name=ERRORS_INDEX_NAME, unique=False
         )
 
     # -- operators' controls ------------------------------------------------------------
@@ -596,14 +613,14 @@ class Store:
             self.ensure_index(
                 name,
                 audit.AUDIT_INDEX,
-                index_name=audit.AUDIT_INDEX_NAME,
+                index_name=AUDIT_INDEX_NAME,
                 unique=False,
                 expire_after=0,
             )
             self.ensure_index(
                 name,
                 audit.AUDIT_ORDER_INDEX,
-                index_name=audit.AUDIT_ORDER_INDEX_NAME,
+                index_name=AUDIT_ORDER_INDEX_NAME,
                 unique=False,
             )
             self._audit_indexed.add(name)
@@ -620,15 +637,13 @@ class Store:
         marker = (name, key, limit)
         if marker in self._slots_made:
             return
-        self.ensure_index(
-            name, queries.SLOT_INDEX, index_name=queries.SLOT_INDEX_NAME, unique=False
-        )
+        self.ensure_index(name, limit_slots.SLOT_INDEX, index_name=SLOT_INDEX_NAME, unique=False)
         coll = self.collection(name)
         with driver_errors(f"make the slots of {key} in {name}"):
-            have = coll.count_documents(queries.slots_filter(key, limit))
+            have = coll.count_documents(limit_slots.slots_filter(key, limit))
             if have < limit.count:
                 try:
-                    coll.insert_many(queries.slot_documents(key, limit), ordered=False)
+                    coll.insert_many(limit_slots.slot_documents(key, limit), ordered=False)
                 except BulkWriteError as exc:
                     errors = exc.details.get("writeErrors", [])
                     if any(e.get("code") != common.DUPLICATE_KEY for e in errors):
@@ -644,7 +659,7 @@ class Store:
         update: Mapping[str, Any],
     ) -> Document | None:
         """Take a slot of ``limit`` that is free at ``judged_at`` with ``update``
-        (``queries.take_slot_update``): one find-and-modify, so of replicas taking at once
+        (``limit_slots.take_slot_update``): one find-and-modify, so of replicas taking at once
         each gets its own slot. The slot as it was before (its ``_id``, ``until`` and
         ``token``), or None when none is free. The slots are made first, once per store;
         when none is free they are counted again, at most every ``limits.SLOTS_RECHECK``
@@ -673,9 +688,9 @@ class Store:
     ) -> Document | None:
         with driver_errors(f"take a slot of {key}"):
             return self.collection(name).find_one_and_update(
-                queries.take_slot_filter(key, limit, judged_at),
+                limit_slots.take_slot_filter(key, limit, judged_at),
                 dict(update),
-                projection=queries.SLOT_PROJECTION,
+                projection=limit_slots.SLOT_PROJECTION,
                 return_document=ReturnDocument.BEFORE,
             )
 
@@ -684,9 +699,9 @@ class Store:
         there is no slot to read."""
         with driver_errors(f"read the slots of {key}"):
             doc = self.collection(name).find_one(
-                queries.slots_filter(key, limit),
-                queries.SLOT_PROJECTION,
-                sort=queries.NEXT_SLOT_SORT,
+                limit_slots.slots_filter(key, limit),
+                limit_slots.SLOT_PROJECTION,
+                sort=limit_slots.NEXT_SLOT_SORT,
             )
         until = None if doc is None else doc.get("until")
         return as_utc(until) if isinstance(until, datetime) else None

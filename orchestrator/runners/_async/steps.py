@@ -19,7 +19,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from orchestrator.core import audit, history, queries, scheduler, steps
+from orchestrator.core import audit, history, scheduler, steps
 from orchestrator.core.clock import Clock, ServerClock
 from orchestrator.core.errors import LeaseLost, ShardKeyRequired, StoreError
 from orchestrator.core.lease import Outcome
@@ -27,6 +27,7 @@ from orchestrator.core.limits import Slot
 from orchestrator.core.operator import id_json_or_text
 from orchestrator.core.outcomes import StepOutcome
 from orchestrator.core.pauses import Pause
+from orchestrator.core.queries import claims
 from orchestrator.core.registry import Handler
 from orchestrator.core.scheduler import Action, Claim, Found, Probe
 from orchestrator.core.settings import Settings
@@ -266,7 +267,7 @@ class AsyncSteps:
             # are read from its fields before the claim.
             taken.append(steps.taken_from(before))
             if timing:
-                due.append(queries.due_since(before, self._settings.legacy_lock_timeout))
+                due.append(claims.due_since(before, self._settings.in_house))
 
         try:
             if handler.limits:
@@ -280,7 +281,7 @@ class AsyncSteps:
                 now - timedelta(seconds=self._clock.uncertainty),
                 self._settings.horizon,
                 handler.exclusion,
-                queries.claim_update(now, until, token, self._settings.replica_id),
+                claims.claim_update(now, until, token, self._settings.replica_id),
                 seen,
                 handler.plan,
                 self._books.live,

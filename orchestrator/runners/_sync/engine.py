@@ -21,10 +21,11 @@ from typing import Any, TypeVar
 
 from pymongo.synchronous.database import Database
 
-from orchestrator.core import queries, replicas, sharding, starts
+from orchestrator.core import replicas, sharding, starts
 from orchestrator.core.clock import Clock, ServerClock, SystemClock
 from orchestrator.core.errors import ConfigError, OrchestratorError
 from orchestrator.core.events import Listener, Listeners
+from orchestrator.core.queries import submissions
 from orchestrator.core.registry import Handler, Registry, Target
 from orchestrator.core.resource import EPOCH, Resource
 from orchestrator.core.settings import Settings
@@ -200,7 +201,7 @@ class Orchestrator:
         ``not_before`` (an aware datetime, or seconds from now): nothing claims the
         document before then. It is a wait like a relock's (its ``lockedUntil``, judged by
         the server's clock), bounded like one: more than ``max_wait`` ahead is refused
-        (``ConfigError``), not cut short. ``priority`` (0 to ``queries.MAX_PRIORITY``,
+        (``ConfigError``), not cut short. ``priority`` (0 to ``claims.MAX_PRIORITY``,
         default 0): among the documents of a handler due at once, higher is claimed
         first, then the longest free. A document with the default stores no priority
         field, so one written without (before priorities, or by other code) ranks as 0.
@@ -216,7 +217,7 @@ class Orchestrator:
         until = starts.start_time(start, now, self.settings.max_wait)
         stored = self._store.insert(
             new.collection,
-            queries.new_document(new.fields, now, trace, until=until, priority=rank),
+            submissions.new_document(new.fields, now, trace, until=until, priority=rank),
             new.keys,
         )
         if until == EPOCH:  # due now: idle workers look at once; a later start, at its time

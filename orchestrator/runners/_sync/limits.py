@@ -18,10 +18,10 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
-from orchestrator.core import queries
 from orchestrator.core.clock import ServerClock
 from orchestrator.core.errors import StoreError
 from orchestrator.core.limits import Limit, RateWait, Slot
+from orchestrator.core.queries import limit_slots
 from orchestrator.core.registry import Handler
 from orchestrator.core.settings import Settings
 from orchestrator.mongo._sync.contract import LeaseStore
@@ -116,7 +116,7 @@ class Limits:
         if known is not None and judged < known.ask_at:
             self._books.count("limited")
             return None  # its next slot comes free later: nothing to ask the server yet
-        update = queries.take_slot_update(token, held_until, self._settings.replica_id, now)
+        update = limit_slots.take_slot_update(token, held_until, self._settings.replica_id, now)
         before = self._store.take_slot(
             self._settings.slots_collection, handler.key, limit, judged, update
         )
@@ -190,9 +190,9 @@ class Limits:
         with contextlib.suppress(Exception, asyncio.CancelledError):
             self.give_back(slots)
             if unsure is not None and unsure.follows_lease:
-                fence = queries.held_slot_filter(handler.key, unsure, token)
+                fence = limit_slots.held_slot_filter(handler.key, unsure, token)
                 self._store.write(
-                    self._settings.slots_collection, fence, queries.free_slot_update()
+                    self._settings.slots_collection, fence, limit_slots.free_slot_update()
                 )
 
     def give_back(self, slots: list[Slot]) -> None:
@@ -204,12 +204,12 @@ class Limits:
         name = self._settings.slots_collection
         for slot in slots:
             if slot.limit.follows_lease:
-                update = queries.free_slot_update()
+                update = limit_slots.free_slot_update()
             else:
-                update = queries.restore_slot_update(slot.before_until, slot.before_token)
+                update = limit_slots.restore_slot_update(slot.before_until, slot.before_token)
             slot.freed = True
             try:
-                self._store.write(name, queries.slot_fence(slot.id, slot.token), update)
+                self._store.write(name, limit_slots.slot_fence(slot.id, slot.token), update)
             except StoreError as exc:
                 self._report.line(
                     logging.WARNING,

@@ -1,0 +1,41 @@
+"""What the library names in a database: its own collections (each a setting's default)
+and the indexes it makes on them and on the applications' collections. Stored names: a
+change leaves the old collection or index behind, so they change only with a migration.
+"""
+
+REPLICAS_COLLECTION = "orchestrator.replicas"
+"""Where replicas record themselves unless ``Settings.replicas_collection`` says otherwise."""
+
+PAUSES_COLLECTION = "orchestrator.pauses"
+"""Where the operators' pauses are kept unless ``Settings.pauses_collection`` says otherwise."""
+
+AUDIT_COLLECTION = "orchestrator.audit"
+"""Where operators' actions and take-overs are recorded unless ``Settings.audit_collection``
+says otherwise."""
+
+SLOTS_COLLECTION = "orchestrator.slots"
+"""Where limited handlers' slots are kept unless ``Settings.slots_collection`` says otherwise."""
+
+CLAIM_INDEX_NAME = "orchestrator_claim_until"
+"""The claim's index (``claims.CLAIM_INDEX``) on each handled collection."""
+
+ERRORS_INDEX_NAME = "orchestrator_errors"
+"""The latest errors' index (``operators.ERRORS_INDEX``) on each handled collection."""
+
+IN_HOUSE_INDEX_NAME = "orchestrator_legacy_lock"
+"""The in-house leases' index (``in_house.IN_HOUSE_INDEX``), made while migrating."""
+
+UNIQUE_PREFIX = "orchestrator_unique_"
+"""Names the unique index of each set of ``submit``'s keys (its fields follow)."""
+
+REPLICA_INDEX_NAME = "orchestrator_replica_expiry"
+"""The replicas' records' TTL index (``replica_records.REPLICA_INDEX``)."""
+
+SLOT_INDEX_NAME = "orchestrator_slots"
+"""The slots' index (``limit_slots.SLOT_INDEX``)."""
+
+AUDIT_INDEX_NAME = "orchestrator_audit_expiry"
+"""The audit trail's TTL index (``audit.AUDIT_INDEX``)."""
+
+AUDIT_ORDER_INDEX_NAME = "orchestrator_audit_order"
+"""The audit trail's latest-first index (``audit.AUDIT_ORDER_INDEX``)."""
