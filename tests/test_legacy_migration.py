@@ -36,12 +36,12 @@ from orchestrator import (
 )
 from orchestrator.cli import connecting
 from orchestrator.core import queries, sharding
-from orchestrator.core.browse import Filter, LeaseState, Row, judge
 from orchestrator.core.errors import LeaseHeld
 from orchestrator.core.replicas import ReplicaRecord, disagreements, new_record
 from orchestrator.core.resource import EPOCH
 from orchestrator.mongo import Store
 from orchestrator.operations import Operations, live_lease
+from orchestrator.operations.filters import Filter, LeaseState, Row, judge
 from orchestrator.testing import FakeClock, memory_database
 from orchestrator.testing.faults import Faults
 from tests.cli_kit import URI, publish, run

@@ -11,8 +11,9 @@ import pytest
 from bson import ObjectId
 
 from orchestrator import EPOCH, ConfigError
-from orchestrator.core import browse, starts
 from orchestrator.core import queries as q
+from orchestrator.core import starts
+from orchestrator.operations import filters
 
 pytestmark = pytest.mark.pure
 
@@ -113,7 +114,7 @@ def test_the_claim_peek_probe_and_browse_read_the_claim_index_in_its_order() -> 
     runs merge; and browse pages in the index's own order."""
     claim = q.claim_filter({"phase": "A"}, NOW, 3600)
     assert _served_in_order(q.CLAIM_INDEX, claim, q.CLAIM_SORT)
-    assert _served_in_order(q.CLAIM_INDEX, {"phase": "A"}, browse.LEASE_ORDER)
+    assert _served_in_order(q.CLAIM_INDEX, {"phase": "A"}, filters.LEASE_ORDER)
     assert not _served_in_order(q.CLAIM_INDEX, claim, [("lockedUntil", 1)])  # the check bites
     pipeline = q.probe_pipeline([("jobs", [({"phase": "A"}, None)])], NOW, 3600)
     due = next(b["$unionWith"]["pipeline"] for b in pipeline if "$unionWith" in b)

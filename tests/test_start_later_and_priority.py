@@ -21,11 +21,11 @@ from pymongo.database import Database
 from orchestrator import ConfigError, Lease, Orchestrator
 from orchestrator.cli import connecting
 from orchestrator.core import queries, starts
-from orchestrator.core.browse import Filter, LeaseState
 from orchestrator.core.queries import as_utc, bson_time
 from orchestrator.core.settings import HORIZON
 from orchestrator.mongo import Store
 from orchestrator.operations import Operations
+from orchestrator.operations.filters import Filter, LeaseState
 from orchestrator.testing import FakeClock
 from tests.cli_kit import URI, publish, run
 from tests.conftest import MakeEither

@@ -34,9 +34,10 @@ from orchestrator.core import queries
 from orchestrator.core.limits import Limit, LimitKind
 from orchestrator.core.queries import as_utc, bson_time
 from orchestrator.core.resource import EPOCH
-from orchestrator.core.status import PhaseCount, RecentError
-from orchestrator.mongo import AsyncReports, AsyncStore, Reports, Store, connect, connect_async
+from orchestrator.mongo import AsyncStore, Store, connect, connect_async
 from orchestrator.mongo.common import MIN_SERVER_VERSION, DocumentTooLarge
+from orchestrator.operations import AsyncReports, Reports
+from orchestrator.operations.status_report import PhaseCount, RecentError
 from orchestrator.testing import FakeClock, async_memory_database, async_view, memory_database
 from orchestrator.testing.faults import Faults
 

@@ -18,12 +18,12 @@ from pymongo.uri_parser import parse_uri
 
 from orchestrator.cli.conventions import CommandError
 from orchestrator.core.audit import AUDIT_COLLECTION
+from orchestrator.core.documents import Document
 from orchestrator.core.pauses import PAUSES_COLLECTION
 from orchestrator.core.redact import redact
 from orchestrator.core.replicas import REPLICAS_COLLECTION
 from orchestrator.core.settings import DEFAULT_DATABASE
 from orchestrator.mongo import connect
-from orchestrator.mongo.common import Document
 from orchestrator.operations import Operations
 
 DEFAULT_CONNECT_TIMEOUT = 5.0

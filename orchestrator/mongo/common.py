@@ -34,11 +34,10 @@ from pymongo.server_type import SERVER_TYPE
 from pymongo.write_concern import WriteConcern
 
 from orchestrator.core import pauses, queries, sharding
+from orchestrator.core.documents import Document
 from orchestrator.core.errors import ConfigError, StoreError
 from orchestrator.core.redact import redact
 from orchestrator.core.scheduler import Found
-
-Document = dict[str, Any]
 
 MIN_SERVER_VERSION = "4.4"
 MIN_WIRE_VERSION = 9

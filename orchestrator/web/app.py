@@ -66,11 +66,11 @@ from starlette.responses import Response
 from starlette.routing import Mount, Route
 
 from orchestrator.core.audit import AUDIT_COLLECTION
+from orchestrator.core.documents import Document
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.history import entries
 from orchestrator.core.pauses import PAUSES_COLLECTION
 from orchestrator.core.replicas import REPLICAS_COLLECTION
-from orchestrator.mongo.common import Document
 from orchestrator.operations import AsyncOperations, AsyncStatusCache, LeaseState, Row, id_json
 from orchestrator.web import actions, api, browse
 from orchestrator.web.site import Actor, Links, Site, default_actor

@@ -10,12 +10,11 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, ClassVar
 
+from orchestrator import Lease, Orchestrator
 from orchestrator.core.clock import Clock
 from orchestrator.core.lease import Outcome
 from orchestrator.core.queries import as_utc, bson_time
 from orchestrator.core.resource import Resource
-from orchestrator.mongo import Lease
-from orchestrator.runners._sync.engine import Orchestrator
 
 FINAL = ("Ready", "Failed")
 

@@ -41,7 +41,7 @@ from bson.errors import BSONError
 from bson.json_util import CANONICAL_JSON_OPTIONS
 
 from orchestrator.core import queries
-from orchestrator.core.errors import OperatorError
+from orchestrator.core.errors import OperatorError, Refusal
 from orchestrator.core.history import HISTORY_FIELD
 from orchestrator.core.queries import CLAIM_INDEX, ERRORS_INDEX, bson_time
 
@@ -67,6 +67,8 @@ class LeaseState(StrEnum):
 
 class UnindexedField(OperatorError):
     """A filter on a field no index starts with: it would scan the collection."""
+
+    refusal = Refusal.UNINDEXED_FIELD
 
 
 @dataclass(frozen=True)
