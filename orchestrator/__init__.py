@@ -32,9 +32,9 @@ from orchestrator.core.outcomes import LeaseWrite, StepOutcome
 from orchestrator.core.redact import redact
 from orchestrator.core.resource import EPOCH, ErrorRecord, Resource
 from orchestrator.core.settings import DEFAULT_DATABASE, Settings
-from orchestrator.core.status import Status
 from orchestrator.core.steps import StepTimeout, StopReport
-from orchestrator.mongo import AsyncLease, AsyncOperations, Lease, Operations
+from orchestrator.mongo import AsyncLease, Lease
+from orchestrator.operations import AsyncOperations, Operations, Status
 from orchestrator.runners._async.engine import AsyncOrchestrator
 from orchestrator.runners._sync.engine import Orchestrator
 from orchestrator.runners.threads import ThreadLease

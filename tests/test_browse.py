@@ -20,12 +20,13 @@ from hypothesis import strategies as st
 from pymongo import MongoClient
 from pymongo.database import Database
 
-from orchestrator.core import browse, history, operator
-from orchestrator.core.browse import Filter, LeaseState, UnindexedField
+from orchestrator.core import history
 from orchestrator.core.clock import bson_time
+from orchestrator.core.documents import id_json
 from orchestrator.core.errors import OperatorError, StoreError
 from orchestrator.core.queries import claims, operators
-from orchestrator.operations import Action, Operations
+from orchestrator.operations import Action, Operations, filters
+from orchestrator.operations.filters import Filter, LeaseState, UnindexedField
 from orchestrator.testing import memory_database
 from orchestrator.testing.faults import Faults
 from orchestrator.testing.memory import MemoryDatabase
@@ -45,12 +46,12 @@ ERRORS = [("phase", 1), ("lastError.at", -1), ("_id", -1)]
 @pytest.mark.parametrize(
     ("query", "hint", "sort"),
     [
-        (Filter("c", ("A",)), CLAIM, browse.LEASE_ORDER),
-        (Filter("c"), CLAIM, browse.LEASE_ORDER),
-        (Filter("c", ("A",), LeaseState.OVERDUE), CLAIM, browse.LEASE_ORDER),
-        (Filter("c", state=LeaseState.LEASED), CLAIM, browse.LEASE_ORDER),
-        (Filter("c", ("A",), LeaseState.FAILED), ERRORS, browse.ERROR_ORDER),
-        (Filter("c", error_type="TimeoutError"), ERRORS, browse.ERROR_ORDER),
+        (Filter("c", ("A",)), CLAIM, filters.LEASE_ORDER),
+        (Filter("c"), CLAIM, filters.LEASE_ORDER),
+        (Filter("c", ("A",), LeaseState.OVERDUE), CLAIM, filters.LEASE_ORDER),
+        (Filter("c", state=LeaseState.LEASED), CLAIM, filters.LEASE_ORDER),
+        (Filter("c", ("A",), LeaseState.FAILED), ERRORS, filters.ERROR_ORDER),
+        (Filter("c", error_type="TimeoutError"), ERRORS, filters.ERROR_ORDER),
         (Filter("c", fields=(("invoiceNo", "INV-1"),)), [("invoiceNo", 1)], [("_id", 1)]),
     ],
 )
@@ -58,7 +59,7 @@ def test_each_filter_is_served_by_an_index_in_its_order(
     query: Filter, hint: list[tuple[str, int]], sort: list[tuple[str, int]]
 ) -> None:
     indexes = [[("_id", 1)], CLAIM, ERRORS, [("invoiceNo", 1)], [("invoiceNo", 1), ("n", 1)]]
-    plan = browse.plan(query, NOW, ["A", "B"], indexes)
+    plan = filters.plan(query, NOW, ["A", "B"], indexes)
     assert plan.hint == hint and plan.sort == sort
     # Every phase is named (one equality, or an $in the server merges in index order):
     # the index's first field is always bounded, never scanned whole.
@@ -71,7 +72,7 @@ def test_each_filter_is_served_by_an_index_in_its_order(
 def test_the_claim_index_orders_pages_totally_and_serves_the_claim() -> None:
     assert claims.CLAIM_INDEX == CLAIM
     assert CLAIM[1:4] == claims.CLAIM_SORT
-    assert CLAIM[1:] == browse.LEASE_ORDER
+    assert CLAIM[1:] == filters.LEASE_ORDER
     assert operators.ERRORS_INDEX == ERRORS
 
 
@@ -79,24 +80,24 @@ def test_the_claim_index_orders_pages_totally_and_serves_the_claim() -> None:
 def test_a_field_no_index_starts_with_is_refused_naming_the_indexes() -> None:
     query = Filter("c", fields=(("customer", "ACME"),))
     with pytest.raises(UnindexedField, match=r"no index of 'c' starts with 'customer'.*\(_id\)"):
-        browse.plan(query, NOW, ["A"], [[("_id", 1)], [("n", 1), ("customer", 1)]])
+        filters.plan(query, NOW, ["A"], [[("_id", 1)], [("n", 1), ("customer", 1)]])
 
 
 @pytest.mark.pure
 @pytest.mark.parametrize("token", ["", "%%%", "bm90IGpzb24", "WzFd"])
 def test_a_malformed_or_foreign_cursor_is_an_operator_error(token: str) -> None:
     with pytest.raises(OperatorError, match="cursor"):
-        browse.plan(Filter("c", ("A",)), NOW, [], [], after=token or "x")
+        filters.plan(Filter("c", ("A",)), NOW, [], [], after=token or "x")
 
 
 @pytest.mark.pure
 def test_fields_are_typed_as_extended_json_else_text() -> None:
     oid = ObjectId()
-    parsed = browse.parse_fields(["n=42", 's="42"', "k=INV-1003", f'o={{"$oid": "{oid}"}}'])
+    parsed = filters.parse_fields(["n=42", 's="42"', "k=INV-1003", f'o={{"$oid": "{oid}"}}'])
     assert parsed == (("n", 42), ("s", "42"), ("k", "INV-1003"), ("o", oid))
     for bad in ("novalue", "=x", 'd={"a": 1}'):
         with pytest.raises(OperatorError):
-            browse.parse_fields([bad])
+            filters.parse_fields([bad])
 
 
 @pytest.mark.pure
@@ -187,9 +188,9 @@ def test_keyset_pages_add_up_to_one_sorted_read_whatever_the_fields_hold(
     now = ops.now()
     for query in FILTERS:
         paged = page_through(ops, query, size)
-        plan = browse.plan(query, now, ops._reports.phases("jobs"), [])
+        plan = filters.plan(query, now, ops._reports.phases("jobs"), [])
         whole = db.jobs.find(plan.query).sort(plan.sort)
-        assert paged == [browse._ref(d["_id"]) for d in whole], query
+        assert paged == [filters._ref(d["_id"]) for d in whole], query
         assert len(set(paged)) == len(paged)
 
 
@@ -236,7 +237,7 @@ def test_a_rows_state_is_the_one_the_counts_give_it(docs: list[dict[str, Any]]) 
         counted[(row["_id"], "failed")] += row["failed"]
     judged = Counter[tuple[str, str]]()
     for doc in db.jobs.find():
-        state = browse.judge(doc, at.replace(tzinfo=UTC))
+        state = filters.judge(doc, at.replace(tzinfo=UTC))
         if state is not LeaseState.FREE:
             judged[(doc["phase"], state.value)] += 1
         if doc.get("lastError") is not None:
@@ -244,7 +245,7 @@ def test_a_rows_state_is_the_one_the_counts_give_it(docs: list[dict[str, Any]]) 
         # and the query form selects the same documents
         for each in LeaseState:
             chosen = db.jobs.find_one(
-                {"$and": [{"_id": doc["_id"]}, browse.state_condition(each, at)]}
+                {"$and": [{"_id": doc["_id"]}, filters.state_condition(each, at)]}
             )
             expected = (
                 (doc.get("lastError") is not None) if each is LeaseState.FAILED else (state is each)
@@ -281,33 +282,33 @@ IN_BSON_ORDER: list[Any] = [
 
 @pytest.mark.pure
 def test_every_bson_type_is_ranked_in_bsons_sort_order() -> None:
-    ranks = [browse._rank(value) for value in IN_BSON_ORDER]
+    ranks = [filters._rank(value) for value in IN_BSON_ORDER]
     assert None not in ranks and ranks == sorted(ranks)
     # int, long, double and decimal are numbers; a UUID is binary data
     assert len(set(ranks)) == len(IN_BSON_ORDER) - 4
     # A page after a value goes on with the types after it, and none before: after a
     # Decimal128, strings and documents; before it, only null (missing) and minKey.
-    decimal = browse._beyond("n", Decimal128("1"), 1)["$or"]
+    decimal = filters._beyond("n", Decimal128("1"), 1)["$or"]
     assert {"n": {"$type": "string"}} in decimal and {"n": {"$type": "maxKey"}} in decimal
     assert {"n": {"$type": "number"}} not in decimal and {"n": None} not in decimal
-    assert browse._beyond("n", Decimal128("1"), -1)["$or"][1:] == [
+    assert filters._beyond("n", Decimal128("1"), -1)["$or"][1:] == [
         {"n": {"$type": "minKey"}},
         {"n": None},
     ]
     # minKey and maxKey hold one value each: after maxKey nothing, before minKey nothing.
-    assert browse._beyond("n", MaxKey(), 1) == {"n": {"$in": []}}
-    assert browse._beyond("n", MinKey(), -1) == {"n": {"$in": []}}
+    assert filters._beyond("n", MaxKey(), 1) == {"n": {"$in": []}}
+    assert filters._beyond("n", MinKey(), -1) == {"n": {"$in": []}}
 
 
 @pytest.mark.pure
 def test_a_cursor_of_any_bson_value_round_trips_and_an_unplaced_type_is_refused() -> None:
     for value in IN_BSON_ORDER:
-        token = browse.cursor({"_id": value}, [("_id", 1)])
+        token = filters.cursor({"_id": value}, [("_id", 1)])
         by_key = Filter("c", ("A",), fields=(("k", 1),))
-        query = browse.plan(by_key, NOW, [], [[("k", 1)]], after=token).query
+        query = filters.plan(by_key, NOW, [], [[("k", 1)]], after=token).query
         assert query["$and"][-1]["$or"], value
     with pytest.raises(OperatorError, match=r"_id is a Fraction, a value BSON's sort order"):
-        browse.cursor({"_id": Fraction(1, 3)}, [("_id", 1)])
+        filters.cursor({"_id": Fraction(1, 3)}, [("_id", 1)])
 
 
 @pytest.fixture(
@@ -420,7 +421,7 @@ def test_a_bulk_action_that_fails_part_way_is_audited_with_what_it_changed(
         "card fixed",
         3,
     )
-    assert sorted(record.documents) == sorted(operator.id_json(i) for i in changed)
+    assert sorted(record.documents) == sorted(id_json(i) for i in changed)
     assert record.failed is not None and "injected" in record.failed
 
 
@@ -451,9 +452,9 @@ def test_pages_over_values_of_every_bson_type_add_up_on_the_server(db: Database[
         Filter("jobs", state=LeaseState.FAILED),
     ):
         paged = page_through(ops, query, 2)
-        plan = browse.plan(query, ops.now(), ["A", "B"], [])
+        plan = filters.plan(query, ops.now(), ["A", "B"], [])
         whole = db.jobs.find(plan.query).sort(plan.sort)
-        assert paged == [browse._ref(d["_id"]) for d in whole], query
+        assert paged == [filters._ref(d["_id"]) for d in whole], query
 
 
 @pytest.mark.mongodb

@@ -36,7 +36,6 @@ from orchestrator import (
 )
 from orchestrator.cli import connecting
 from orchestrator.core import sharding
-from orchestrator.core.browse import Filter, LeaseState, Row, judge
 from orchestrator.core.clock import as_utc, bson_time
 from orchestrator.core.errors import LeaseHeld
 from orchestrator.core.in_house import IN_HOUSE_HOLDER, IN_HOUSE_INDEX, InHouse
@@ -45,6 +44,7 @@ from orchestrator.core.replicas import ReplicaRecord, disagreements, new_record
 from orchestrator.core.resource import EPOCH
 from orchestrator.mongo import Store
 from orchestrator.operations import Operations, live_lease
+from orchestrator.operations.filters import Filter, LeaseState, Row, judge
 from orchestrator.testing import FakeClock, memory_database
 from orchestrator.testing.faults import Faults
 from tests.cli_kit import URI, publish, run

@@ -18,12 +18,15 @@ from orchestrator.core.audit import AuditKind
 from orchestrator.core.clock import bson_time
 from orchestrator.operations import (
     Action,
+    Cancelled,
     Filter,
     LeaseHeld,
     LeaseState,
     NoErrorPhase,
     Operations,
     OperatorError,
+    Refusal,
+    Retried,
     Scope,
     UnhandledPhase,
 )
@@ -339,6 +342,7 @@ async def test_a_cancel_takes_the_lease_of_a_running_step_whose_write_then_fails
     ops = Operations(db, actor="ops@test")
     seen = ops.document("jobs", "j")
     cancelled = ops.cancel("jobs", seen, why="customer asked")
+    assert isinstance(cancelled, Cancelled) and cancelled.action is Action.CANCEL
     assert cancelled.document["phase"] == "Cancelled" and cancelled.lease_taken
     box["go"].set()
     await tick
@@ -375,15 +379,18 @@ async def test_retry_and_cancel_go_only_to_phases_a_live_replica_handles(
     with pytest.raises(UnhandledPhase, match="Bogus"):
         ops.cancel("jobs", ops.document("jobs", "j"), to="Bogus")
     retried = ops.retry("jobs", ops.document("jobs", "j"))  # its error's phase: handled
-    assert retried.target == "Charging"
+    assert isinstance(retried, Retried) and retried.target == "Charging"
     forced = ops.retry("jobs", ops.document("jobs", "j"), "Elsewhere", any_phase=True)
     assert forced.document["phase"] == "Elsewhere"
     # Retried once, it is retried again to its previous error's phase.
     again = ops.retry("jobs", ops.document("jobs", "j"))
     assert again.target == "Charging"
     db.jobs.insert_one({"_id": "fresh", "phase": "Charging"})
-    with pytest.raises(NoErrorPhase):
+    with pytest.raises(NoErrorPhase) as refused:
         ops.retry("jobs", ops.document("jobs", "fresh"))
+    # A bulk retry of its phase leaves it alone for the same refusal.
+    [left] = ops.bulk(Action.RETRY, Filter("jobs", ("Charging",)), dry_run=True).skipped
+    assert left.row.id == "fresh" and left.refusal is refused.value.refusal
     await replica.stop()
 
 
@@ -424,16 +431,19 @@ async def test_a_bulk_retry_lists_then_acts_on_what_still_matches(
     db.invoices.update_many({}, {"$set": {"fixed": True}})
     done = ops.bulk(Action.RETRY, failed, why="the card was updated")
     assert sorted(r.key or "" for r in done.changed) == [f"invoiceNo=INV-{n}" for n in range(1, 5)]
-    [(row, why)] = done.skipped
-    assert row.key == "invoiceNo=INV-0" and "live lease" in why
+    [skipped] = done.skipped
+    assert skipped.row.key == "invoiceNo=INV-0" and "live lease" in skipped.why
+    assert skipped.refusal is Refusal.LEASE_HELD
     [record] = [a for a in ops.audit() if a.action == "retry"]
     assert (record.count, record.by, record.why) == (4, "ops@test", "the card was updated")
     assert record.scope["state"] == "failed"
     await replica.stop()
     await replica.run_once()
     assert db.invoices.count_documents({"phase": "Paid"}) == 4
-    with pytest.raises(LeaseHeld):
+    # The same document refused alone: the same refusal, raised.
+    with pytest.raises(LeaseHeld) as refused:
         ops.retry("invoices", ops.find("invoices", "INV-0"), "Charging", any_phase=True)
+    assert refused.value.refusal is skipped.refusal
 
 
 async def test_a_document_is_found_by_its_business_key(
@@ -485,8 +495,11 @@ def test_a_filter_or_a_cursor_that_is_no_value_is_refused(db: Database[Any]) -> 
         ops.browse(Filter("nope"))
     with pytest.raises(OperatorError, match="must be a name"):
         Scope("jobs", phase="$where")
-    with pytest.raises(OperatorError, match="narrow it"):
+    with pytest.raises(OperatorError, match="narrow it") as refused:
         ops.bulk(Action.UNLOCK, Filter("jobs"), limit=0)
+    assert refused.value.refusal is Refusal.TOO_MANY
+    [left] = ops.bulk(Action.UNLOCK, Filter("jobs"), dry_run=True).skipped
+    assert left.refusal is Refusal.ALREADY_FREE and "free already" in left.why
 
 
 async def test_a_claim_reads_the_last_history_entry_only(

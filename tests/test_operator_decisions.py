@@ -10,23 +10,23 @@ from typing import Any
 import pytest
 from bson import Int64, ObjectId
 
+from orchestrator.core.documents import id_json, parse_id_json
 from orchestrator.core.errors import (
     AmbiguousId,
     DocumentChanged,
     DocumentNotFound,
     LeaseHeld,
+    NoErrorPhase,
     OperatorError,
     OrchestratorError,
-)
-from orchestrator.core.operator import (
-    check_phase_name,
-    error_phase,
-    id_json,
-    live_lease,
-    parse_id_json,
+    Refusal,
+    UnhandledPhase,
 )
 from orchestrator.core.queries import operators, replica_records
 from orchestrator.core.replicas import ReplicaRecord
+from orchestrator.operations.filters import Filter, Row, UnindexedField
+from orchestrator.operations.results import Bulk, Cancelled, Retried, Skipped
+from orchestrator.operations.rules import Action, check_phase_name, error_phase, live_lease
 
 pytestmark = pytest.mark.pure
 
@@ -162,6 +162,41 @@ def test_each_refusal_says_which_document_and_why() -> None:
     assert (held.collection, held.doc_id, held.holder, held.until) == ("jobs", 42, "pod-1", NOW)
     for error in (missing, ambiguous, changed, held):
         assert isinstance(error, OperatorError) and isinstance(error, OrchestratorError)
+
+
+def test_each_refusal_raised_for_one_document_carries_its_typed_value() -> None:
+    """The value a bulk action records for a document it leaves alone (``Skipped``): a
+    tool tells the refusals apart by it, never by their words."""
+    refused = {
+        DocumentNotFound("jobs", "1"): Refusal.NOT_FOUND,
+        AmbiguousId("jobs", "42", []): Refusal.AMBIGUOUS_ID,
+        DocumentChanged("jobs", 1): Refusal.CHANGED,
+        LeaseHeld("jobs", 1, "pod-1", NOW): Refusal.LEASE_HELD,
+        UnhandledPhase("jobs", "X", ["A"], "no handler"): Refusal.UNHANDLED_PHASE,
+        NoErrorPhase("jobs", 1): Refusal.NO_ERROR_PHASE,
+        UnindexedField("no index starts with 'x'"): Refusal.UNINDEXED_FIELD,
+        OperatorError("'' is not a phase name"): Refusal.MALFORMED,
+        OperatorError("too many", refusal=Refusal.TOO_MANY): Refusal.TOO_MANY,
+    }
+    for error, refusal in refused.items():
+        assert error.refusal is refusal, error
+
+
+def test_a_document_left_alone_by_a_bulk_action_says_its_refusal_and_why() -> None:
+    row = Row.read({"_id": 1, "phase": "A", "lockToken": "t", "lockedUntil": NOW}, NOW)
+    held = LeaseHeld("jobs", 1, "pod-1", NOW)
+    left = Skipped.because(row, held)
+    assert (left.row, left.refusal, left.why) == (row, Refusal.LEASE_HELD, str(held))
+    bulk = Bulk(Action.RETRY, Filter("jobs"), dry_run=True, target=None, skipped=[left])
+    [shown] = bulk.to_dict()["skipped"]
+    assert (shown["id"], shown["refusal"], shown["why"]) == ("1", "lease_held", str(held))
+
+
+def test_a_retry_and_a_cancel_are_named_for_what_they_did() -> None:
+    done = ({"_id": 1}, "A", "B", NOW, True, False)
+    retried, cancelled = Retried(*done), Cancelled(*done)
+    assert (retried.action, cancelled.action) == (Action.RETRY, Action.CANCEL)
+    assert not isinstance(cancelled, Retried) and retried != cancelled
 
 
 # -- the operators' filters ----------------------------------------------------------------

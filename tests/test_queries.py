@@ -11,9 +11,10 @@ import pytest
 from bson import ObjectId
 
 from orchestrator import EPOCH, ConfigError
-from orchestrator.core import browse, starts
+from orchestrator.core import starts
 from orchestrator.core.clock import as_utc, bson_time
 from orchestrator.core.queries import claims, lease_writes, operators, submissions
+from orchestrator.operations import filters
 
 pytestmark = pytest.mark.pure
 
@@ -116,7 +117,7 @@ def test_the_claim_peek_probe_and_browse_read_the_claim_index_in_its_order() -> 
     runs merge; and browse pages in the index's own order."""
     claim = claims.claim_filter({"phase": "A"}, NOW, 3600)
     assert _served_in_order(claims.CLAIM_INDEX, claim, claims.CLAIM_SORT)
-    assert _served_in_order(claims.CLAIM_INDEX, {"phase": "A"}, browse.LEASE_ORDER)
+    assert _served_in_order(claims.CLAIM_INDEX, {"phase": "A"}, filters.LEASE_ORDER)
     assert not _served_in_order(claims.CLAIM_INDEX, claim, [("lockedUntil", 1)])  # the check bites
     pipeline = claims.probe_pipeline([("jobs", [({"phase": "A"}, None)])], NOW, 3600)
     due = next(b["$unionWith"]["pipeline"] for b in pipeline if "$unionWith" in b)

@@ -35,7 +35,8 @@ from orchestrator.core.replicas import (
     refresh_interval,
 )
 from orchestrator.core.settings import MAX_LOCK_TIMEOUT
-from orchestrator.mongo import Reports, Store
+from orchestrator.mongo import Store
+from orchestrator.operations import Reports
 from orchestrator.testing import FakeClock, async_view, memory_database
 from orchestrator.testing.faults import Faults
 from orchestrator.testing.memory import MemoryDatabase

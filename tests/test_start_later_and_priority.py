@@ -21,12 +21,12 @@ from pymongo.database import Database
 from orchestrator import ConfigError, Lease, Orchestrator
 from orchestrator.cli import connecting
 from orchestrator.core import starts
-from orchestrator.core.browse import Filter, LeaseState
 from orchestrator.core.clock import as_utc, bson_time
 from orchestrator.core.queries import submissions
 from orchestrator.core.settings import HORIZON
 from orchestrator.mongo import Store
 from orchestrator.operations import Operations
+from orchestrator.operations.filters import Filter, LeaseState
 from orchestrator.testing import FakeClock
 from tests.cli_kit import URI, publish, run
 from tests.conftest import MakeEither

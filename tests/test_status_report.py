@@ -13,7 +13,7 @@ from bson import ObjectId
 from orchestrator.core.audit import AuditEntry, takeover_record
 from orchestrator.core.pauses import Pause, Scope
 from orchestrator.core.replicas import Disagreement, RunningStep, new_record
-from orchestrator.core.status import PhaseCount, RecentError, Status
+from orchestrator.operations.status_report import PhaseCount, RecentError, Status
 
 pytestmark = pytest.mark.pure
 

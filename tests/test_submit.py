@@ -9,7 +9,7 @@ import pytest
 from pymongo.database import Database
 
 from orchestrator import EPOCH, ConfigError, Lease, Resource
-from orchestrator.mongo import Reports
+from orchestrator.operations import Reports
 from tests.conftest import MakeEither, MakeReplica
 
 

@@ -145,6 +145,24 @@ def test_bulk_unlock_and_cancel_act_on_the_filter(
     assert held["phase"] == ("Cancelled" if action == "cancel" else "Provisioning")
 
 
+def test_a_bulk_unlock_shows_the_free_documents_it_leaves_alone_and_why(
+    db: Database[Any], clock: FakeClock, page: TestClient
+) -> None:
+    seed(db, clock)
+    response = page.get("/ops/bulk?action=unlock&c=gateways")
+    shown = read(response)
+    assert sorted(row[0] for row in shown.rows("would-change")) == [
+        "gw-held",
+        "gw-stuck",
+        "gw-waiting",
+    ]
+    skipped = shown.rows("would-skip")
+    assert sorted(row[0] for row in skipped) == ["gw-1", "gw-2", "gw-3", "gw-broken"]
+    assert {row[-1] for row in skipped} == {"free already: no lease and no wait to end"}
+    # Each says its refusal as a value too, the one the JSON API gives.
+    assert response.text.count('data-refusal="already_free"') == len(skipped)
+
+
 def test_who_acts_is_the_mounting_applications_actor(db: Database[Any], clock: FakeClock) -> None:
     seed(db, clock)
     with mounted(db, actor=lambda request: request.headers["x-user"]) as page:

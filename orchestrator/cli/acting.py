@@ -35,9 +35,9 @@ from orchestrator.cli.selecting import (
     row_of,
     the_document,
 )
+from orchestrator.core.documents import Document
 from orchestrator.core.in_house import IN_HOUSE_HOLDER
 from orchestrator.core.redact import visible
-from orchestrator.mongo.common import Document
 from orchestrator.operations import (
     Action,
     Bulk,
@@ -46,6 +46,7 @@ from orchestrator.operations import (
     Filter,
     LeaseHeld,
     LeaseState,
+    Moved,
     NoErrorPhase,
     Operations,
     Retried,
@@ -316,11 +317,12 @@ def _one(
             operations.unlock(collection, doc, why=why)
             click.echo(visible(f"unlocked {name} (phase {doc.get('phase')}): claimable now"))
         else:
+            done: Moved
             if action is Action.RETRY:
                 done = operations.retry(collection, doc, to, force=force, any_phase=force, why=why)
             else:
                 done = operations.cancel(collection, doc, to=to, any_phase=force, why=why)
-            _said(action, name, doc, done)
+            _said(name, doc, done)
     except LeaseHeld as held:
         raise CommandError(
             f"{name} is held by a live lease of {_holder(held.holder)} until "
@@ -349,15 +351,16 @@ def _recorded(operations: Operations, why: str) -> None:
     )
 
 
-def _said(action: Action, name: str, doc: Document, done: Retried) -> None:
+def _said(name: str, doc: Document, done: Moved) -> None:
+    """What a retry or a cancel of one document did, said as what it is."""
     if not done.server_time:
         click.echo(
-            f"orchestrator {action.value}: warning: the server reports no time; "
+            f"orchestrator {done.action.value}: warning: the server reports no time; "
             "updatedAt is stamped with this machine's clock",
             err=True,
         )
     holder = doc.get("lockedBy")
-    if action is Action.RETRY:
+    if isinstance(done, Retried):
         text = f"retrying {name}: {done.source} -> {done.target}, attempts reset, claimable now" + (
             f" (the live lease of {holder!r} was taken away)" if done.lease_taken else ""
         )
@@ -392,8 +395,8 @@ def _report(action: Action, result: Bulk) -> None:
         skipped = Listing(
             title="would skip:" if result.dry_run else "skipped:", headers=("phase", "why")
         )
-        for row, why in result.skipped:
-            skipped.add_row(row, row.phase or "", why)
+        for left in result.skipped:
+            skipped.add_row(left.row, left.row.phase or "", left.why)
         skipped.print(out)
 
 

@@ -17,11 +17,11 @@ from pymongo.errors import ConfigurationError, InvalidURI
 from pymongo.uri_parser import parse_uri
 
 from orchestrator.cli.conventions import CommandError
+from orchestrator.core.documents import Document
 from orchestrator.core.names import AUDIT_COLLECTION, PAUSES_COLLECTION, REPLICAS_COLLECTION
 from orchestrator.core.redact import redact
 from orchestrator.core.settings import DEFAULT_DATABASE
 from orchestrator.mongo import connect
-from orchestrator.mongo.common import Document
 from orchestrator.operations import Operations
 
 DEFAULT_CONNECT_TIMEOUT = 5.0

@@ -1,5 +1,5 @@
 """``orchestrator find``: the documents a filter selects, a page at a time, each query
-served by an index (``orchestrator.core.browse`` says which serves which filter)."""
+served by an index (``orchestrator.operations.filters`` says which serves which filter)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from orchestrator.cli.connecting import Connection, operations_options
 from orchestrator.cli.conventions import EPILOG
 from orchestrator.cli.listing import Listing, console, described, error_cell, phase_cell
 from orchestrator.cli.selecting import Selection, collection_option, filter_options
-from orchestrator.core.browse import DEFAULT_LIMIT, MAX_LIMIT
+from orchestrator.operations.filters import DEFAULT_LIMIT, MAX_LIMIT
 
 COUNTED = 10_000
 """Documents ``find`` counts at most (through the index) to say how many match."""

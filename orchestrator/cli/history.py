@@ -13,7 +13,7 @@ from orchestrator.cli.connecting import Connection, operations_options
 from orchestrator.cli.conventions import EPILOG
 from orchestrator.cli.listing import document_name, phase_cell, when
 from orchestrator.cli.selecting import ID_JSON_HELP, collection_option, row_of, the_document
-from orchestrator.core.operator import id_json_or_text
+from orchestrator.core.documents import id_json_or_text
 from orchestrator.core.redact import visible
 from orchestrator.operations import Entry, Row
 

@@ -7,10 +7,9 @@ import os
 import sys
 from typing import Any
 
+from orchestrator import AsyncOrchestrator, Orchestrator
 from orchestrator.cli.conventions import CommandError
 from orchestrator.core.errors import OrchestratorError
-from orchestrator.runners._async.engine import AsyncOrchestrator
-from orchestrator.runners._sync.engine import Orchestrator
 
 Engine = Orchestrator | AsyncOrchestrator
 """What ``orchestrator run`` runs: either engine (the async one with ``asyncio.run``)."""

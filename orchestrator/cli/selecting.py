@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 import click
 
 from orchestrator.cli.conventions import CommandError
-from orchestrator.mongo.common import Document
+from orchestrator.core.documents import Document
 from orchestrator.operations import (
     AmbiguousId,
     DocumentNotFound,

@@ -17,10 +17,10 @@ from rich.text import Text
 from orchestrator.cli.connecting import Connection, operations_options
 from orchestrator.cli.conventions import EPILOG
 from orchestrator.cli.listing import Listing, console, error_cell, phase_cell, plain_id, shown, when
-from orchestrator.core.browse import MAX_LIMIT
 from orchestrator.core.redact import visible
 from orchestrator.core.replicas import ReplicaRecord
 from orchestrator.operations import Filter, LeaseState, Operations, Status
+from orchestrator.operations.filters import MAX_LIMIT
 
 
 @click.command(epilog=EPILOG, short_help="Documents per collection and phase, and latest errors.")

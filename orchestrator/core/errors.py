@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import Any
 
 from orchestrator.core.outcomes import LeaseWrite
@@ -53,13 +54,53 @@ class LeaseLost(OrchestratorError):
         self.action = action
 
 
+class Refusal(StrEnum):
+    """Why an operator's action was not carried out: one value for one document (the
+    ``OperatorError`` it raises carries it as ``refusal``) and for each document a bulk
+    action leaves alone (its ``Skipped`` carries it), so a tool tells them apart by value,
+    never by the words."""
+
+    MALFORMED = "malformed"
+    """The request itself: no phase name, no field, an id or cursor that does not parse."""
+    NOT_FOUND = "not_found"
+    """No document has that id (any more)."""
+    AMBIGUOUS_ID = "ambiguous_id"
+    """The id typed names more than one document."""
+    CHANGED = "changed"
+    """The document moved since it was read (its phase, its lease, or out of the filter)."""
+    LEASE_HELD = "lease_held"
+    """A replica holds it now, and the action was not forced."""
+    UNHANDLED_PHASE = "unhandled_phase"
+    """No live replica handles the phase it would be sent to."""
+    NO_ERROR_PHASE = "no_error_phase"
+    """A retry without a phase, of a document with no recorded error to take one from."""
+    ALREADY_FREE = "already_free"
+    """An unlock of a document no lease holds and no wait keeps."""
+    UNINDEXED_FIELD = "unindexed_field"
+    """A filter on a field no index starts with."""
+    NO_UNIQUE_KEY = "no_unique_key"
+    """A business key given where no live replica declares one."""
+    TOO_MANY = "too_many"
+    """A bulk action's filter selects more documents than it may change at once."""
+
+
 class OperatorError(OrchestratorError):
     """An operator's request that cannot be carried out as asked (``orchestrator.operations``):
-    malformed input here; the subclasses say which document is not as the request says."""
+    malformed input here; the subclasses say which document is not as the request says.
+    ``refusal``: which refusal it is, as a bulk action records it for each document."""
+
+    refusal: Refusal = Refusal.MALFORMED
+
+    def __init__(self, message: str, *, refusal: Refusal | None = None) -> None:
+        super().__init__(message)
+        if refusal is not None:
+            self.refusal = refusal
 
 
 class DocumentNotFound(OperatorError):
     """No document has the id the operator gave (``shown``: that id as they gave it)."""
+
+    refusal = Refusal.NOT_FOUND
 
     def __init__(self, collection: str, shown: str) -> None:
         super().__init__(f"no document {shown} in collection {collection!r}")
@@ -70,6 +111,8 @@ class DocumentNotFound(OperatorError):
 class AmbiguousId(OperatorError):
     """An id typed as text names more than one document (the string ``"42"`` and the
     integer ``42``): ``documents`` are those it names, for the operator to choose from."""
+
+    refusal = Refusal.AMBIGUOUS_ID
 
     def __init__(self, collection: str, typed: str, documents: list[dict[str, Any]]) -> None:
         super().__init__(f"{typed!r} names more than one document in {collection!r}")
@@ -82,6 +125,8 @@ class DocumentChanged(OperatorError):
     """The document moved since the operator saw it (another operator, a replica or the
     application changed its phase or its lease): nothing was done."""
 
+    refusal = Refusal.CHANGED
+
     def __init__(self, collection: str, doc_id: Any) -> None:
         super().__init__(f"{collection}/{doc_id} changed since it was read: nothing was done")
         self.collection = collection
@@ -91,6 +136,8 @@ class DocumentChanged(OperatorError):
 class LeaseHeld(OperatorError):
     """A retry refused because a replica holds the document's lease now: retrying would let
     another replica run its step while that one is still in it (``force`` allows it)."""
+
+    refusal = Refusal.LEASE_HELD
 
     def __init__(self, collection: str, doc_id: Any, holder: Any, until: Any) -> None:
         super().__init__(
@@ -107,6 +154,8 @@ class UnhandledPhase(OperatorError):
     purpose): the document would sit there, unclaimed, looking ordinary. ``handled``: the
     phases they do handle. Forcing it is the operator's explicit choice."""
 
+    refusal = Refusal.UNHANDLED_PHASE
+
     def __init__(self, collection: str, target: str, handled: list[str], why: str) -> None:
         shown = ", ".join(handled) or "none"
         super().__init__(
@@ -120,6 +169,8 @@ class UnhandledPhase(OperatorError):
 
 class NoErrorPhase(OperatorError):
     """A retry that names no phase, of a document with no recorded error to take it from."""
+
+    refusal = Refusal.NO_ERROR_PHASE
 
     def __init__(self, collection: str, doc_id: Any) -> None:
         super().__init__(

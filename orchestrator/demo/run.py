@@ -31,12 +31,12 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
+from orchestrator.core.documents import Document
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.settings import DEFAULT_DATABASE
 from orchestrator.core.steps import started
 from orchestrator.demo.logs import RelockWaits, quiet_logs
 from orchestrator.mongo import connect_async
-from orchestrator.mongo.common import Document
 from orchestrator.operations import AsyncOperations, Status
 
 if TYPE_CHECKING:

@@ -35,13 +35,12 @@ from pymongo.write_concern import WriteConcern
 
 from orchestrator.core import pauses, sharding
 from orchestrator.core.clock import as_utc
+from orchestrator.core.documents import Document
 from orchestrator.core.errors import ConfigError, StoreError
 from orchestrator.core.in_house import NO_IN_HOUSE, InHouse
 from orchestrator.core.queries import claims
 from orchestrator.core.redact import redact
 from orchestrator.core.scheduler import Found
-
-Document = dict[str, Any]
 
 MIN_SERVER_VERSION = "4.4"
 MIN_WIRE_VERSION = 9

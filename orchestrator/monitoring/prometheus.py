@@ -40,6 +40,7 @@ import pymongo
 from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.database import Database
 
+from orchestrator.core.documents import Document
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.events import (
     AttemptFailedEvent,
@@ -51,7 +52,6 @@ from orchestrator.core.events import (
     StepClaimedEvent,
     StepFinishedEvent,
 )
-from orchestrator.mongo.common import Document
 from orchestrator.operations import (
     AsyncOperations,
     AsyncStatusCache,

@@ -26,7 +26,6 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
-from orchestrator.core.operator import error_phase
 from orchestrator.operations import (
     Action,
     DocumentChanged,
@@ -35,6 +34,7 @@ from orchestrator.operations import (
     Row,
     Scope,
     UnhandledPhase,
+    error_phase,
 )
 from orchestrator.web.browse import selection_of
 from orchestrator.web.inputs import Refused, Selection, form, parse_ref
@@ -209,7 +209,6 @@ async def bulk_confirm(site: Site, request: Request, links: Links) -> Response:
         action=action.value,
         selection=selection,
         preview=preview,
-        changed=[(row, None) for row in preview.changed] if preview else [],
         shown=SHOWN,
         refusal=refusal,
         to=to or "",
@@ -250,7 +249,6 @@ async def bulk(site: Site, request: Request, links: Links) -> Response:
         action=action.value,
         selection=selection,
         result=result,
-        changed=[(row, None) for row in result.changed],
         shown=SHOWN,
         by=site.actor(request),
     )

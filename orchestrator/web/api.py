@@ -47,24 +47,25 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from orchestrator.core.browse import DEFAULT_LIMIT, MAX_LIMIT
 from orchestrator.core.errors import ConfigError, StoreError
 from orchestrator.core.history import HISTORY_FIELD, entries
-from orchestrator.core.operator import error_phase
 from orchestrator.operations import (
     Action,
     AmbiguousId,
     DocumentChanged,
     DocumentNotFound,
     LeaseHeld,
+    Moved,
     NoErrorPhase,
     OperatorError,
     Row,
     Scope,
     UnhandledPhase,
     UnindexedField,
+    error_phase,
     id_json,
 )
+from orchestrator.operations.filters import DEFAULT_LIMIT, MAX_LIMIT
 from orchestrator.web.browse import selection_of
 from orchestrator.web.inputs import Refused, Selection, json_body, parse_ref
 from orchestrator.web.site import SECURITY_HEADERS, Site
@@ -242,6 +243,7 @@ async def act(action: Action, site: Site, request: Request) -> dict[str, Any]:
     if action is Action.UNLOCK:
         after = await site.operations.unlock(collection, seen, by=by, why=why)
     else:
+        moved: Moved
         if action is Action.RETRY:
             moved = await site.operations.retry(
                 collection, seen, to, force=force, any_phase=any_phase, by=by, why=why

@@ -65,10 +65,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Mount, Route
 
+from orchestrator.core.documents import Document
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.history import entries
 from orchestrator.core.names import AUDIT_COLLECTION, PAUSES_COLLECTION, REPLICAS_COLLECTION
-from orchestrator.mongo.common import Document
 from orchestrator.operations import AsyncOperations, AsyncStatusCache, LeaseState, Row, id_json
 from orchestrator.web import actions, api, browse
 from orchestrator.web.site import Actor, Links, Site, default_actor

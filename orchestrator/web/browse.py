@@ -17,8 +17,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from orchestrator.core.browse import DEFAULT_LIMIT, MAX_LIMIT
 from orchestrator.operations import LeaseState, OperatorError, UnindexedField
+from orchestrator.operations.filters import DEFAULT_LIMIT, MAX_LIMIT
 from orchestrator.web.inputs import Refused, Selection
 from orchestrator.web.site import Links, Site
 from orchestrator.web.views import Fleet, phases_of

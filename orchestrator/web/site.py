@@ -16,8 +16,8 @@ from pymongo.asynchronous.database import AsyncDatabase
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 
+from orchestrator.core.documents import Document
 from orchestrator.core.errors import ConfigError, StoreError
-from orchestrator.mongo.common import Document
 from orchestrator.operations import (
     AmbiguousId,
     AsyncOperations,

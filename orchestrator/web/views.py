@@ -21,13 +21,13 @@ from jinja2 import Environment, PackageLoader, StrictUndefined
 
 from orchestrator.core import replicas as records
 from orchestrator.core.audit import AuditEntry
+from orchestrator.core.documents import Document, parse_id_json
 from orchestrator.core.history import HISTORY_FIELD
 from orchestrator.core.in_house import InHouse
-from orchestrator.core.operator import cancelled_phase, parse_id_json
 from orchestrator.core.replicas import HandlerInfo, ReplicaRecord
 from orchestrator.core.resource import EPOCH, LEASE_FIELDS, TRACE_FIELD
-from orchestrator.mongo.common import Document
 from orchestrator.operations import LeaseState, OperatorError, Pause, Row, Status
+from orchestrator.operations.rules import cancelled_phase
 
 __all__ = [
     "LEASE_ROWS",

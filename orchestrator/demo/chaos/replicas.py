@@ -12,10 +12,10 @@ from typing import Any
 
 from pymongo.database import Database
 
+from orchestrator import Orchestrator
 from orchestrator.core.backoff import ExponentialBackoff
 from orchestrator.demo.chaos.ledger import Ledger
 from orchestrator.demo.chaos.workload import ChaosConfig
-from orchestrator.runners._sync.engine import Orchestrator
 from orchestrator.testing.clock import FakeClock
 from orchestrator.testing.faults import Faults, ReplicaCrashed
 

@@ -14,12 +14,12 @@ from typing import Any
 
 from pymongo.database import Database
 
+from orchestrator import Lease
 from orchestrator.core.errors import StoreError
 from orchestrator.core.lease import Outcome
 from orchestrator.demo.chaos.ledger import Ledger
 from orchestrator.demo.chaos.replicas import Replica, Replicas
 from orchestrator.demo.chaos.workload import ChaosConfig, Widget
-from orchestrator.mongo import Lease
 from orchestrator.testing.clock import FakeClock
 from orchestrator.testing.faults import ReplicaCrashed
 

@@ -10,11 +10,10 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, ClassVar
 
+from orchestrator import Lease, Orchestrator
 from orchestrator.core.clock import Clock, as_utc, bson_time
 from orchestrator.core.lease import Outcome
 from orchestrator.core.resource import Resource
-from orchestrator.mongo import Lease
-from orchestrator.runners._sync.engine import Orchestrator
 
 FINAL = ("Ready", "Failed")
 

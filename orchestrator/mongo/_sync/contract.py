@@ -14,13 +14,13 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Protocol
 
+from orchestrator.core.documents import Document
 from orchestrator.core.limits import Limit
 from orchestrator.core.pauses import Pause
 from orchestrator.core.queries.claims import Matches
 from orchestrator.core.replicas import ReplicaRecord
 from orchestrator.core.scheduler import Found
 from orchestrator.core.sharding import ClaimPlan, ShardState
-from orchestrator.mongo.common import Document
 
 __all__ = ["LeaseStore"]
 

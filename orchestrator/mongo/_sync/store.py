@@ -10,8 +10,8 @@ every filter and update comes from ``orchestrator.core.queries``.
 
 Driver errors leave here as ``StoreError`` (with a ``transient`` flag) and fenced writes
 that match nothing as ``LeaseLost``, so the layers above never see a driver exception.
-What only the operator's tools ask (reports, an operator's change) is the other side of the
-store, in ``orchestrator/mongo/_async/reports.py``.
+What only the operator's tools ask (reports, an operator's change) is the operator's own,
+in ``orchestrator/operations/_async/reports.py``.
 
 Whatever codec options the application's client has (``tz_aware``, ``DATETIME_MS``...),
 the store reads with its own: dates come back as aware UTC datetimes (a date outside the
@@ -41,6 +41,7 @@ from pymongo.synchronous.database import Database
 
 from orchestrator.core import audit, history, limits, pauses, sharding
 from orchestrator.core.clock import as_utc
+from orchestrator.core.documents import Document
 from orchestrator.core.errors import ConfigError, ShardKeyRequired, StoreError
 from orchestrator.core.in_house import IN_HOUSE_INDEX, InHouse
 from orchestrator.core.names import (
@@ -66,7 +67,7 @@ from orchestrator.core.replicas import ReplicaRecord
 from orchestrator.core.scheduler import Found
 from orchestrator.core.settings import DEFAULT_DATABASE
 from orchestrator.mongo import common
-from orchestrator.mongo.common import COMMAND_NOT_FOUND, Document, driver_errors
+from orchestrator.mongo.common import COMMAND_NOT_FOUND, driver_errors
 
 __all__ = ["Store", "connect"]
 

@@ -22,6 +22,7 @@ from pymongo.asynchronous.database import AsyncDatabase
 
 from orchestrator.core import replicas, sharding, starts
 from orchestrator.core.clock import Clock, ServerClock, SystemClock
+from orchestrator.core.documents import Document
 from orchestrator.core.errors import ConfigError, OrchestratorError
 from orchestrator.core.events import Listener, Listeners
 from orchestrator.core.queries import submissions
@@ -32,7 +33,7 @@ from orchestrator.core.steps import StopReport, stop_summary
 from orchestrator.mongo import AsyncLease, AsyncStore
 from orchestrator.mongo._async.clock import measure
 from orchestrator.mongo._async.contract import AsyncLeaseStore
-from orchestrator.mongo.common import Document, database_kind
+from orchestrator.mongo.common import database_kind
 from orchestrator.runners._async.controls import AsyncPauseWatch
 from orchestrator.runners._async.replica import AsyncReplicaRecorder
 from orchestrator.runners._async.steps import AsyncSteps

@@ -23,6 +23,7 @@ from pymongo.synchronous.database import Database
 
 from orchestrator.core import replicas, sharding, starts
 from orchestrator.core.clock import Clock, ServerClock, SystemClock
+from orchestrator.core.documents import Document
 from orchestrator.core.errors import ConfigError, OrchestratorError
 from orchestrator.core.events import Listener, Listeners
 from orchestrator.core.queries import submissions
@@ -33,7 +34,7 @@ from orchestrator.core.steps import StopReport, stop_summary
 from orchestrator.mongo import Lease, Store
 from orchestrator.mongo._sync.clock import measure
 from orchestrator.mongo._sync.contract import LeaseStore
-from orchestrator.mongo.common import Document, database_kind
+from orchestrator.mongo.common import database_kind
 from orchestrator.runners._sync.controls import PauseWatch
 from orchestrator.runners._sync.replica import ReplicaRecorder
 from orchestrator.runners._sync.steps import Steps

@@ -22,10 +22,10 @@ from pydantic import ValidationError
 
 from orchestrator.core import audit, history, scheduler, steps
 from orchestrator.core.clock import Clock, ServerClock
+from orchestrator.core.documents import id_json_or_text
 from orchestrator.core.errors import LeaseLost, ShardKeyRequired, StoreError
 from orchestrator.core.lease import Outcome
 from orchestrator.core.limits import Slot
-from orchestrator.core.operator import id_json_or_text
 from orchestrator.core.outcomes import StepOutcome
 from orchestrator.core.pauses import Pause
 from orchestrator.core.queries import claims

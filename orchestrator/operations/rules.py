@@ -1,29 +1,17 @@
-"""An operator's decisions, made once without I/O for every tool (the command line, the
-page, ``orchestrator.operations``): which document an id names, where a retry sends a
-document, and whether a replica holds it now.
-
-An id typed as text may name two documents (the string ``"42"`` and the integer ``42``);
-its canonical Extended JSON (``id_json``) names exactly one, whatever its type, so it
-round-trips through a link, a form or a command line to the very same id.
+"""An operator's rules, decided once without I/O for every tool (the command line, the
+page, ``AsyncOperations``/``Operations``): which actions there are, where a retry or a
+cancel sends a document, which phases may receive it, and whether a replica holds it now.
 """
 
 from __future__ import annotations
 
-import getpass
-import socket
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
 from typing import Any, TypeVar
 
-from bson import json_util
-from bson.errors import BSONError
-from bson.json_util import CANONICAL_JSON_OPTIONS
-
 from orchestrator.core import history, replicas
-from orchestrator.core.browse import Filter, Row
 from orchestrator.core.clock import as_utc
 from orchestrator.core.errors import OperatorError, UnhandledPhase
 from orchestrator.core.in_house import NO_IN_HOUSE, InHouse
@@ -32,57 +20,12 @@ from orchestrator.core.replicas import ReplicaRecord
 T = TypeVar("T", str, int)
 
 
-@dataclass(frozen=True)
-class Retried:
-    """A retry done: ``document`` after it, sent from ``source`` to ``target``;
-    ``at``: the time stamped as ``updatedAt``, the server's unless ``server_time`` is
-    False (then this machine's); ``lease_taken``: a replica held it, and lost its lease."""
-
-    document: dict[str, Any]
-    source: Any
-    target: str
-    at: datetime
-    server_time: bool
-    lease_taken: bool
-
-
 class Action(StrEnum):
     """What an operator does to documents."""
 
     RETRY = "retry"
     UNLOCK = "unlock"
     CANCEL = "cancel"
-
-
-@dataclass
-class Bulk:
-    """What an action on every document of a filter did (or, ``dry_run``, would do):
-    ``changed`` the documents' rows as they were; ``skipped`` those left alone, each with
-    why (held by a live lease, no error phase to retry to, changed meanwhile);
-    ``targets``: the phase each changed document was (or would be) sent to, by its row's
-    ``ref`` (else ``id``): a retry without ``target`` sends each to its own error phase."""
-
-    action: Action
-    filter: Filter
-    dry_run: bool
-    target: str | None
-    changed: list[Row] = field(default_factory=list)
-    skipped: list[tuple[Row, str]] = field(default_factory=list)
-    targets: dict[str, str] = field(default_factory=dict)
-
-    def target_of(self, row: Row) -> str | None:
-        """The phase ``row``'s document was (or would be) sent to."""
-        return self.targets.get(row.ref or row.id)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "action": self.action.value,
-            "filter": self.filter.describe(),
-            "dry_run": self.dry_run,
-            "target": self.target,
-            "changed": [{**row.to_dict(), "to": self.target_of(row)} for row in self.changed],
-            "skipped": [{**row.to_dict(), "why": why} for row, why in self.skipped],
-        }
 
 
 def error_phase(doc: Mapping[str, Any]) -> str | None:
@@ -134,15 +77,6 @@ def _prevailing(values: Sequence[T], default: T) -> T:
     return max(sorted(counts), key=lambda v: counts[v]) if counts else default
 
 
-def default_actor() -> str:
-    """Who acts from the command line: the operating system's user at this host."""
-    try:
-        user = getpass.getuser()
-    except (KeyError, OSError):
-        user = "unknown"
-    return f"{user}@{socket.gethostname()}"
-
-
 def live_lease(doc: Mapping[str, Any], now: datetime, in_house: InHouse = NO_IN_HOUSE) -> bool:
     """Whether a replica holds ``doc`` now: a lease token with a ``lockedUntil`` after
     ``now``, the server's time (as the status counts judge ``leased``), or, while
@@ -160,41 +94,12 @@ def check_phase_name(target: str) -> None:
         raise OperatorError(f"{target!r} is not a phase name")
 
 
-def id_json(doc_id: Any) -> str:
-    """``doc_id`` as canonical Extended JSON: exact whatever its type (``42`` is
-    ``{"$numberInt": "42"}``, the string ``"42"`` is ``"42"``)."""
-    return json_util.dumps(doc_id, json_options=CANONICAL_JSON_OPTIONS)
-
-
-def id_json_or_text(doc_id: Any) -> str:
-    """``id_json``, or the id as text when it has no Extended JSON form."""
-    try:
-        return id_json(doc_id)
-    except (TypeError, ValueError, BSONError):
-        return str(doc_id)
-
-
-def parse_id_json(text: str) -> Any:
-    """An id given as Extended JSON (``id_json``'s form; plain JSON too): ``OperatorError``
-    when it is not."""
-    try:
-        return json_util.loads(text, json_options=CANONICAL_JSON_OPTIONS)
-    except (ValueError, TypeError, BSONError) as exc:
-        raise OperatorError(f"malformed Extended JSON id {text!r}: {exc}") from None
-
-
 __all__ = [
     "Action",
-    "Bulk",
-    "Retried",
     "cancelled_phase",
     "check_phase_name",
     "check_target",
-    "default_actor",
     "error_phase",
     "history_length",
-    "id_json",
-    "id_json_or_text",
     "live_lease",
-    "parse_id_json",
 ]

@@ -41,7 +41,7 @@ from bson.errors import BSONError
 from bson.json_util import CANONICAL_JSON_OPTIONS
 
 from orchestrator.core.clock import as_utc, bson_time
-from orchestrator.core.errors import OperatorError
+from orchestrator.core.errors import OperatorError, Refusal
 from orchestrator.core.history import HISTORY_FIELD
 from orchestrator.core.in_house import IN_HOUSE_HOLDER, NO_IN_HOUSE, InHouse
 from orchestrator.core.names import CLAIM_INDEX_NAME, ERRORS_INDEX_NAME
@@ -70,6 +70,8 @@ class LeaseState(StrEnum):
 
 class UnindexedField(OperatorError):
     """A filter on a field no index starts with: it would scan the collection."""
+
+    refusal = Refusal.UNINDEXED_FIELD
 
 
 @dataclass(frozen=True)

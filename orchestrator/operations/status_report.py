@@ -1,6 +1,6 @@
 """What operators ask first, as a report: where the documents are, who holds them, what
 failed, and which replicas are live. The types, and how a report's rows become them; the
-reading is the store's (``orchestrator.operations``)."""
+reading is ``AsyncOperations.status``'s."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ from typing import Any
 from bson.errors import BSONError
 
 from orchestrator.core.audit import AuditEntry
-from orchestrator.core.browse import business_key
 from orchestrator.core.clock import as_utc
-from orchestrator.core.operator import id_json
+from orchestrator.core.documents import id_json
 from orchestrator.core.pauses import Pause
 from orchestrator.core.replicas import Disagreement, ReplicaRecord
+from orchestrator.operations.filters import business_key
 
 
 @dataclass(frozen=True)
@@ -54,8 +54,8 @@ class RecentError:
     stored fields hold (``lastError`` may be a string a migrated application wrote).
     ``id``: the document's id as text, for reading (the string ``"42"`` and the integer
     ``42`` read alike); ``ref``: its canonical Extended JSON, exact whatever its type
-    (``operator.id_json``), for finding it again; None when the id cannot be encoded.
-    ``key``: its business key (``browse.business_key``), shown beside the id."""
+    (``documents.id_json``), for finding it again; None when the id cannot be encoded.
+    ``key``: its business key (``filters.business_key``), shown beside the id."""
 
     collection: str
     id: str

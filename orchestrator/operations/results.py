@@ -1,0 +1,98 @@
+"""What an operator's action did, named for what it is: a document retried (``Retried``)
+or cancelled (``Cancelled``), both a ``Moved`` document; and, for an action on every
+document of a filter, a ``Bulk`` of the rows changed and of those ``Skipped``, each with
+its ``Refusal``: the very value the ``OperatorError`` of a single-document action carries
+for the same condition."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, ClassVar
+
+from orchestrator.core.errors import OperatorError, Refusal
+from orchestrator.operations.filters import Filter, Row
+from orchestrator.operations.rules import Action
+
+
+@dataclass(frozen=True)
+class Moved:
+    """A document an operator sent to a phase: ``document`` after it, sent from
+    ``source`` to ``target``; ``at``: the time stamped as ``updatedAt``, the server's
+    unless ``server_time`` is False (then this machine's); ``lease_taken``: a replica held
+    it, and lost its lease; ``action``: which of the two it was."""
+
+    action: ClassVar[Action]
+    document: dict[str, Any]
+    source: Any
+    target: str
+    at: datetime
+    server_time: bool
+    lease_taken: bool
+
+
+@dataclass(frozen=True)
+class Retried(Moved):
+    """A retry done: the document sent back to ``target`` with its attempts reset."""
+
+    action: ClassVar[Action] = Action.RETRY
+
+
+@dataclass(frozen=True)
+class Cancelled(Moved):
+    """A cancel done: the document sent to the cancelled phase (or the application's own
+    cancelling phase), released, its attempts reset."""
+
+    action: ClassVar[Action] = Action.CANCEL
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A document a bulk action left alone: its ``row`` as read, the ``refusal`` (what a
+    single-document action raises an ``OperatorError`` of), and ``why``, in words."""
+
+    row: Row
+    refusal: Refusal
+    why: str
+
+    @classmethod
+    def because(cls, row: Row, error: OperatorError) -> Skipped:
+        """Left alone for the reason ``error`` gives (raised for one document)."""
+        return cls(row, error.refusal, str(error))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.row.to_dict(), "why": self.why, "refusal": self.refusal.value}
+
+
+@dataclass
+class Bulk:
+    """What an action on every document of a filter did (or, ``dry_run``, would do):
+    ``changed`` the documents' rows as they were; ``skipped`` those left alone, each with
+    its refusal (held by a live lease, no error phase to retry to, changed meanwhile);
+    ``targets``: the phase each changed document was (or would be) sent to, by its row's
+    ``ref`` (else ``id``): a retry without ``target`` sends each to its own error phase."""
+
+    action: Action
+    filter: Filter
+    dry_run: bool
+    target: str | None
+    changed: list[Row] = field(default_factory=list)
+    skipped: list[Skipped] = field(default_factory=list)
+    targets: dict[str, str] = field(default_factory=dict)
+
+    def target_of(self, row: Row) -> str | None:
+        """The phase ``row``'s document was (or would be) sent to."""
+        return self.targets.get(row.ref or row.id)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "action": self.action.value,
+            "filter": self.filter.describe(),
+            "dry_run": self.dry_run,
+            "target": self.target,
+            "changed": [{**row.to_dict(), "to": self.target_of(row)} for row in self.changed],
+            "skipped": [skipped.to_dict() for skipped in self.skipped],
+        }
+
+
+__all__ = ["Bulk", "Cancelled", "Moved", "Retried", "Skipped"]
