@@ -28,6 +28,7 @@ from orchestrator.core.events import (
 )
 from orchestrator.core.extras import library_version
 from orchestrator.core.lease import Outcome
+from orchestrator.core.lease_api import BlockingLease
 from orchestrator.core.outcomes import LeaseWrite, StepOutcome
 from orchestrator.core.redact import redact
 from orchestrator.core.resource import EPOCH, ErrorRecord, Resource
@@ -50,6 +51,7 @@ __all__ = [
     "AsyncOrchestrator",
     "AttemptFailedEvent",
     "BackoffPolicy",
+    "BlockingLease",
     "Clock",
     "ClockMeasuredEvent",
     "ConfigError",

@@ -18,7 +18,15 @@ from typing import Any
 
 import anyio.to_thread
 
-from orchestrator import AsyncOrchestrator, Lease, Orchestrator, Outcome, Settings, StopReport
+from orchestrator import (
+    AsyncOrchestrator,
+    BlockingLease,
+    Lease,
+    Orchestrator,
+    Outcome,
+    Settings,
+    StopReport,
+)
 from orchestrator.core.clock import Clock, ServerClock
 from orchestrator.core.registry import Target
 
@@ -28,9 +36,10 @@ MODES = ("threaded", "async", "mixed")
 
 
 class AwaitableLease:
-    """A sync ``Lease`` with the ``AsyncLease``'s awaitable outcomes."""
+    """A ``BlockingLease`` (the sync ``Lease`` here) with the ``AsyncLease``'s awaitable
+    outcomes: a test's step is written once, as an ``async def``, for both engines."""
 
-    def __init__(self, lease: Lease[Any]) -> None:
+    def __init__(self, lease: BlockingLease[Any]) -> None:
         self._lease = lease
 
     def __getattr__(self, name: str) -> Any:

@@ -20,6 +20,7 @@ from orchestrator import (
     EPOCH,
     AsyncLease,
     AsyncOrchestrator,
+    BlockingLease,
     ConfigError,
     Lease,
     LeaseLost,
@@ -678,12 +679,13 @@ RUNNER_ONLY = {
 }  # what the runner calls or sets, not a handler
 
 
-async def test_a_thread_lease_is_not_a_lease_but_offers_a_handler_all_of_the_lease_api(
+async def test_a_thread_lease_is_not_a_lease_but_both_are_the_blocking_lease_a_handler_uses(
     aorch: AsyncOrchestrator, db: Database[Any], clock: FakeClock
 ) -> None:
     """A ``ThreadLease`` is a view on the step's ``AsyncLease``, not a ``Lease`` (it has
     no sync store to write through); everything a handler uses of a ``Lease`` is there,
-    with the same signature, and reads the ``AsyncLease``'s state."""
+    with the same signature, and reads the ``AsyncLease``'s state. Both are the one type
+    a ``def`` handler annotates, ``BlockingLease``, which names all of it."""
     seen: dict[str, Any] = {}
     threaded = Orchestrator(db, replica_id="pod-t", clock=clock, clock_refresh=1e6)
 
@@ -708,6 +710,8 @@ async def test_a_thread_lease_is_not_a_lease_but_offers_a_handler_all_of_the_lea
     public = {n for n in [*dir(lease), *vars(lease)] if not n.startswith("_")} - RUNNER_ONLY
     missing = sorted(n for n in public if not hasattr(thread_lease, n))
     assert missing == []
+    assert isinstance(lease, BlockingLease) and isinstance(thread_lease, BlockingLease)
+    assert sorted(n for n in public if not hasattr(BlockingLease, n)) == []
     for name in sorted(public):
         ours = getattr(thread_lease, name)
         if callable(ours):

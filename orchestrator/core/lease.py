@@ -1,9 +1,10 @@
 """What a lease decides, written once for the async lease and the sync one generated from it.
 
 ``AsyncLease`` (``orchestrator/mongo/_async/lease.py``) and ``Lease`` (generated from it)
-only carry writes to the store. Everything else is here and does no I/O: the outcomes a
-step returns, the lease's state machine (held, released, lost) and which fence each write
-carries in each state, the update each outcome writes, and the checked policy waits.
+hold a ``LeaseCore`` and carry its writes to the store. Everything else is here and does
+no I/O: the outcomes a step returns, the update each outcome writes, which fence each
+write carries in each state, and the checked policy waits. The states themselves, and
+the events that move a lease between them, are a table in ``orchestrator.core.lease_state``.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from enum import Enum
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from pydantic import BaseModel
@@ -21,6 +21,17 @@ from pydantic import BaseModel
 from orchestrator.core import history
 from orchestrator.core.clock import as_utc
 from orchestrator.core.errors import ConfigError, LeaseLost, OrchestratorError
+from orchestrator.core.lease_state import (
+    CARRYING,
+    COUNTS_AN_ERROR,
+    HOLDING,
+    LOSING,
+    Ask,
+    LeaseEvent,
+    LeaseState,
+    fire,
+    refusal,
+)
 from orchestrator.core.outcomes import LeaseWrite, StepOutcome
 from orchestrator.core.queries import claims, lease_writes, submissions
 from orchestrator.core.resource import EPOCH
@@ -51,12 +62,6 @@ class Outcome:
 
 SAME: Any = object()
 """A release that leaves the phase as it was."""
-
-
-class State(Enum):
-    HELD = "held"
-    RELEASED = "released"
-    LOST = "lost"
 
 
 class PolicyError(OrchestratorError):
@@ -119,10 +124,26 @@ class ErrorWrite:
     outcome: Outcome
 
 
+@dataclass(frozen=True)
+class Release:
+    """Where the step's own release left the document: the fence of an error recorded
+    after it (``lease_writes.released_fence``). ``until``: the ``lockedUntil`` it wrote (a
+    carried lease's expiry), ``phase``: the phase it left."""
+
+    until: datetime
+    phase: Any
+
+
 class LeaseCore(Generic[R]):
-    """A lease's state and decisions. ``doc`` is the claimed document as stored;
-    ``resource`` is it validated by the handler's model (the same dict for handlers
-    registered on a collection name)."""
+    """A lease's data, its state (``orchestrator.core.lease_state``) and what it decides:
+    each outcome's write, the fence it carries, what is refused. ``doc`` is the claimed
+    document as stored; ``resource`` is it validated by the handler's model (the same
+    dict for handlers registered on a collection name).
+
+    The I/O lease holds one and calls it by name: ``*_write`` plans a write, ``check``
+    refuses it before it is sent, ``fence`` says its filter, and once the store answered,
+    ``landed``, ``carried_on``, ``removed``, ``extended``, ``extension_unconfirmed`` or
+    ``lose`` fires its event (``lease_state.fire``)."""
 
     def __init__(
         self,
@@ -139,7 +160,7 @@ class LeaseCore(Generic[R]):
         taken_from: str | None = None,
     ) -> None:
         self._clock = clock
-        self._settings = settings
+        self.settings = settings
         self.handler = handler
         self.doc = doc
         self.resource: R = doc  # type: ignore[assignment]  # replaced once validated
@@ -154,24 +175,19 @@ class LeaseCore(Generic[R]):
         self.taken_from = taken_from
         """The replica whose expired lease this claim took over (its holder died or
         stalled), or None: the document was free."""
-        self._state = State.HELD
-        self._released_until: datetime | None = None
-        self._released_phase: Any = None
-        self._unconfirmed_until: datetime | None = None
-        """An extension's expiry whose reply was lost with time left: it may have landed."""
+        self.state = LeaseState.HELD
         self.outcome: Outcome | None = None
         """The step's own outcome, once one landed (a handler's release, or its error
         record): the first one stands, whatever the step does after it."""
-        self._recorded = False  # a failed attempt of this step was recorded: only once
         self.carrier: Carrier | None = None
         """Set by the engine: whom to ask whether the lease goes on into a next step."""
-        self.carried: Carry | None = None
-        """The next step this step's release carried the lease into, until an error
-        recorded after it released the document after all."""
         self.slots: list[Slot] = []
         """The slots of its handler's limits taken for this step (``orchestrator.core.
         limits``), set by the engine at the claim: a global limit's slot is renewed with
         the lease and freed when the step ends or the lease is lost."""
+        self._release: Release | None = None  # once released by a write (not a removal)
+        self._unconfirmed_until: datetime | None = None  # in UNCONFIRMED: it may have landed
+        self._carry: Carry | None = None  # once a release carried the lease on
 
     @property
     def id(self) -> Any:
@@ -189,13 +205,19 @@ class LeaseCore(Generic[R]):
     @property
     def held(self) -> bool:
         """True until this lease is released or found lost."""
-        return self._state is State.HELD
+        return self.state in HOLDING
 
     @property
     def lost(self) -> bool:
         """True once a write found the document held by another lease (or its phase
         changed from outside): nothing more may be written for this step."""
-        return self._state is State.LOST
+        return self.state in LOSING
+
+    @property
+    def carried(self) -> Carry | None:
+        """The next step this step's release carried the lease into, until an error
+        recorded after it released the document after all."""
+        return self._carry if self.state in CARRYING else None
 
     def expired(self, now: datetime) -> bool:
         """True once this lease's expiry has passed: another replica may hold it now.
@@ -204,15 +226,31 @@ class LeaseCore(Generic[R]):
         covers their skew against this replica."""
         return now >= self.expires_at
 
+    def seconds_left(self) -> float:
+        """Seconds until this lease expires, by the server clock's estimate."""
+        return (self.expires_at - self._clock.now()).total_seconds()
+
+    @property
+    def holds_slots(self) -> bool:
+        """Whether this step still holds a slot of its handler's global limit."""
+        return bool(self.held_slots())
+
+    def held_slots(self) -> list[Slot]:
+        """The slots this step still holds that follow its lease (a global limit's): renewed
+        with it, freed with it. A rate limit's slot counts a start: it stays taken for its
+        period, whatever becomes of the step."""
+        return [slot for slot in self.slots if slot.limit.follows_lease and not slot.freed]
+
     # -- the writes each outcome makes ---------------------------------------------------
 
-    def _unlock_write(self, fields: dict[str, Any]) -> tuple[Write, float | None]:
+    def unlock_write(self, fields: dict[str, Any]) -> tuple[Write, Outcome]:
         data = self._fields(fields)
         until, wait = self._free_until()
         update = lease_writes.unlock_update(data, until)
-        return self._releasing(update, LeaseWrite.UNLOCK, until, StepOutcome.UNLOCKED), wait
+        write = self._releasing(update, LeaseWrite.UNLOCK, until, StepOutcome.UNLOCKED)
+        return write, Outcome(StepOutcome.UNLOCKED, self.phase, wait, self.token)
 
-    def _relock_write(self, wait: float | None, fields: dict[str, Any]) -> tuple[Write, float]:
+    def relock_write(self, wait: float | None, fields: dict[str, Any]) -> tuple[Write, Outcome]:
         now = self._clock.now()
         data = self._fields(fields)
         if wait is None:
@@ -225,9 +263,10 @@ class LeaseCore(Generic[R]):
         wait = self._bounded(float(wait))
         until = now + timedelta(seconds=wait)
         update = lease_writes.relock_update(until, data)
-        return self._releasing(update, LeaseWrite.RELOCK, until, StepOutcome.RELOCKED), wait
+        write = self._releasing(update, LeaseWrite.RELOCK, until, StepOutcome.RELOCKED)
+        return write, Outcome(StepOutcome.RELOCKED, self.phase, wait, self.token)
 
-    def _advance_write(self, phase: str, fields: dict[str, Any]) -> tuple[Write, float | None]:
+    def advance_write(self, phase: str, fields: dict[str, Any]) -> tuple[Write, Outcome]:
         if not isinstance(phase, str) or not phase or phase.startswith("$"):
             raise ConfigError(f"advance() needs a phase name, not {phase!r}")
         if self.handler.to and phase not in self.handler.to:
@@ -240,19 +279,24 @@ class LeaseCore(Generic[R]):
         write = self._releasing(
             update, LeaseWrite.ADVANCE, until, StepOutcome.ADVANCED, True, phase
         )
-        return write, wait
+        return write, Outcome(StepOutcome.ADVANCED, phase, wait, self.token)
 
-    def _release_write(self) -> tuple[Write, float | None]:
+    def release_write(self) -> tuple[Write, Outcome]:
         until, wait = self._free_until()
         update = lease_writes.release_update(until)
-        return self._releasing(update, LeaseWrite.RELEASE, until, StepOutcome.RELEASED), wait
+        write = self._releasing(update, LeaseWrite.RELEASE, until, StepOutcome.RELEASED)
+        return write, Outcome(StepOutcome.RELEASED, self.phase, wait, self.token)
 
-    def _extend_write(self) -> tuple[datetime, datetime, dict[str, Any]]:
+    def remove_outcome(self) -> Outcome:
+        """A removal writes no update: its fence (``fence(True)``) is all it sends."""
+        return Outcome(StepOutcome.REMOVED, self.phase, None, self.token)
+
+    def extend_write(self) -> tuple[datetime, datetime, dict[str, Any]]:
         now = self._clock.now()
-        until = now + timedelta(seconds=self._settings.lock_timeout)
+        until = now + timedelta(seconds=self.settings.lock_timeout)
         return now, until, lease_writes.extend_update(now, until)
 
-    def _error_write(
+    def error_write(
         self, kind: str, message: str, permanent: bool, trace: str | None = None
     ) -> ErrorWrite:
         """Count a failed attempt: retry after the handler's backoff, or, past its
@@ -262,9 +306,7 @@ class LeaseCore(Generic[R]):
         outcome left it. An outcome that kept the phase (unlock, relock) is part of the
         phase's streak of failed attempts; one that moved the document on (advance,
         remove) stands, and the error is only noted (``_note_write``)."""
-        if self._state is State.RELEASED and (
-            self._released_until is None or self._released_phase != self.doc.get("phase")
-        ):
+        if self.state not in COUNTS_AN_ERROR:
             return self._note_write(kind, message)
         now = self._clock.now()
         attempts = _int(self.doc.get("attempts")) + 1
@@ -277,7 +319,7 @@ class LeaseCore(Generic[R]):
                     self._policy_wait("retry_policy", self.handler.retry_policy, now, attempts)
                 )
             except PolicyError as exc:  # a broken policy must not leave the attempt uncounted
-                wait = self._bounded(self._settings.lock_timeout)
+                wait = self._bounded(self.settings.lock_timeout)
                 note = f" [{exc}; waiting {wait:g}s instead]"
         error = lease_writes.error_record(kind, message + note, now, self.phase, trace)
         build: Callable[[dict[str, Any]], dict[str, Any]]
@@ -313,30 +355,13 @@ class LeaseCore(Generic[R]):
         attempts are its own), which stands. A removed document has nothing to write: no
         forms."""
         assert self.outcome is not None
-        until = self._released_until
-        if until is None:
+        if self._release is None:
             return ErrorWrite((), self.outcome)
+        until = self._release.until
         error = lease_writes.error_record(kind, message, self._clock.now(), self.phase)
         updates = _record_forms(error, lease_writes.note_update)
         forms = tuple(Write(u, LeaseWrite.NOTE, until) for u, _ in updates)
         return ErrorWrite(forms, self.outcome)
-
-    # -- the state machine ---------------------------------------------------------------
-
-    def _check_allowed(self, action: LeaseWrite, after: bool = False) -> None:
-        """Raise ``LeaseLost`` unless this lease may write now: held, or (``after``: error
-        bookkeeping only) released by this very step's own outcome, and its failed
-        attempt not recorded yet (a time-out's record and the handler's own error, racing,
-        land once)."""
-        if action is LeaseWrite.RECORD and self._recorded:
-            reason = "this step's failed attempt is already recorded"
-        elif self._state is State.HELD or (after and self._state is State.RELEASED):
-            return
-        elif self._state is State.RELEASED:
-            reason = "this step already gave an outcome; a step returns exactly one"
-        else:
-            reason = "another replica holds it now"
-        raise LeaseLost(self.collection, self.id, self.token, action, reason)
 
     def _releasing(
         self,
@@ -355,13 +380,13 @@ class LeaseCore(Generic[R]):
         its size limit, where nothing more is added), with the same write without it as
         its lighter form: a document at 16 MiB still takes the outcome."""
         update = lease_writes.stamp_release(update, self.token)
-        keep = self._settings.history
+        keep = self.settings.history
         failing = action in _RECORDS
         lighter: tuple[dict[str, Any], ...] = ()
         if keep and (error is not None or not failing):
             lighter = ({op: dict(fields) for op, fields in update.items()},)
             entry = history.step_entry(
-                replica=self._settings.replica_id,
+                replica=self.settings.replica_id,
                 claimed_at=self.claimed_at,
                 now=self._clock.now(),
                 outcome=outcome.value,
@@ -374,112 +399,132 @@ class LeaseCore(Generic[R]):
             history.merge(update, history.push(entry, keep, current))
         return Write(update, action, until, phase_change, next_phase, lighter)
 
-    def _carry_plan(self, write: Write) -> Carry | None:
+    def carry_plan(self, write: Write) -> Carry | None:
         """The lease carried on into the next step by ``write`` (an unlock or an advance that
         frees the document at once), when this replica's carrier has a handler for the
         phase it leaves the document in; None: the write releases. Fenced on the phase
         whatever the outcome, so an outside writer's change of phase wins."""
         if self.carrier is None or write.action not in _CARRIES or write.until != EPOCH:
             return None
-        phase = self.doc.get("phase") if write.next_phase is SAME else write.next_phase
+        phase = self._phase_after(write)
         if not isinstance(phase, str):
             return None
         handler = self.carrier(self, phase)
         if handler is None:
             return None
         now = self._clock.now()
-        until = now + timedelta(seconds=self._settings.lock_timeout)
+        until = now + timedelta(seconds=self.settings.lock_timeout)
         token = secrets.token_hex(8)
         update = lease_writes.carry_update(
-            write.update, now, until, token, self._settings.replica_id
+            write.update, now, until, token, self.settings.replica_id
         )
-        return Carry(handler, token, now, until, update, self._fence(True))
+        return Carry(handler, token, now, until, update, self.fence(True))
 
-    def _carried(self, write: Write, outcome: Outcome, carry: Carry) -> None:
-        """``carry``'s write landed: this step's outcome is recorded and the document is held
-        by the next step's lease, which an error noted after it is fenced on."""
-        self._released(write, outcome)
-        self._released_until = carry.expires_at
-        self.carried = carry
-
-    def _fence(self, phase_change: bool) -> dict[str, Any]:
-        """The filter a write carries: the token (and the claimed phase, for a phase
-        change), or, after this step's own release, the document as that release left it;
-        with the document's shard key, so the write targets its shard; while migrating
-        from the in-house pattern, with the ``lockedAt`` the lease wrote
-        (``InHouse.fence``)."""
+    def fence(self, phase_change: bool) -> dict[str, Any]:
+        """The filter a write carries: held, the token (and the claimed phase, for a phase
+        change); after this step's own release, the document as that release left it
+        (``Release``), and held by the lease it carried on, if any. With the document's
+        shard key, so the write targets its shard; while migrating from the in-house
+        pattern, with the ``lockedAt`` the lease wrote (``InHouse.fence``): either
+        expiry's while an extension is unconfirmed."""
         pins = claims.shard_filter(self.doc, self.handler.shard_key)
-        in_house = self._settings.in_house
-        if self._state is State.RELEASED:
-            assert self._released_until is not None
-            holder = self.carried.token if self.carried is not None else None
+        in_house = self.settings.in_house
+        if self.state not in HOLDING:
+            assert self._release is not None
+            carried = self.carried
+            holder = carried.token if carried is not None else None
+            release = self._release
             released = lease_writes.released_fence(
-                self.id,
-                self.token,
-                self._released_until,
-                self._released_phase,
-                pins,
-                holder,
+                self.id, self.token, release.until, release.phase, pins, holder
             )
-            return in_house.fence(released, [self._released_until])
+            return in_house.fence(released, [release.until])
         if phase_change:
             held = lease_writes.fenced(self.id, self.token, self.doc.get("phase"), pins)
         else:
             held = lease_writes.fenced(self.id, self.token, pins=pins)
-        maybe = self._unconfirmed_until
-        untils = [self.expires_at] if maybe is None else [self.expires_at, maybe]
+        untils = [self.expires_at]
+        if self.state is LeaseState.UNCONFIRMED:
+            assert self._unconfirmed_until is not None
+            untils.append(self._unconfirmed_until)
         return in_house.fence(held, untils)
 
-    def _lost(self, action: LeaseWrite, reason: str | None = None) -> LeaseLost:
-        """The write matched nothing (or, ``reason``, could not be confirmed in time): the
-        lease is lost from now on."""
-        self._state = State.LOST
-        if reason is None:
-            return LeaseLost(self.collection, self.id, self.token, action)
-        return LeaseLost(self.collection, self.id, self.token, action, reason)
+    # -- the state machine: what may be written, and what each answer does --------------
 
-    def _seconds_left(self) -> float:
-        """Seconds until this lease expires, by the server clock's estimate."""
-        return (self.expires_at - self._clock.now()).total_seconds()
+    def check(self, action: LeaseWrite, after: bool = False) -> None:
+        """Raise ``LeaseLost`` unless this lease may write ``action`` now (``REFUSALS``):
+        held, or (``after``: an error's record only) released by this very step's own
+        outcome, and its failed attempt not recorded yet."""
+        if after:
+            ask = Ask.RECORD_AFTER
+        else:
+            ask = Ask.RECORD if action is LeaseWrite.RECORD else Ask.WRITE
+        reason = refusal(self.state, ask)
+        if reason is not None:
+            raise LeaseLost(self.collection, self.id, self.token, action, reason)
 
-    def _released(self, write: Write | None, outcome: Outcome) -> None:
-        """A releasing write landed (``None``: the document was removed); ``outcome`` is
-        what it was, unless the step already had one (an error noted after it)."""
-        if write is not None and write.action in _RECORDS:
-            self._recorded = True
-        if self.outcome is None:
-            self.outcome = outcome
-        if self._state is State.RELEASED:
-            if write is not None and write.action is not LeaseWrite.NOTE:
-                self.carried = None  # a retry or a failure released what was carried on
-            return  # a note: the document is as the step's outcome left it
-        self._state = State.RELEASED
-        if write is not None:
-            self._released_until = write.until
-            self._released_phase = (
-                self.doc.get("phase") if write.next_phase is SAME else write.next_phase
-            )
+    def landed(self, write: Write, outcome: Outcome) -> Outcome:
+        """A releasing write landed: the step's outcome, unless it had one already (an
+        error after it), which stands and is returned."""
+        if write.action in _RECORDS:
+            event = LeaseEvent.NOTED if write.action is LeaseWrite.NOTE else LeaseEvent.RECORDED
+        elif self._moves(write):
+            event = LeaseEvent.ADVANCED
+        else:
+            event = LeaseEvent.RELEASED
+        return self._released(event, write, write.until, outcome)
 
-    @property
-    def holds_slots(self) -> bool:
-        """Whether this step still holds a slot of its handler's global limit."""
-        return bool(self._held_slots())
+    def carried_on(self, write: Write, outcome: Outcome, carry: Carry) -> Outcome:
+        """``carry``'s write landed: this step's outcome is recorded and the document is held
+        by the next step's lease, which an error noted after it is fenced on."""
+        self._carry = carry
+        event = LeaseEvent.CARRIED_ADVANCED if self._moves(write) else LeaseEvent.CARRIED
+        return self._released(event, write, carry.expires_at, outcome)
 
-    def _held_slots(self) -> list[Slot]:
-        """The slots this step still holds that follow its lease (a global limit's): renewed
-        with it, freed with it. A rate limit's slot counts a start: it stays taken for its
-        period, whatever becomes of the step."""
-        return [slot for slot in self.slots if slot.limit.follows_lease and not slot.freed]
+    def removed(self, outcome: Outcome) -> None:
+        """The step's removal landed: the document is gone."""
+        self._fire(LeaseEvent.REMOVED)
+        self.outcome = outcome
 
-    def _extended(self, now: datetime, until: datetime) -> None:
+    def extended(self, now: datetime, until: datetime) -> None:
+        """An extension landed in time: the lease runs to ``until``."""
+        self._fire(LeaseEvent.EXTENDED)
         self.locked_at = now
         self.expires_at = until
         self._unconfirmed_until = None
 
-    def _extension_unconfirmed(self, until: datetime) -> None:
+    def extension_unconfirmed(self, until: datetime) -> None:
         """An extension to ``until`` failed with time left and may have landed: the lease
         goes on, and while migrating its fence accepts the ``lockedAt`` of either expiry."""
+        self._fire(LeaseEvent.UNCONFIRMED)
         self._unconfirmed_until = until
+
+    def lose(self, action: LeaseWrite, reason: str | None = None) -> LeaseLost:
+        """The write matched nothing (or, ``reason``, could not be confirmed in time): the
+        lease is lost from now on."""
+        self._fire(LeaseEvent.LOST)
+        if reason is None:
+            return LeaseLost(self.collection, self.id, self.token, action)
+        return LeaseLost(self.collection, self.id, self.token, action, reason)
+
+    def _released(
+        self, event: LeaseEvent, write: Write, until: datetime, outcome: Outcome
+    ) -> Outcome:
+        if self.state in HOLDING:  # the step's own release: what an error after it is fenced on
+            self._release = Release(until, self._phase_after(write))
+        self._fire(event)
+        if self.outcome is None:
+            self.outcome = outcome
+        return self.outcome
+
+    def _fire(self, event: LeaseEvent) -> None:
+        self.state = fire(self.state, event)
+
+    def _moves(self, write: Write) -> bool:
+        """Whether ``write`` leaves the document in another phase than it was claimed in."""
+        return bool(self._phase_after(write) != self.doc.get("phase"))
+
+    def _phase_after(self, write: Write) -> Any:
+        return self.doc.get("phase") if write.next_phase is SAME else write.next_phase
 
     # -- pure helpers --------------------------------------------------------------------
 
@@ -488,7 +533,7 @@ class LeaseCore(Generic[R]):
         waits the relock floor, so no outcome can make a handler spin."""
         if not self.throttled:
             return EPOCH, None
-        wait = self._settings.relock_floor
+        wait = self.settings.relock_floor
         return self._clock.now() + timedelta(seconds=wait), wait
 
     def _policy_wait(self, name: str, policy: Any, now: datetime, count: int) -> float:
@@ -498,7 +543,7 @@ class LeaseCore(Generic[R]):
             wait = policy.wait(
                 waited=self._time_in_phase(now),
                 count=count,
-                lock_timeout=self._settings.lock_timeout,
+                lock_timeout=self.settings.lock_timeout,
             )
         except Exception as exc:
             raise PolicyError(f"{name} raised {type(exc).__name__}: {exc}") from exc
@@ -521,12 +566,12 @@ class LeaseCore(Generic[R]):
         return max((now - as_utc(since)).total_seconds(), 0.0)
 
     def _bounded(self, wait: float) -> float:
-        return min(max(wait, self._settings.relock_floor), self._settings.max_wait)
+        return min(max(wait, self.settings.relock_floor), self.settings.max_wait)
 
     def __repr__(self) -> str:
         return (
             f"<{type(self).__name__} {self.collection}/{self.id} phase={self.phase} "
-            f"{self._state.value}>"
+            f"{self.state.value}>"
         )
 
 

@@ -21,6 +21,7 @@ from apscheduler.schedulers.base import BaseScheduler
 
 from orchestrator.core import steps
 from orchestrator.core.lease import LeaseCore
+from orchestrator.core.lease_api import StepLease
 from orchestrator.core.outcomes import StepOutcome
 from orchestrator.core.scheduler import Action, Claim, Found, Probe, Scheduler
 from orchestrator.core.steps import StopReport
@@ -31,7 +32,7 @@ if TYPE_CHECKING:
 
 __all__ = ["LEAVE", "Books", "Crew", "Leave"]
 
-L = TypeVar("L", bound=LeaseCore[Any])
+L = TypeVar("L", bound=StepLease)
 
 
 _UNKNOWN_PHASE = frozenset({StepOutcome.LOST, StepOutcome.DONE, StepOutcome.TIMED_OUT})

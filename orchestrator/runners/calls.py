@@ -3,7 +3,8 @@
 
 The async engine awaits an ``async def`` handler in the step's task and runs a plain
 ``def`` one (a blocking SDK) on a daemon thread with a ``ThreadLease``; the sync engine
-calls a plain function on its worker thread and refuses an ``async def`` one.
+calls a plain function on its worker thread with its ``Lease`` and refuses an ``async
+def`` one. Either way a ``def`` handler is handed a ``BlockingLease`` (checked here).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from orchestrator.core.errors import ConfigError
+from orchestrator.core.lease_api import BlockingLease
 from orchestrator.mongo import AsyncLease, Lease
 from orchestrator.runners.threads import HandlerThreads, ThreadLease
 
@@ -44,7 +46,8 @@ class AsyncHandlerCalls:
         # The step's context goes with it (copied here, in the step's await): a run_once
         # the thread asks the loop for is refused as re-entrant, as on the loop itself.
         context = contextvars.copy_context()
-        return await self._threads.submit(loop, context.run, func, ThreadLease(lease, loop))
+        handed: BlockingLease[Any] = ThreadLease(lease, loop)
+        return await self._threads.submit(loop, context.run, func, handed)
 
     def close(self) -> None:
         """Let the idle threads go (a thread step still running keeps its daemon thread)."""
@@ -69,7 +72,8 @@ class HandlerCalls:
 
     @staticmethod
     def call(func: Callable[..., Any], lease: Lease[Any]) -> object:
-        result: object = func(lease)
+        handed: BlockingLease[Any] = lease
+        result: object = func(handed)
         return result
 
     def close(self) -> None:

@@ -20,7 +20,7 @@ from orchestrator.core.events import (
     SubmittingEvent,
     carrier,
 )
-from orchestrator.core.lease import LeaseCore
+from orchestrator.core.lease_api import StepLease
 from orchestrator.core.outcomes import StepOutcome
 from orchestrator.core.redact import RedactingFilter
 from orchestrator.core.registry import Handler
@@ -31,8 +31,6 @@ __all__ = ["Reporter", "logger"]
 
 logger = logging.getLogger("orchestrator")
 logger.addFilter(RedactingFilter())
-
-Lease = LeaseCore[Any]
 
 
 class Reporter:
@@ -55,7 +53,7 @@ class Reporter:
         self,
         level: int,
         message: str,
-        lease: Lease,
+        lease: StepLease,
         outcome: str,
         *,
         wait: float | None = None,
@@ -80,13 +78,13 @@ class Reporter:
         """A line about the replica itself (started, stopped, its record, its clock)."""
         logger.log(level, message, extra={**self.base, "outcome": outcome, **fields})
 
-    def lost(self, message: str, lease: Lease) -> None:
+    def lost(self, message: str, lease: StepLease) -> None:
         """A write found ``lease`` lost: logged, and reported to the listeners."""
         self.log(logging.WARNING, message, lease, StepOutcome.LOST)
         if self.events.active:
             self.events.emit(LeaseLostEvent(*self._about(lease), message, self._held_for(lease)))
 
-    def taken_over(self, lease: Lease) -> None:
+    def taken_over(self, lease: StepLease) -> None:
         """A claim took over a lease its holder never released (``lease.taken_from``)."""
         self.log(
             logging.WARNING,
@@ -145,7 +143,7 @@ class Reporter:
                 ),
             )
 
-    def extended(self, lease: Lease) -> None:
+    def extended(self, lease: StepLease) -> None:
         if self.events.active:
             self.events.emit(LeaseExtendedEvent(*self._about(lease), self._held_for(lease)))
 
@@ -162,11 +160,11 @@ class Reporter:
             event = ClockMeasuredEvent(self.replica, offset, round_trip, clock.server_time)
             self.events.emit(event)
 
-    def _about(self, lease: Lease) -> tuple[str, str, Any, str | None, str]:
+    def _about(self, lease: StepLease) -> tuple[str, str, Any, str | None, str]:
         """What every step event says first: this replica, and the step's document,
         phase and handler."""
         return (self.replica, lease.collection, lease.id, lease.phase, lease.handler.name)
 
-    def _held_for(self, lease: Lease) -> float:
+    def _held_for(self, lease: StepLease) -> float:
         """Seconds since ``lease`` was claimed, by the server clock's estimate."""
         return float((self._clock.now() - lease.claimed_at).total_seconds())

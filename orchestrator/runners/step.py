@@ -5,13 +5,13 @@ from __future__ import annotations
 import asyncio
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar
 
-from orchestrator.core.lease import LeaseCore
+from orchestrator.core.lease_api import StepLease
 
 __all__ = ["IN_STEP", "Step"]
 
-L = TypeVar("L", bound=LeaseCore[Any])
+L = TypeVar("L", bound=StepLease)
 
 
 @dataclass

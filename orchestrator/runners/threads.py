@@ -116,8 +116,8 @@ class ThreadLease(Generic[R]):
     of its own but is a view on the ``AsyncLease`` the runner judges the step by, and a
     ``Lease`` writes through a sync ``Store``, which the async engine (the async driver
     only) does not have; a subclass would inherit writes that must never run. What the
-    two share is what a handler calls, so annotate a ``def`` handler of the async engine
-    ``ThreadLease[R]``, and one run by both engines ``Lease[R] | ThreadLease[R]``.
+    two share is what a handler calls, the ``BlockingLease`` protocol both satisfy:
+    annotate a ``def`` handler ``BlockingLease[R]``, whichever engine runs it.
     """
 
     def __init__(self, lease: AsyncLease[R], loop: asyncio.AbstractEventLoop) -> None:

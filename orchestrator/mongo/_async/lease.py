@@ -3,9 +3,11 @@ from it).
 
 Every write a lease makes carries its token in the filter (fencing): once another replica
 has claimed the document, this lease's writes match nothing and raise ``LeaseLost``
-instead of overwriting the new holder's lease. What each outcome writes, and the state
-machine that decides which fence a write carries, are ``orchestrator.core.lease``'s; this
-class only carries the writes (the sync ``Lease`` is generated from it).
+instead of overwriting the new holder's lease. What each outcome writes, and which
+fence it carries, are decided by the ``LeaseCore`` (``orchestrator.core.lease``) this lease
+holds, in the state its table gives (``orchestrator.core.lease_state``); this class sends
+the writes and tells the core what the store answered (the sync ``Lease`` is generated
+from it).
 """
 
 from __future__ import annotations
@@ -13,17 +15,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import pymongo
 
 from orchestrator.core.errors import LeaseLost, StoreError
-from orchestrator.core.lease import LeaseCore, Outcome, Write
-from orchestrator.core.outcomes import LeaseWrite, StepOutcome
+from orchestrator.core.lease import Carrier, Carry, LeaseCore, Outcome, Write
+from orchestrator.core.outcomes import LeaseWrite
 from orchestrator.core.queries import lease_writes, limit_slots
 from orchestrator.mongo.common import DocumentTooLarge
 
 if TYPE_CHECKING:
+    from orchestrator.core.limits import Slot
+    from orchestrator.core.registry import Handler
     from orchestrator.mongo._async.contract import AsyncLeaseStore
 
 __all__ = ["AsyncLease"]
@@ -35,35 +39,139 @@ _EXPIRED = "it expired before its extension was sent"
 _SLOT_TAKEN = "its slot of the handler's global_limit was taken (it expired) before its renewal"
 
 
-class AsyncLease(LeaseCore[R]):
+class AsyncLease(Generic[R]):
     """``doc`` is the claimed document as stored; ``resource`` is it validated by the
     handler's model (the same dict for handlers registered on a collection name).
+
+    It holds a ``LeaseCore`` (``_core``): each method below plans its write there, checks
+    it against the lease's state, sends it, and fires the state's event with the answer.
 
     A plain ``def`` handler in the ``AsyncOrchestrator`` gets a ``ThreadLease`` instead:
     the blocking API of ``Lease``, but not a ``Lease`` (it has no sync store to write
     through; it runs the ``AsyncLease``'s outcomes on the event loop), so it is not an
-    instance of this class either; see its docstring.
+    instance of this class either; annotate such handlers ``BlockingLease``, which both
+    satisfy.
     """
 
     def __init__(self, *, store: AsyncLeaseStore, **core: Any) -> None:
-        super().__init__(**core)
+        self._core: LeaseCore[R] = LeaseCore(**core)
         self._store = store
         self._lock = asyncio.Lock()  # serialises the step's writes with the heartbeat's
+
+    # -- what it says about itself (the core's) -------------------------------------------
+
+    @property
+    def doc(self) -> dict[str, Any]:
+        return self._core.doc
+
+    @property
+    def resource(self) -> R:
+        return self._core.resource
+
+    @resource.setter
+    def resource(self, value: R) -> None:
+        self._core.resource = value
+
+    @property
+    def handler(self) -> Handler:
+        return self._core.handler
+
+    @property
+    def token(self) -> str:
+        return self._core.token
+
+    @property
+    def id(self) -> Any:
+        return self._core.id
+
+    @property
+    def collection(self) -> str:
+        return self._core.collection
+
+    @property
+    def phase(self) -> str | None:
+        return self._core.phase
+
+    @property
+    def held(self) -> bool:
+        """True until this lease is released or found lost."""
+        return self._core.held
+
+    @property
+    def lost(self) -> bool:
+        """True once a write found the document held by another lease (or its phase
+        changed from outside): nothing more may be written for this step."""
+        return self._core.lost
+
+    @property
+    def outcome(self) -> Outcome | None:
+        """The step's own outcome, once one landed: the first one stands."""
+        return self._core.outcome
+
+    @property
+    def claimed_at(self) -> datetime:
+        return self._core.claimed_at
+
+    @property
+    def locked_at(self) -> datetime:
+        return self._core.locked_at
+
+    @property
+    def expires_at(self) -> datetime:
+        return self._core.expires_at
+
+    def expired(self, now: datetime) -> bool:
+        """True once this lease's expiry has passed: another replica may hold it now."""
+        return self._core.expired(now)
+
+    # -- what the engine reads and sets ---------------------------------------------------
+
+    @property
+    def taken_from(self) -> str | None:
+        return self._core.taken_from
+
+    @property
+    def throttled(self) -> bool:
+        return self._core.throttled
+
+    @throttled.setter
+    def throttled(self, value: bool) -> None:
+        self._core.throttled = value
+
+    @property
+    def carrier(self) -> Carrier | None:
+        return self._core.carrier
+
+    @carrier.setter
+    def carrier(self, value: Carrier | None) -> None:
+        self._core.carrier = value
+
+    @property
+    def carried(self) -> Carry | None:
+        return self._core.carried
+
+    @property
+    def slots(self) -> list[Slot]:
+        return self._core.slots
+
+    @slots.setter
+    def slots(self, value: list[Slot]) -> None:
+        self._core.slots = value
+
+    @property
+    def holds_slots(self) -> bool:
+        return self._core.holds_slots
 
     # -- what handlers call ---------------------------------------------------------------
 
     async def unlock(self, **fields: Any) -> Outcome:
         """Step done, more to do: release now so the next step can be claimed at once."""
-        write, wait = self._unlock_write(fields)
-        return await self._write(write, Outcome(StepOutcome.UNLOCKED, self.phase, wait, self.token))
+        return await self._write(*self._core.unlock_write(fields))
 
     async def relock(self, wait: float | None = None, **fields: Any) -> Outcome:
         """Waiting on something outside: release, claimable again after ``wait`` seconds
         (by default the handler's relock policy; never less than the floor of one tick)."""
-        write, waited = self._relock_write(wait, fields)
-        return await self._write(
-            write, Outcome(StepOutcome.RELOCKED, self.phase, waited, self.token)
-        )
+        return await self._write(*self._core.relock_write(wait, fields))
 
     async def advance(self, phase: str, **fields: Any) -> Outcome:
         """Enter ``phase`` (setting ``fields`` with it) and release at once.
@@ -72,20 +180,20 @@ class AsyncLease(LeaseCore[R]):
         cancelling, say) changed the phase meanwhile, the advance raises ``LeaseLost``, the
         lease is released, and the document stays in the phase the outside writer chose.
         """
-        write, wait = self._advance_write(phase, fields)
-        return await self._write(write, Outcome(StepOutcome.ADVANCED, phase, wait, self.token))
+        return await self._write(*self._core.advance_write(phase, fields))
 
     async def remove(self) -> Outcome:
         """Delete the document (the end of its life), fenced like ``advance``: on the
         token and on the phase the step was claimed in, so a document whose phase an
         outside writer changed meanwhile (the API cancelling) is kept, and released."""
-        outcome = Outcome(StepOutcome.REMOVED, self.phase, None, self.token)
+        core = self._core
+        outcome = core.remove_outcome()
         async with self._lock:
-            self._check_allowed(LeaseWrite.REMOVE)
-            if not await self._store.delete(self.collection, self._fence(True)):
+            core.check(LeaseWrite.REMOVE)
+            if not await self._store.delete(core.collection, core.fence(True)):
                 await self._release_after_outside_change()
-                raise self._lost(LeaseWrite.REMOVE)
-            self._released(None, outcome)
+                raise core.lose(LeaseWrite.REMOVE)
+            core.removed(outcome)
         return outcome
 
     async def fail(self, reason: str) -> Outcome:
@@ -104,31 +212,30 @@ class AsyncLease(LeaseCore[R]):
         step never holds its lease without its slot; a slot taken meanwhile leaves the
         lease lost, and a lease lost frees its slot.
         """
-        now, until, update = self._extend_write()
+        core = self._core
+        now, until, update = core.extend_write()
         async with self._lock:
-            self._check_allowed(LeaseWrite.EXTEND)
-            left = self._seconds_left()
+            core.check(LeaseWrite.EXTEND)
+            left = core.seconds_left()
             if left <= 0:
-                raise await self._lose(
-                    LeaseWrite.EXTEND, "it expired before its extension was sent"
-                )
-            fence = self._fence(False)  # held: the token, and the shard key if declared
+                raise await self._lose(LeaseWrite.EXTEND, _EXPIRED)
+            fence = core.fence(False)  # held: the token, and the shard key if declared
             try:
                 with pymongo.timeout(left):
                     kept = await self._renew_slots(until)
-                    matched = kept and await self._store.write(self.collection, fence, update)
+                    matched = kept and await self._store.write(core.collection, fence, update)
             except StoreError:
-                if self._seconds_left() <= 0:
+                if core.seconds_left() <= 0:
                     raise await self._lose(LeaseWrite.EXTEND, _UNCONFIRMED) from None
-                self._extension_unconfirmed(until)
+                core.extension_unconfirmed(until)
                 raise
             if not kept:
                 raise await self._lose(LeaseWrite.EXTEND, _SLOT_TAKEN)
             if not matched:
                 raise await self._lose(LeaseWrite.EXTEND)
-            if self._seconds_left() <= 0:
+            if core.seconds_left() <= 0:
                 raise await self._lose(LeaseWrite.EXTEND, _UNCONFIRMED)
-            self._extended(now, until)
+            core.extended(now, until)
 
     async def free_slots(self) -> None:
         """Free the slots of the handler's ``global_limit`` this step holds (its step ended,
@@ -142,8 +249,8 @@ class AsyncLease(LeaseCore[R]):
     async def _renew_slots(self, until: datetime) -> bool:
         """Renew the held global slots to ``until``; False when one was taken meanwhile
         (it expired and another step took it): it is not this step's any more."""
-        name = self._settings.slots_collection
-        for slot in self._held_slots():
+        name = self._core.settings.slots_collection
+        for slot in self._core.held_slots():
             fence = limit_slots.slot_fence(slot.id, slot.token)
             if not await self._store.write(name, fence, limit_slots.extend_slot_update(until)):
                 slot.freed = True
@@ -152,8 +259,8 @@ class AsyncLease(LeaseCore[R]):
         return True
 
     async def _free_slots(self) -> None:
-        name = self._settings.slots_collection
-        for slot in self._held_slots():
+        name = self._core.settings.slots_collection
+        for slot in self._core.held_slots():
             fence = limit_slots.slot_fence(slot.id, slot.token)
             try:
                 await self._store.write(name, fence, limit_slots.free_slot_update())
@@ -163,10 +270,11 @@ class AsyncLease(LeaseCore[R]):
             slot.freed = True
 
     async def _lose(self, action: LeaseWrite, reason: str | None = None) -> LeaseLost:
-        """``_lost``, its global slots freed first (if that fails they expire with it)."""
+        """``LeaseCore.lose``, its global slots freed first (if that fails they expire with
+        it)."""
         with contextlib.suppress(StoreError):
             await self._free_slots()
-        return self._lost(action, reason)
+        return self._core.lose(action, reason)
 
     # -- what the loop calls --------------------------------------------------------------
 
@@ -190,13 +298,13 @@ class AsyncLease(LeaseCore[R]):
         attempt must count. ``trace``: the error's traceback, as stored
         (``history.trace_text``).
         """
+        core = self._core
         async with self._lock:
             # Planned and written under one hold of the lock: the state it was planned for
             # (held, or released by the step's own outcome) is the state it is fenced on.
-            self._check_allowed(LeaseWrite.RECORD, after)
-            planned = self._error_write(kind, message, permanent, trace)
+            core.check(LeaseWrite.RECORD, after)
+            planned = core.error_write(kind, message, permanent, trace)
             if not planned.forms:  # noted after a remove: no document to note it on
-                self._released(None, planned.outcome)
                 return planned.outcome
             *larger, last = planned.forms
             for write in larger:
@@ -208,30 +316,28 @@ class AsyncLease(LeaseCore[R]):
 
     async def release(self) -> Outcome:
         """Hand back a lease whose step never ran (subject to the budget, like any release)."""
-        write, wait = self._release_write()
-        return await self._write(write, Outcome(StepOutcome.RELEASED, self.phase, wait, self.token))
+        return await self._write(*self._core.release_write())
 
     # -- internals -------------------------------------------------------------------------
 
     async def _write(self, write: Write, outcome: Outcome) -> Outcome:
         """A releasing write by the handler, serialised with the heartbeat's extends. An
         unlock or advance into work this replica does next carries the lease on in the
-        same write (``_carry_plan``); if that finds the document changed from outside
-        (or the lease lost), or the server refuses it as too large, the plain write
-        decides, as it would have alone."""
+        same write (``LeaseCore.carry_plan``); if that finds the document changed from
+        outside (or the lease lost), or the server refuses it as too large, the plain
+        write decides, as it would have alone."""
+        core = self._core
         async with self._lock:
-            self._check_allowed(write.action)
-            carry = self._carry_plan(write)
+            core.check(write.action)
+            carry = core.carry_plan(write)
             if carry is not None:
                 try:
-                    doc = await self._store.carry(self.collection, carry.fence, carry.update)
+                    doc = await self._store.carry(core.collection, carry.fence, carry.update)
                 except DocumentTooLarge:  # the next claim does not fit: release, lighter
                     doc = None
                 if doc is not None:
                     carry.doc = doc
-                    self._carried(write, outcome, carry)
-                    assert self.outcome is not None
-                    return self.outcome
+                    return core.carried_on(write, outcome, carry)
             return await self._apply(write, outcome)
 
     async def _apply(self, write: Write, outcome: Outcome) -> Outcome:
@@ -239,14 +345,13 @@ class AsyncLease(LeaseCore[R]):
         and checked the state), in its lighter forms in turn while the server refuses one
         as too large. Returns the step's outcome: ``outcome``, or the one its release
         gave first."""
-        query = self._fence(write.phase_change)
+        core = self._core
+        query = core.fence(write.phase_change)
         if not await self._lightest(query, write):
-            if self.held and write.phase_change:
+            if core.held and write.phase_change:
                 await self._release_after_outside_change()
-            raise self._lost(write.action)
-        self._released(write, outcome)
-        assert self.outcome is not None
-        return self.outcome
+            raise core.lose(write.action)
+        return core.landed(write, outcome)
 
     async def _lightest(self, query: dict[str, Any], write: Write) -> bool:
         """Whether ``write`` matched: its first form the server takes (``DocumentTooLarge``
@@ -260,7 +365,13 @@ class AsyncLease(LeaseCore[R]):
     async def _release_after_outside_change(self) -> None:
         """The phase-fenced write matched nothing: if the token still matches, the phase was
         changed from outside while the step ran; let the document go at once."""
+        fence = self._core.fence(False)
         with contextlib.suppress(StoreError):  # if it fails, the lease expires on its own
-            await self._store.write(
-                self.collection, self._fence(False), lease_writes.release_update()
-            )
+            await self._store.write(self.collection, fence, lease_writes.release_update())
+
+    def __repr__(self) -> str:
+        core = self._core
+        return (
+            f"<{type(self).__name__} {core.collection}/{core.id} phase={core.phase} "
+            f"{core.state.value}>"
+        )
