@@ -438,7 +438,7 @@ def test_the_demo_timeout_covers_setup(monkeypatch: pytest.MonkeyPatch) -> None:
     assert len(submitted) == 3
 
 
-# -- issue 16: a live lease, any stored value, verbatim output, ids exactly ----------------
+# -- a live lease refused unless forced; stored values and ids shown exactly ---------------
 
 
 @pytest.mark.anyio

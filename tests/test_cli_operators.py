@@ -1,7 +1,7 @@
-"""The operators' commands of issue 18, as an operator types them at an 80-column
-terminal: find (by filter and business key, page by page), history, retry, unlock and
-cancel of one document or of a filter's (dry run, confirmation, --yes), pause and resume,
-audit, and status. Every refusal is one line and exit status 2."""
+"""The operators' commands, as an operator types them at an 80-column terminal: find
+(by filter and business key, page by page), history, retry, unlock and cancel of one
+document or of a filter's (dry run, confirmation, --yes), pause and resume, audit, and
+status. Every refusal is one line and exit status 2."""
 
 from __future__ import annotations
 

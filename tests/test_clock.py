@@ -145,7 +145,7 @@ def test_reading_the_time_does_no_io() -> None:
     assert clock.now() == first + timedelta(seconds=100), "...and now() answers without one"
 
 
-# -- issue 16, a suspicion: a failover to a node whose clock differs ------------------------
+# -- a failover to a node whose clock differs -----------------------------------------------
 
 
 class _Topology:

@@ -205,7 +205,7 @@ def test_lease_field_names_follow_the_model_and_refuse_managed_fields() -> None:
     assert refused and "lockedAt" in refused[0]
 
 
-# -- issue 16, defects 14 and 15: refused at construction, not at the first step ------------
+# -- refused at construction, not at the first step -----------------------------------------
 
 
 @pytest.mark.parametrize(

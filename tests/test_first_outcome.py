@@ -1,7 +1,7 @@
 """The first outcome a step gives stands: nothing written after it (an error raised after
 it, a time-out racing it, a stale record) moves the document on, and a failed attempt is
 recorded once, only on the state the step itself left. And outside writers win against
-``remove()`` as against ``advance()``. Issue 16, defects 1 and 4."""
+``remove()`` as against ``advance()``."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ def _doc(db: Database[Any]) -> dict[str, Any]:
     return doc
 
 
-# -- defect 1: remove() is fenced on the phase too -----------------------------------------
+# -- remove() is fenced on the phase too ---------------------------------------------------
 
 
 @pytest.mark.anyio
@@ -64,7 +64,7 @@ async def test_remove_still_deletes_a_document_left_in_its_phase(
     assert db.jobs.count_documents({}) == 0
 
 
-# -- defect 4: an error after the step's own outcome -----------------------------------------
+# -- an error after the step's own outcome ---------------------------------------------------
 
 
 @pytest.mark.anyio
@@ -232,7 +232,7 @@ async def test_an_unlock_then_raise_still_counts_a_failed_attempt_of_its_phase(
     assert doc["phase"] == "Running"
 
 
-# -- defect 4: a time-out racing the step's own outcome or record -----------------------------
+# -- a time-out racing the step's own outcome or record ---------------------------------------
 
 
 class _Witness:

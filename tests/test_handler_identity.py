@@ -1,7 +1,7 @@
-"""Which handler a document's ``failedBy`` keeps off it, and for how long (issue 16,
-defects 8 and 9): a registration's key (its collection and filter) names it, not its
-function's name, which handlers made by one helper function share; and the mark holds
-only while the document stays in the failed phase that handler sent it to."""
+"""Which handler a document's ``failedBy`` keeps off it, and for how long: a
+registration's key (its collection and filter) names it, not its function's name, which
+handlers made by one helper function share; and the mark holds only while the document
+stays in the failed phase that handler sent it to."""
 
 from __future__ import annotations
 

@@ -128,7 +128,7 @@ def test_the_heartbeat_stops_once_the_lease_is_lost(
     assert isinstance(box.get("lost"), LeaseLost)
 
 
-# -- issue 16, defect 3: extensions never queue behind each other ---------------------------
+# -- extensions never queue behind each other -----------------------------------------------
 
 
 class _Rendezvous:

@@ -1,4 +1,4 @@
-"""A randomized, stateful test of the lease invariants the README promises (issues 8 and 16).
+"""A randomized, stateful test of the lease invariants the README promises.
 
 Several replicas share one in-memory database and one ``FakeClock``: threaded
 ``Orchestrator`` objects driven by ``run_once``, and ``AsyncOrchestrator`` objects (each on

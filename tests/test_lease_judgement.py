@@ -76,7 +76,7 @@ async def _holding(replica: Replica) -> AsyncIterator[dict[str, Any]]:
             box["go"].set()
 
 
-# -- defect 2: mixed lock timeouts, on both engines and mixed ---------------------------
+# -- mixed lock timeouts, on both engines and mixed -------------------------------------
 
 ENGINES = pytest.mark.parametrize("replicas", MODES, indirect=True)
 
@@ -138,7 +138,7 @@ async def test_a_relock_is_honoured_exactly_by_a_replica_with_another_lock_timeo
     assert len(ran) == 1
 
 
-# -- defect 3: wall-clock steps, and a server without time -------------------------------
+# -- wall-clock steps, and a server without time -----------------------------------------
 
 
 @pytest.mark.anyio
@@ -223,7 +223,7 @@ def test_without_server_time_a_replica_40s_ahead_does_not_steal_a_live_lease(
         ahead.stop(timeout=5)
 
 
-# -- defect 6: durations that would overflow date arithmetic -----------------------------
+# -- durations that would overflow date arithmetic ---------------------------------------
 
 
 @pytest.mark.pure
@@ -291,9 +291,9 @@ def test_the_estimate_never_runs_backwards_when_a_measurement_comes_out_earlier(
 async def test_a_long_wait_is_honoured_by_a_replica_with_a_shorter_max_wait(
     replicas: MakeEither, db: Database[Any], clock: FakeClock
 ) -> None:
-    """Issue 16, defect 10: a 10-day relock written by a replica with ``max_wait`` of 30
-    days. Before the fix a replica with the default ``max_wait`` took any ``lockedUntil``
-    past its own ``max(max_wait, 1 day)`` for corrupt, and ran the step 5 s later."""
+    """A 10-day relock written by a replica with ``max_wait`` of 30 days. Before the fix
+    a replica with the default ``max_wait`` took any ``lockedUntil`` past its own
+    ``max(max_wait, 1 day)`` for corrupt, and ran the step 5 s later."""
     patient = await replicas("patient", max_wait=30 * 86_400)
     hasty = await replicas("hasty")
     ran: list[str] = []

@@ -1,5 +1,5 @@
-"""Cluster-wide limits (issue 20): ``global_limit=N``, at most N steps of a handler at once
-across every replica, and ``rate_limit="N/minute"``, at most N starts per period, kept by
+"""Cluster-wide limits: ``global_limit=N``, at most N steps of a handler at once across
+every replica, and ``rate_limit="N/minute"``, at most N starts per period, kept by
 the slots of ``orchestrator.core.limits``. On both engines and every database mode; time
 comes from the FakeClock, steps are held with events, never with sleeps.
 

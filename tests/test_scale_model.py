@@ -63,7 +63,7 @@ def test_the_model_reproduces_the_measured_three_replica_figures() -> None:
             assert row["model"] == pytest.approx(row["measured"])
 
 
-def test_before_issue_19_an_idle_tick_cost_a_command_per_collection() -> None:
+def test_an_idle_tick_is_one_probe_where_the_code_before_sent_a_command_per_collection() -> None:
     ten_on_five = Workload(
         "idle", tuple(chain(f"idle{n % 5}", [f"P{n}"], 0.0)[0] for n in range(10)), seconds=4.0
     )

@@ -1,6 +1,6 @@
-"""What a real MongoDB does that a naive client trips over (issue 8, "Suspicions for a real
-server"), and defect 7: each case as the driver meets it, in memory (the in-memory store
-answers as the server does) and against ``MONGODB_URI`` where a server can show it."""
+"""What a real MongoDB does that a naive client trips over, and the unique keys submit
+takes by default: each case as the driver meets it, in memory (the in-memory store answers
+as the server does) and against ``MONGODB_URI`` where a server can show it."""
 
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ def index_names(db: Database[Any], collection: str) -> dict[str, list[tuple[str,
     return {name: info["key"] for name, info in db[collection].index_information().items()}
 
 
-# -- defect 7: the model's unique keys are submit's default ----------------------------------
+# -- the model's unique keys are submit's default --------------------------------------------
 
 
 def test_submit_defaults_to_the_unique_keys_the_model_declares(

@@ -30,7 +30,7 @@ def _doc(db: Database[Any]) -> dict[str, Any]:
     return doc
 
 
-# -- defect 4: a LeaseLost or an outcome that is not the step's own ----------------------
+# -- a LeaseLost or an outcome that is not the step's own --------------------------------
 
 
 @pytest.mark.anyio
@@ -138,7 +138,7 @@ async def test_a_genuinely_lost_lease_is_still_filed_as_lost_without_a_record(
     assert doc["attempts"] == 0 and "lastError" not in doc and doc["relocks"] == 1
 
 
-# -- defect 5: policies that answer nonsense ---------------------------------------------
+# -- policies that answer nonsense -------------------------------------------------------
 
 
 class Answers:
@@ -190,7 +190,7 @@ async def test_a_relock_policy_answering_nonsense_is_a_counted_error(
     assert "relock_policy returned" in doc["lastError"]["message"]
 
 
-# -- defect 8: a step whose lease is gone before it starts -------------------------------
+# -- a step whose lease is gone before it starts -----------------------------------------
 
 
 def test_a_step_whose_lease_expired_before_it_started_is_handed_back(
@@ -220,7 +220,7 @@ def test_a_step_whose_lease_expired_before_it_started_is_handed_back(
     assert _doc(db)["phase"] == "Done"
 
 
-# -- defect 9: "failed" in status means the latest attempt failed ------------------------
+# -- "failed" in status means the latest attempt failed ----------------------------------
 
 
 @pytest.mark.parametrize("recovery", ["unlock", "relock", "advance"])
@@ -252,7 +252,7 @@ async def test_a_success_after_a_failure_is_no_longer_counted_failed(
     assert Operations(db).status().errors == []
 
 
-# -- defect 10: an outside writer changes the phase under a held lease -------------------
+# -- an outside writer changes the phase under a held lease ------------------------------
 
 
 @pytest.mark.anyio

@@ -398,7 +398,7 @@ def test_fake_clock_is_thread_safe() -> None:
     assert clock.now() == START + timedelta(seconds=2000)
 
 
-# -- issue 16: the kit checks its options where they are given ------------------------------
+# -- the kit checks its options where they are given ----------------------------------------
 
 
 @pytest.mark.parametrize(

@@ -550,7 +550,7 @@ def test_orchestrator_web_refuses_bad_input_in_one_line(
         busy.close()
 
 
-# -- issue 16: the lease the operator saw, ids exactly, any stored value --------------------
+# -- actions on the lease the operator saw; ids and stored values exactly -------------------
 
 
 @pytest.mark.anyio
