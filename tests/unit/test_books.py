@@ -599,6 +599,8 @@ def test_a_stop_claims_nothing_more_and_wakes_everyone() -> None:
     assert books.stopping
     assert crew.last() == (True, True)
     assert books.next_action() is LEAVE  # not serving, nothing runs: the workers go
+    assert not books.once_over(), "over once every worker has left, not before"
+    assert books.next_action() is LEAVE
     assert books.once_over()
 
 
@@ -642,3 +644,36 @@ def test_books_without_a_crew_say_so() -> None:
     books: Books[Any] = Books(1, 1)
     with pytest.raises(RuntimeError, match="no crew"):
         books.tick()
+
+
+# -- run_once's tick --------------------------------------------------------------------------
+
+
+def test_run_once_s_tick_is_over_only_when_its_workers_have_left() -> None:
+    """The probe found nothing: nothing is left to claim, but the tick's worker has not
+    left yet. A submit's wake reaches that worker, which claims: were run_once to return
+    there, the step would run after it, outside any run_once, and the next run_once would
+    count nothing."""
+    (jobs,) = handlers(("jobs", {"phase": "A"}))
+    books, _ = books_of(jobs, slots=1, budget=100)
+    books.begin_once()
+    probe = books.next_action()
+    assert isinstance(probe, Probe)
+    books.probed(probe, Found(frozenset(), None))
+    assert not books.once_over()
+
+    books.submitted()
+    assert not books.once_over()
+    books.claimed(claim(books), None)
+    assert books.next_action() is LEAVE
+    assert books.once_over()
+
+
+def test_a_tick_with_every_worker_failed_is_over() -> None:
+    """run_once raises the workers' errors rather than wait for work nobody will take."""
+    (jobs,) = handlers(("jobs", {"phase": "A"}))
+    books, _ = books_of(jobs, slots=1, budget=100)
+    books.begin_once()
+    assert isinstance(books.next_action(), Probe)
+    books.worker_failed(RuntimeError("a bug"))
+    assert books.once_over()
