@@ -96,29 +96,23 @@ class LeaseEvent(Enum):
 S = LeaseState
 E = LeaseEvent
 
+_HOLDING_ROW: dict[LeaseEvent, LeaseState] = {
+    E.EXTENDED: S.HELD,
+    E.UNCONFIRMED: S.UNCONFIRMED,
+    E.RELEASED: S.RELEASED,
+    E.CARRIED: S.CARRIED,
+    E.ADVANCED: S.ADVANCED,
+    E.CARRIED_ADVANCED: S.ADVANCED_CARRIED,
+    E.REMOVED: S.REMOVED,
+    E.RECORDED: S.RECORDED,
+    E.LOST: S.LOST,
+}
+"""What a lease that holds its document may do, whether or not an extension is unconfirmed:
+the same row for both (an extension confirmed ends the doubt)."""
+
 TRANSITIONS: dict[LeaseState, dict[LeaseEvent, LeaseState]] = {
-    S.HELD: {
-        E.EXTENDED: S.HELD,
-        E.UNCONFIRMED: S.UNCONFIRMED,
-        E.RELEASED: S.RELEASED,
-        E.CARRIED: S.CARRIED,
-        E.ADVANCED: S.ADVANCED,
-        E.CARRIED_ADVANCED: S.ADVANCED_CARRIED,
-        E.REMOVED: S.REMOVED,
-        E.RECORDED: S.RECORDED,
-        E.LOST: S.LOST,
-    },
-    S.UNCONFIRMED: {
-        E.EXTENDED: S.HELD,
-        E.UNCONFIRMED: S.UNCONFIRMED,
-        E.RELEASED: S.RELEASED,
-        E.CARRIED: S.CARRIED,
-        E.ADVANCED: S.ADVANCED,
-        E.CARRIED_ADVANCED: S.ADVANCED_CARRIED,
-        E.REMOVED: S.REMOVED,
-        E.RECORDED: S.RECORDED,
-        E.LOST: S.LOST,
-    },
+    S.HELD: _HOLDING_ROW,
+    S.UNCONFIRMED: _HOLDING_ROW,
     # After the step's own outcome: only an error's record, which the outcome decides.
     S.RELEASED: {E.RECORDED: S.RECORDED, E.LOST: S.LOST},
     S.CARRIED: {E.RECORDED: S.RECORDED, E.LOST: S.LOST_CARRIED},

@@ -371,10 +371,7 @@ class Operations:
         live = self.replicas()
         if not any_phase:
             check_target(collection, to, live, action=Action.RETRY)
-        keep = history_length(live)
-        shard = self._shard(collection, seen, live)
-        in_house = InHouse.honoured_by(live)
-        return self._move(Retried, collection, seen, to, force, by, why, keep, shard, in_house)
+        return self._move(Retried, collection, seen, to, force, by, why, live)
 
     def cancel(
         self,
@@ -402,10 +399,7 @@ class Operations:
         check_phase_name(target)
         if to is not None and not any_phase:
             check_target(collection, target, live, action=Action.CANCEL)
-        keep = history_length(live)
-        shard = self._shard(collection, seen, live)
-        in_house = InHouse.honoured_by(live)
-        return self._move(Cancelled, collection, seen, target, True, by, why, keep, shard, in_house)
+        return self._move(Cancelled, collection, seen, target, True, by, why, live)
 
     def _move(
         self,
@@ -416,11 +410,13 @@ class Operations:
         force: bool,
         by: str | None,
         why: str,
-        keep: int,
-        shard: Mapping[str, Any],
-        in_house: InHouse,
+        live: list[ReplicaRecord],
     ) -> M:
-        """Send the document ``seen`` to ``to`` as a retry or a cancel (``kind``)."""
+        """Send the document ``seen`` to ``to`` as a retry or a cancel (``kind``), as the
+        ``live`` replicas keep it (their history length, shard key, in-house leases)."""
+        keep = history_length(live)
+        shard = self._shard(collection, seen, live)
+        in_house = InHouse.honoured_by(live)
         action = kind.action
         doc_id, source = seen["_id"], seen.get("phase")
         server = self._reports.server_time()
