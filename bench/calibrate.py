@@ -108,7 +108,7 @@ def measure(docs: int = CALIBRATION_DOCS, database: Any = None) -> dict[str, Any
 
     def claim() -> None:
         update = claims.claim_update(now, now + timedelta(seconds=30), secrets.token_hex(8), "c")
-        doc = store.claim("batch", {"phase": "Done"}, now, 3600.0, None, update)
+        doc = store.claim("batch", claims.ClaimRequest({"phase": "Done"}, now, 3600.0, update))
         if doc is not None:
             claimed.append(doc)
 
@@ -116,7 +116,7 @@ def measure(docs: int = CALIBRATION_DOCS, database: Any = None) -> dict[str, Any
 
     def claim_none() -> None:
         update = claims.claim_update(now, now + timedelta(seconds=30), secrets.token_hex(8), "c")
-        store.claim("batch", {"phase": "Fetch"}, now, 3600.0, None, update)
+        store.claim("batch", claims.ClaimRequest({"phase": "Fetch"}, now, 3600.0, update))
 
     timing("claim_ms", SAMPLES // 4, claim_none)  # nothing to sort: what every claim pays
     releases = iter(claimed)

@@ -194,7 +194,9 @@ class Bench:
         now = self.clock.now()
         until = now + timedelta(seconds=self.settings.lock_timeout)
         update = claims.claim_update(now, until, token, client)
-        doc = await store.claim(self.name, match, now, self.settings.horizon, None, update)
+        doc = await store.claim(
+            self.name, claims.ClaimRequest(match, now, self.settings.horizon, update)
+        )
         return None if doc is None else (doc["_id"], token)
 
     async def release(self, store: AsyncStore, held: tuple[Any, str]) -> bool:

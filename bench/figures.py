@@ -259,7 +259,9 @@ def bare_loop(store: Store, step: Step, clock: FakeClock) -> int:
         token = secrets.token_hex(8)
         now = clock.now()
         update = claims.claim_update(now, now + timedelta(seconds=30), token, "bare")
-        doc = store.claim(step.collection, {"phase": step.phase}, now, 3600.0, None, update)
+        doc = store.claim(
+            step.collection, claims.ClaimRequest({"phase": step.phase}, now, 3600.0, update)
+        )
         while doc is not None:
             nxt, fields = step.work(doc)
             fence = lease_writes.fenced(doc["_id"], token, step.phase)
@@ -282,7 +284,9 @@ async def abare_loop(store: AsyncStore, step: Step, clock: FakeClock) -> int:
         token = secrets.token_hex(8)
         now = clock.now()
         update = claims.claim_update(now, now + timedelta(seconds=30), token, "bare")
-        doc = await store.claim(step.collection, {"phase": step.phase}, now, 3600.0, None, update)
+        doc = await store.claim(
+            step.collection, claims.ClaimRequest({"phase": step.phase}, now, 3600.0, update)
+        )
         while doc is not None:
             nxt, fields = step.work(doc)
             fence = lease_writes.fenced(doc["_id"], token, step.phase)
@@ -892,7 +896,7 @@ def _claim_row(store: Store, coll: Any, documents: int) -> dict[str, Any]:
         began = time.perf_counter()
         now = clock.now()
         update = claims.claim_update(now, now + timedelta(seconds=30), token, "b")
-        doc = store.claim("claims", {"phase": "Work"}, now, 3600.0, None, update)
+        doc = store.claim("claims", claims.ClaimRequest({"phase": "Work"}, now, 3600.0, update))
         samples.append(time.perf_counter() - began)
         if doc is not None:
             store.write(

@@ -18,7 +18,7 @@ from typing import Any
 from orchestrator import AsyncLease, AsyncOrchestrator, Lease, Orchestrator, Outcome
 from orchestrator.core.clock import Clock
 from orchestrator.core.queries import lease_writes
-from orchestrator.core.queries.claims import claim_update
+from orchestrator.core.queries.claims import ClaimRequest, claim_update
 from orchestrator.mongo import Store
 
 Work = Callable[[dict[str, Any]], tuple[str | None, dict[str, Any]]]
@@ -147,11 +147,12 @@ class ClassicReplica:
             until = now + timedelta(seconds=self._lock_timeout)
             doc = self._store.claim(
                 step.collection,
-                {"phase": step.phase},
-                now,
-                3600.0,
-                None,
-                claim_update(now, until, secrets.token_hex(8), self._replica),
+                ClaimRequest(
+                    {"phase": step.phase},
+                    now,
+                    3600.0,
+                    claim_update(now, until, secrets.token_hex(8), self._replica),
+                ),
             )
             if doc is not None:
                 claimed.append((step, doc))

@@ -12,7 +12,7 @@ from orchestrator import AsyncOrchestrator, Orchestrator
 from orchestrator.cli import main as cli
 from orchestrator.core.names import REPLICAS_COLLECTION
 from orchestrator.core.queries.replica_records import replica_document
-from orchestrator.core.replicas import HandlerInfo, new_record
+from orchestrator.core.replicas import HandlerInfo, ReplicaIdentity, ReplicaSettings, new_record
 
 URI = "mongodb://ops:hunter2@db.internal:27017/platform"
 
@@ -40,25 +40,22 @@ def publish(
     tests drive it with ``run_once``. ``paused``: the pauses it says it honours."""
     now = orch.clock.now()
     settings = orch.settings
+    engine = "threaded" if isinstance(orch, Orchestrator) else "async"
     record = new_record(
-        replica_id=orch.replica_id,
-        instance="test",
-        host="test-host",
-        pid=1,
-        version="test",
-        engine="threaded" if isinstance(orch, Orchestrator) else "async",
-        started=now,
+        ReplicaIdentity(orch.replica_id, "test", "test-host", 1, "test", engine, now),
+        ReplicaSettings(
+            lock_timeout=settings.lock_timeout,
+            tick=settings.tick,
+            max_concurrency=settings.max_concurrency,
+            cancelled_phase=settings.cancelled_phase,
+            history=settings.history,
+            legacy_lock_timeout=settings.legacy_lock_timeout,
+        ),
         now=now,
-        lock_timeout=settings.lock_timeout,
-        tick=settings.tick,
-        max_concurrency=settings.max_concurrency,
         handlers=[
             HandlerInfo(h.collection, h.phase, h.name, h.key, h.failed_phase) for h in orch.handlers
         ],
-        cancelled_phase=settings.cancelled_phase,
-        history=settings.history,
         paused=paused,
-        legacy_lock_timeout=settings.legacy_lock_timeout,
     )
     db[REPLICAS_COLLECTION].replace_one(
         {"_id": orch.replica_id}, replica_document(record), upsert=True

@@ -27,7 +27,14 @@ from orchestrator.core.clock import bson_time
 from orchestrator.core.extras import library_version
 from orchestrator.core.history import DEFAULT_HISTORY
 from orchestrator.core.registry import Handler
-from orchestrator.core.replicas import HandlerInfo, ReplicaRecord, RunningStep, new_record
+from orchestrator.core.replicas import (
+    HandlerInfo,
+    ReplicaIdentity,
+    ReplicaRecord,
+    ReplicaSettings,
+    RunningStep,
+    new_record,
+)
 from orchestrator.mongo import Store
 from orchestrator.operations import AsyncOperations, AsyncStatusCache
 from orchestrator.testing import FakeClock, async_view
@@ -158,25 +165,36 @@ def replica_records(now: datetime, handlers: Sequence[Handler] = ()) -> list[Rep
     which died: its record expired, though the TTL monitor has not deleted it yet. Each
     runs ``handlers`` (pod-1's)."""
 
-    def made(replica_id: str, seen: datetime, **settings: Any) -> ReplicaRecord:
-        values: dict[str, Any] = {
-            "instance": f"i-{replica_id}",
-            "host": f"web-{replica_id[-1]}",
-            "pid": 7,
-            "version": library_version(),
-            "engine": "threaded",
-            "started": now - timedelta(hours=2),
-            "lock_timeout": 30.0,
-            "tick": 1.0,
-            "max_concurrency": 4,
-            "history": DEFAULT_HISTORY,
-            "cancelled_phase": "Cancelled",
-            "handlers": [
+    def made(
+        replica_id: str,
+        seen: datetime,
+        steps: Sequence[RunningStep] = (),
+        engine: str = "threaded",
+        lock_timeout: float = 30.0,
+    ) -> ReplicaRecord:
+        return new_record(
+            ReplicaIdentity(
+                replica_id,
+                f"i-{replica_id}",
+                f"web-{replica_id[-1]}",
+                7,
+                library_version(),
+                engine,
+                now - timedelta(hours=2),
+            ),
+            ReplicaSettings(
+                lock_timeout=lock_timeout,
+                tick=1.0,
+                max_concurrency=4,
+                history=DEFAULT_HISTORY,
+                cancelled_phase="Cancelled",
+            ),
+            now=seen,
+            steps=steps,
+            handlers=[
                 HandlerInfo(h.collection, h.phase, h.name, h.key, h.failed_phase) for h in handlers
             ],
-        }
-        values.update(settings)
-        return new_record(replica_id=replica_id, now=seen, **values)
+        )
 
     return [
         made(

@@ -40,7 +40,13 @@ from orchestrator.core.clock import as_utc, bson_time
 from orchestrator.core.errors import LeaseHeld
 from orchestrator.core.in_house import IN_HOUSE_HOLDER, IN_HOUSE_INDEX, InHouse
 from orchestrator.core.queries import claims, lease_writes, operators, replica_records, submissions
-from orchestrator.core.replicas import ReplicaRecord, disagreements, new_record
+from orchestrator.core.replicas import (
+    ReplicaIdentity,
+    ReplicaRecord,
+    ReplicaSettings,
+    disagreements,
+    new_record,
+)
 from orchestrator.core.resource import EPOCH
 from orchestrator.mongo import Store
 from orchestrator.operations import Operations, live_lease
@@ -641,18 +647,9 @@ def test_an_operators_change_frees_a_document_for_old_pods_though_no_replica_is_
 
 def _record(now: datetime, legacy: float | None, replica_id: str = "new-a") -> ReplicaRecord:
     return new_record(
-        replica_id=replica_id,
-        instance="i",
-        host="h",
-        pid=1,
-        version="1",
-        engine="threaded",
-        started=now,
+        ReplicaIdentity(replica_id, "i", "h", 1, "1", "threaded", now),
+        ReplicaSettings(lock_timeout=30, tick=1, max_concurrency=4, legacy_lock_timeout=legacy),
         now=now,
-        lock_timeout=30,
-        tick=1,
-        max_concurrency=4,
-        legacy_lock_timeout=legacy,
     )
 
 
@@ -754,11 +751,13 @@ def test_the_probe_sees_an_in_house_lease_and_when_it_runs_out(db: Database[Any]
     peek = sharding.ClaimPlan(strategy="peek")
     update = claims.claim_update(at, at + timedelta(seconds=30), "t", "r")
     match = {"phase": "Deleting"}
-    assert store.claim("gateways", match, at, horizon, None, update, plan=peek) is None
-    assert store.claim("gateways", match, at, horizon, None, update) is None
+    assert (
+        store.claim("gateways", claims.ClaimRequest(match, at, horizon, update, plan=peek)) is None
+    )
+    assert store.claim("gateways", claims.ClaimRequest(match, at, horizon, update)) is None
     later = found.next_due
     update = claims.claim_update(later, later + timedelta(seconds=30), "t", "r")
-    taken = store.claim("gateways", match, later, horizon, None, update, plan=peek)
+    taken = store.claim("gateways", claims.ClaimRequest(match, later, horizon, update, plan=peek))
     assert taken is not None
     _told_alike(db.gateways.find_one())
 

@@ -23,7 +23,13 @@ from orchestrator.core.limits import SLOTS_RECHECK, Limit, LimitKind, Slot, limi
 from orchestrator.core.names import SLOTS_COLLECTION
 from orchestrator.core.queries import limit_slots, replica_records
 from orchestrator.core.registry import Handler
-from orchestrator.core.replicas import HandlerInfo, disagreements, new_record
+from orchestrator.core.replicas import (
+    HandlerInfo,
+    ReplicaIdentity,
+    ReplicaSettings,
+    disagreements,
+    new_record,
+)
 from orchestrator.core.resource import EPOCH
 from orchestrator.core.scheduler import Claim, Found, Probe, Scheduler
 from orchestrator.operations import Operations
@@ -278,17 +284,9 @@ def test_replicas_that_disagree_on_a_handler_s_limit_are_flagged() -> None:
 
     def record(replica: str, *handlers: HandlerInfo) -> Any:
         return new_record(
-            replica_id=replica,
-            instance=replica,
-            host="h",
-            pid=1,
-            version="1",
-            engine="threaded",
-            started=now,
+            ReplicaIdentity(replica, replica, "h", 1, "1", "threaded", now),
+            ReplicaSettings(lock_timeout=30, tick=1, max_concurrency=4),
             now=now,
-            lock_timeout=30,
-            tick=1,
-            max_concurrency=4,
             handlers=handlers,
         )
 

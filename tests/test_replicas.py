@@ -8,7 +8,7 @@ import logging
 import os
 import socket
 import threading
-from dataclasses import replace
+from dataclasses import fields, replace
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
@@ -27,7 +27,9 @@ from orchestrator.core.replicas import (
     MAX_REFRESH,
     MIN_TTL,
     RECORD_INTERVAL,
+    ReplicaIdentity,
     ReplicaRecord,
+    ReplicaSettings,
     RunningStep,
     disagreements,
     new_record,
@@ -48,22 +50,16 @@ pytestmark = pytest.mark.anyio
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 
-def record(replica_id: str, **changes: Any) -> ReplicaRecord:
-    values: dict[str, Any] = {
-        "replica_id": replica_id,
-        "instance": "i-" + replica_id,
-        "host": "host",
-        "pid": 1,
-        "version": "1.0.0",
-        "engine": "threaded",
-        "started": T0,
-        "now": T0,
-        "lock_timeout": 30.0,
-        "tick": 1.0,
-        "max_concurrency": 4,
-    }
-    values.update(changes)
-    return new_record(**values)
+def record(
+    replica_id: str, now: datetime = T0, steps: list[RunningStep] | None = None, **changes: Any
+) -> ReplicaRecord:
+    """A record of ``replica_id``, with ``changes`` to its identity and settings."""
+    identity = ReplicaIdentity(replica_id, "i-" + replica_id, "host", 1, "1.0.0", "threaded", T0)
+    settings = ReplicaSettings(lock_timeout=30.0, tick=1.0, max_concurrency=4)
+    named = {f.name for f in fields(ReplicaIdentity)}
+    identity = replace(identity, **{k: v for k, v in changes.items() if k in named})
+    settings = replace(settings, **{k: v for k, v in changes.items() if k not in named})
+    return new_record(identity, settings, now=now, steps=steps or ())
 
 
 # -- what a record is, and what readers make of several ------------------------------------

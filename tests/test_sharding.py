@@ -378,7 +378,9 @@ def test_a_claim_reads_again_when_its_replica_took_all_its_read_found(
     update = claims.claim_update(now, now + timedelta(seconds=30), "t", "pod-1")
 
     def claim() -> Any:
-        return store.claim("jobs", {"phase": "Run"}, now, 3600.0, None, update, plan=plan)
+        return store.claim(
+            "jobs", claims.ClaimRequest({"phase": "Run"}, now, 3600.0, update, plan=plan)
+        )
 
     got: list[Any] = []
     reader = threading.Thread(target=lambda: got.append(claim()), name="overtaken")

@@ -12,7 +12,13 @@ from bson import ObjectId
 
 from orchestrator.core.audit import AuditEntry, takeover_record
 from orchestrator.core.pauses import Pause, Scope
-from orchestrator.core.replicas import Disagreement, RunningStep, new_record
+from orchestrator.core.replicas import (
+    Disagreement,
+    ReplicaIdentity,
+    ReplicaSettings,
+    RunningStep,
+    new_record,
+)
 from orchestrator.operations.status_report import PhaseCount, RecentError, Status
 
 pytestmark = pytest.mark.pure
@@ -168,17 +174,9 @@ def test_counts_are_per_collection_then_phase() -> None:
 
 def replica(replica_id: str, seen: datetime) -> Any:
     return new_record(
-        replica_id=replica_id,
-        instance="i",
-        host="h",
-        pid=1,
-        version="1.0.0",
-        engine="threaded",
-        started=T0,
+        ReplicaIdentity(replica_id, "i", "h", 1, "1.0.0", "threaded", T0),
+        ReplicaSettings(lock_timeout=30.0, tick=1.0, max_concurrency=4),
         now=seen,
-        lock_timeout=30.0,
-        tick=1.0,
-        max_concurrency=4,
         steps=[RunningStep("c", "1", None, T0)],
     )
 

@@ -234,7 +234,7 @@ async def test_claim_takes_the_longest_free_document_first(
     order = []
     for n in range(6):
         doc = await store.claim(
-            "jobs", {"phase": "Q"}, now, HORIZON, None, claim_update(now, f"t{n}")
+            "jobs", claims.ClaimRequest({"phase": "Q"}, now, HORIZON, claim_update(now, f"t{n}"))
         )
         if doc is None:
             break
@@ -265,7 +265,7 @@ async def test_claim_leaves_live_leases_and_takes_expired_and_bogus_ones(
     )
     taken = set()
     while doc := await store.claim(
-        "jobs", {"phase": "Q"}, now, HORIZON, None, claim_update(now, "c")
+        "jobs", claims.ClaimRequest({"phase": "Q"}, now, HORIZON, claim_update(now, "c"))
     ):
         taken.add(doc["_id"])
     assert taken == {"expired", "bogus", "not-a-date"}
@@ -277,9 +277,24 @@ async def test_claim_finds_nothing_when_nothing_is_free(backend: Backend, clock:
     store = backend.open()
     now = clock.now()
     await seed(store, "jobs", {"_id": 1, "phase": "Q", **lease(now, "a")})
-    assert await store.claim("jobs", {"phase": "Q"}, now, HORIZON, None, {"$set": {"x": 1}}) is None
-    assert await store.claim("jobs", {"phase": "Z"}, now, HORIZON, None, {"$set": {"x": 1}}) is None
-    assert await store.claim("none", {"phase": "Q"}, now, HORIZON, None, {"$set": {"x": 1}}) is None
+    assert (
+        await store.claim(
+            "jobs", claims.ClaimRequest({"phase": "Q"}, now, HORIZON, {"$set": {"x": 1}})
+        )
+        is None
+    )
+    assert (
+        await store.claim(
+            "jobs", claims.ClaimRequest({"phase": "Z"}, now, HORIZON, {"$set": {"x": 1}})
+        )
+        is None
+    )
+    assert (
+        await store.claim(
+            "none", claims.ClaimRequest({"phase": "Q"}, now, HORIZON, {"$set": {"x": 1}})
+        )
+        is None
+    )
 
 
 async def test_a_handler_does_not_claim_what_it_failed_while_it_stays_failed(
@@ -291,14 +306,23 @@ async def test_a_handler_does_not_claim_what_it_failed_while_it_stays_failed(
     update = claim_update(now, "t")
     create = claims.failed_exclusion("create", "app.create", "Failed", {"kind": "w"})
     report = claims.failed_exclusion("report", "app.report", "Failed", {"kind": "w"})
-    assert await store.claim("jobs", {"phase": "Failed"}, now, HORIZON, create, update) is None
+    assert (
+        await store.claim(
+            "jobs", claims.ClaimRequest({"phase": "Failed"}, now, HORIZON, update, exclusion=create)
+        )
+        is None
+    )
     found = await store.probe([("jobs", [({"phase": "Failed"}, create)])], now, HORIZON)
     assert found.ready == frozenset()
-    doc = await store.claim("jobs", {"phase": "Failed"}, now, HORIZON, report, update)
+    doc = await store.claim(
+        "jobs", claims.ClaimRequest({"phase": "Failed"}, now, HORIZON, update, exclusion=report)
+    )
     assert doc is not None and doc["_id"] == 1
     # Moved out of the failed phase (by the API, say), it is the marking handler's again.
     await seed(store, "jobs", {"_id": 2, "phase": "Creating", "kind": "w", "failedBy": "create"})
-    doc = await store.claim("jobs", {"kind": "w"}, now, HORIZON, create, update)
+    doc = await store.claim(
+        "jobs", claims.ClaimRequest({"kind": "w"}, now, HORIZON, update, exclusion=create)
+    )
     assert doc is not None and doc["_id"] == 2
 
 
@@ -313,7 +337,9 @@ async def test_concurrent_claims_take_each_document_once(
     async def claim(n: int) -> Any:
         replica = rivals[n % len(rivals)]
         update = claim_update(now, f"t{n}")
-        return await replica.claim("jobs", {"phase": "Q"}, now, HORIZON, None, update)
+        return await replica.claim(
+            "jobs", claims.ClaimRequest({"phase": "Q"}, now, HORIZON, update)
+        )
 
     results = await asyncio.gather(*(claim(n) for n in range(16)))
     taken = [doc["_id"] for doc in results if doc is not None]
@@ -639,7 +665,9 @@ async def test_driver_errors_leave_as_store_errors_that_say_whether_to_retry(
 
     faults.fail_next("find_one_and_update", AutoReconnect("connection reset"))
     with pytest.raises(StoreError, match="claim on jobs failed") as reset:
-        await store.claim("jobs", {"phase": "Q"}, now, HORIZON, None, {"$set": {"x": 1}})
+        await store.claim(
+            "jobs", claims.ClaimRequest({"phase": "Q"}, now, HORIZON, {"$set": {"x": 1}})
+        )
     assert reset.value.transient and isinstance(reset.value.__cause__, AutoReconnect)
 
     faults.fail_next("update_one", OperationFailure("not authorized", 13))

@@ -260,53 +260,72 @@ class ReplicaRecord:
         }
 
 
+@dataclass(frozen=True)
+class ReplicaIdentity:
+    """Who writes a record, fixed for a replica's run: the replica (``replica_id``), this
+    process of it (``instance``, ``host``, ``pid``), what it runs (``version``,
+    ``engine``) and since when (``started``)."""
+
+    replica_id: str
+    instance: str
+    host: str
+    pid: int
+    version: str
+    engine: str
+    started: datetime
+
+
+@dataclass(frozen=True)
+class ReplicaSettings:
+    """The settings a record publishes: those replicas are compared on
+    (``disagreements``) and those operators' tools act by (the cancelled phase, the
+    history kept, the in-house pods' lock timeout)."""
+
+    lock_timeout: float
+    tick: float
+    max_concurrency: int
+    cancelled_phase: str = ""
+    history: int = 0
+    claim_strategy: str = ""
+    claim_candidates: int = 0
+    legacy_lock_timeout: float | None = None
+
+
 def new_record(
+    identity: ReplicaIdentity,
+    settings: ReplicaSettings,
     *,
-    replica_id: str,
-    instance: str,
-    host: str,
-    pid: int,
-    version: str,
-    engine: str,
-    started: datetime,
     now: datetime,
-    lock_timeout: float,
-    tick: float,
-    max_concurrency: int,
     steps: Iterable[RunningStep] = (),
     handlers: Iterable[HandlerInfo] = (),
     unique: Iterable[tuple[str, tuple[str, ...]]] = (),
-    cancelled_phase: str = "",
-    history: int = 0,
     paused: Iterable[str] = (),
-    claim_strategy: str = "",
-    claim_candidates: int = 0,
-    legacy_lock_timeout: float | None = None,
 ) -> ReplicaRecord:
     """A replica's record as of ``now`` (its estimate of the server's time), live for
-    ``record_ttl(lock_timeout)``."""
+    ``record_ttl(lock_timeout)``: who it is, what it runs with, and what it does now (the
+    steps it runs, its handlers, the keys it keeps unique, the pauses it honours)."""
     return ReplicaRecord(
-        replica_id=replica_id,
-        instance=instance,
-        host=host,
-        pid=pid,
-        version=version,
-        engine=engine,
-        started=started,
+        replica_id=identity.replica_id,
+        instance=identity.instance,
+        host=identity.host,
+        pid=identity.pid,
+        version=identity.version,
+        engine=identity.engine,
+        started=identity.started,
         last_seen=now,
-        expires_at=now + timedelta(seconds=record_ttl(lock_timeout)),
-        lock_timeout=lock_timeout,
-        tick=tick,
-        max_concurrency=max_concurrency,
+        expires_at=now + timedelta(seconds=record_ttl(settings.lock_timeout)),
+        lock_timeout=settings.lock_timeout,
+        tick=settings.tick,
+        max_concurrency=settings.max_concurrency,
         steps=tuple(sorted(steps, key=lambda s: (s.since, s.collection, s.id))),
         handlers=tuple(handlers),
         unique=tuple(sorted(unique)),
-        cancelled_phase=cancelled_phase,
-        history=history,
+        cancelled_phase=settings.cancelled_phase,
+        history=settings.history,
         paused=tuple(paused),
-        claim_strategy=claim_strategy,
-        claim_candidates=claim_candidates,
-        legacy_lock_timeout=legacy_lock_timeout,
+        claim_strategy=settings.claim_strategy,
+        claim_candidates=settings.claim_candidates,
+        legacy_lock_timeout=settings.legacy_lock_timeout,
     )
 
 

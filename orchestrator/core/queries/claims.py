@@ -9,6 +9,7 @@ naive UTC truncated to milliseconds, as BSON stores them.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -17,7 +18,7 @@ from orchestrator.core.errors import ConfigError
 from orchestrator.core.in_house import NO_IN_HOUSE, InHouse
 from orchestrator.core.queries.replica_records import live_replicas_filter
 from orchestrator.core.resource import PRIORITY_FIELD
-from orchestrator.core.sharding import shard_values
+from orchestrator.core.sharding import SORTED, ClaimPlan, shard_values
 
 MAX_PRIORITY = 9
 """Priorities run 0 (the default) to 9, higher claimed first. ``PRIORITY_FIELD`` is stored
@@ -327,6 +328,24 @@ def claim_update(now: datetime, until: datetime, token: str, replica: str) -> di
             "lockedBy": replica,
         }
     }
+
+
+@dataclass(frozen=True)
+class ClaimRequest:
+    """One claim as the claim loop asks it of the store: which documents (``match``, less
+    what ``exclusion`` keeps out: ``failed_exclusion``), free when (``judged_at``: the
+    replica's now less its clock's uncertainty; ``horizon``: ``claim_filter``'s), taken
+    how (``update``: ``claim_update``) and found how (``plan``, the handler's; ``live``:
+    how many replicas are live, from which an ``auto`` plan peeks). One object, so the
+    store's ``claim`` reads as what it is asked, not as nine positions."""
+
+    match: Mapping[str, Any]
+    judged_at: datetime
+    horizon: float
+    update: Mapping[str, Any]
+    exclusion: Mapping[str, Any] | None = None
+    plan: ClaimPlan = SORTED
+    live: int | None = None
 
 
 def claimed(before: dict[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:

@@ -16,10 +16,10 @@ from typing import Any, Protocol
 from orchestrator.core.documents import Document
 from orchestrator.core.limits import Limit
 from orchestrator.core.pauses import Pause
-from orchestrator.core.queries.claims import Matches
+from orchestrator.core.queries.claims import ClaimRequest, Matches
 from orchestrator.core.replicas import ReplicaRecord
 from orchestrator.core.scheduler import Found
-from orchestrator.core.sharding import ClaimPlan, ShardState
+from orchestrator.core.sharding import ShardState
 
 __all__ = ["AsyncLeaseStore"]
 
@@ -36,26 +36,18 @@ class AsyncLeaseStore(Protocol):
         I/O. A change (a failover) calls for a new measurement."""
 
     async def claim(
-        self,
-        name: str,
-        match: Mapping[str, Any],
-        judged_at: datetime,
-        horizon: float,
-        exclusion: Mapping[str, Any] | None,
-        update: Mapping[str, Any],
-        seen: Callable[[Document], None] | None = None,
-        plan: ClaimPlan | None = None,
-        live: int | None = None,
+        self, name: str, request: ClaimRequest, seen: Callable[[Document], None] | None = None
     ) -> Document | None:
-        """Atomically take the longest-free document of ``name`` that ``match`` selects,
-        whose lease is free at ``judged_at`` and that ``exclusion`` lets through, applying
-        ``update``; the document as claimed, or None when there is none. Of replicas
-        claiming at once exactly one gets each document. ``seen`` gets the document as it
-        was before the claim. A lost reply may leave a claim applied: that lease expires.
-        ``plan``: sorted, or peek-then-claim (with the shard key, targeted; ``auto`` from
-        ``sharding.PEEK_FROM`` ``live`` replicas on); raises
-        ``ShardKeyRequired`` once for a sharded collection whose key is not declared (or
-        not the one declared), and then claims nothing more there."""
+        """Atomically take the longest-free document of ``name`` that ``request.match``
+        selects, whose lease is free at ``request.judged_at`` and that
+        ``request.exclusion`` lets through, applying ``request.update``; the document as
+        claimed, or None when there is none. Of replicas claiming at once exactly one gets
+        each document. ``seen`` gets the document as it was before the claim. A lost reply
+        may leave a claim applied: that lease expires. ``request.plan``: sorted, or
+        peek-then-claim (with the shard key, targeted; ``auto`` from
+        ``sharding.PEEK_FROM`` ``request.live`` replicas on); raises ``ShardKeyRequired``
+        once for a sharded collection whose key is not declared (or not the one declared),
+        and then claims nothing more there (None, no round trip)."""
 
     async def shard_state(self, name: str) -> ShardState:
         """Whether ``name`` is sharded, and on what, as the server tells (asked once)."""

@@ -174,18 +174,13 @@ class Store:
     def claim(
         self,
         name: str,
-        match: Mapping[str, Any],
-        judged_at: datetime,
-        horizon: float,
-        exclusion: Mapping[str, Any] | None,
-        update: Mapping[str, Any],
+        request: claims.ClaimRequest,
         seen: Callable[[Document], None] | None = None,
-        plan: sharding.ClaimPlan | None = None,
-        live: int | None = None,
     ) -> Document | None:
-        """One atomic find-and-modify: the first document ``match`` selects whose lease is
-        free at ``judged_at`` (and that ``exclusion`` lets through), in ``CLAIM_SORT``
-        order, taken with ``update`` (``claim_update``); None when there is none.
+        """One atomic find-and-modify: the first document ``request.match`` selects whose
+        lease is free at ``request.judged_at`` (and that ``request.exclusion`` lets
+        through), in ``CLAIM_SORT`` order, taken with ``request.update``
+        (``claim_update``); None when there is none.
 
         Atomic, so that of replicas claiming at once exactly one gets each document; in
         ``CLAIM_SORT`` order (``CLAIM_INDEX``'s, so read off the index), so that the
@@ -195,14 +190,14 @@ class Store:
         given, gets that document first (its lease fields say how long it was due: the
         events' claim latency).
 
-        ``plan`` (the handler's; by default sorted, no shard key): a peeking plan reads
+        ``request.plan`` (the handler's; by default sorted, no shard key): a peeking plan reads
         the first candidates in that order and claims one by its ``_id`` and shard key
         (``_peek_and_claim``). The first claim on a collection asks the server whether it
         is sharded, and on what; a collection sharded on another key than the declared one,
         or a server refusing a claim for want of its shard key, raises ``ShardKeyRequired``
         once, and from then on nothing is claimed there (None, no round trip).
         """
-        plan = plan or sharding.SORTED
+        plan, judged_at = request.plan, request.judged_at
         if name in self._refused:
             return None
         if name not in self._sharding:
@@ -210,11 +205,13 @@ class Store:
             if problem is not None:
                 self._refused[name] = problem
                 raise problem
-        query = claims.claim_filter(match, judged_at, horizon, exclusion, self._in_house)
-        update = self._in_house.update(update)
+        query = claims.claim_filter(
+            request.match, judged_at, request.horizon, request.exclusion, self._in_house
+        )
+        update = self._in_house.update(request.update)
         try:
             with driver_errors(f"claim on {name}", (name, plan.shard_key)):
-                if plan.peeks(live):
+                if plan.peeks(request.live):
                     before = self._peek_and_claim(name, query, update, judged_at, plan)
                 else:
                     before = self.collection(name).find_one_and_update(

@@ -78,7 +78,7 @@ class AsyncReplicaRecorder:
         settings = self._settings
         with self._lock:
             started = self._started_at or now
-        return replicas.new_record(
+        identity = replicas.ReplicaIdentity(
             replica_id=settings.replica_id,
             instance=self.instance,
             host=socket.gethostname(),
@@ -86,10 +86,21 @@ class AsyncReplicaRecorder:
             version=library_version(),
             engine=self._engine,
             started=started,
-            now=now,
+        )
+        published = replicas.ReplicaSettings(
             lock_timeout=settings.lock_timeout,
             tick=settings.tick,
             max_concurrency=settings.max_concurrency,
+            cancelled_phase=settings.cancelled_phase,
+            history=settings.history,
+            claim_strategy=settings.claim_strategy,
+            claim_candidates=settings.claim_candidates,
+            legacy_lock_timeout=settings.legacy_lock_timeout,
+        )
+        return replicas.new_record(
+            identity,
+            published,
+            now=now,
             steps=steps,
             handlers=[
                 replicas.HandlerInfo(
@@ -108,12 +119,7 @@ class AsyncReplicaRecorder:
                 for collection, key_sets in list(self._registry.unique.items())
                 for keys in tuple(key_sets)
             ],
-            cancelled_phase=settings.cancelled_phase,
-            history=settings.history,
             paused=self._paused(),
-            claim_strategy=settings.claim_strategy,
-            claim_candidates=settings.claim_candidates,
-            legacy_lock_timeout=settings.legacy_lock_timeout,
         )
 
     async def begin(self) -> None:

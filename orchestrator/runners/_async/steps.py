@@ -275,17 +275,16 @@ class AsyncSteps:
                 if limited is None:
                     return None
                 slots = limited
-            doc = await self._store.claim(
-                handler.collection,
-                handler.match,
-                now - timedelta(seconds=self._clock.uncertainty),
-                self._settings.horizon,
-                handler.exclusion,
-                claims.claim_update(now, until, token, self._settings.replica_id),
-                seen,
-                handler.plan,
-                self._books.live,
+            request = claims.ClaimRequest(
+                match=handler.match,
+                judged_at=now - timedelta(seconds=self._clock.uncertainty),
+                horizon=self._settings.horizon,
+                update=claims.claim_update(now, until, token, self._settings.replica_id),
+                exclusion=handler.exclusion,
+                plan=handler.plan,
+                live=self._books.live,
             )
+            doc = await self._store.claim(handler.collection, request, seen)
         except ShardKeyRequired as exc:
             # Said once: the collection's handlers are set aside, so no loop of errors.
             await self._limits.give_back(slots)
