@@ -37,6 +37,7 @@ PACKAGES = (
 REPLACEMENTS = {
     # The orchestrator's own names.
     "AsyncStore": "Store",
+    "AsyncClaimer": "Claimer",
     "AsyncLease": "Lease",
     "AsyncLeaseStore": "LeaseStore",
     "AsyncOrchestrator": "Orchestrator",

@@ -114,6 +114,10 @@ class Pause:
         }
 
 
+MAX_PAUSES = 10_000
+"""Pauses read at most: a runaway writer of that collection costs a bounded read."""
+
+
 def read_all(docs: Iterable[Mapping[str, Any]]) -> list[Pause]:
     """The pauses among ``docs``, sorted by scope."""
     found = (Pause.read(doc) for doc in docs)

@@ -5,7 +5,9 @@ One design in two forms, as PyMongo's own: ``AsyncStore``
 ``Store`` (``orchestrator/mongo/_sync/store.py``) is generated from it by
 ``scripts/synchro.py`` with ``unasync``, so the two cannot drift apart. What needs no I/O
 (error mapping, codec options, index decisions) lives once in ``orchestrator.mongo.common``;
-every filter and update comes from ``orchestrator.core.queries``.
+every filter and update comes from ``orchestrator.core.queries``. The claim path (the
+claim, the probe, what a collection's sharding is) is ``AsyncClaimer``'s, in
+``claiming.py``: the store holds one and answers its contract's claims with it.
 
 Driver errors leave here as ``StoreError`` (with a ``transient`` flag) and fenced writes
 that match nothing as ``LeaseLost``, so the layers above never see a driver exception.
@@ -41,7 +43,7 @@ from pymongo.errors import (
 from orchestrator.core import audit, history, limits, pauses, sharding
 from orchestrator.core.clock import as_utc
 from orchestrator.core.documents import Document
-from orchestrator.core.errors import ConfigError, ShardKeyRequired, StoreError
+from orchestrator.core.errors import ConfigError, StoreError
 from orchestrator.core.in_house import IN_HOUSE_INDEX, InHouse
 from orchestrator.core.names import (
     AUDIT_INDEX_NAME,
@@ -66,6 +68,7 @@ from orchestrator.core.replicas import ReplicaRecord
 from orchestrator.core.scheduler import Found
 from orchestrator.core.settings import DEFAULT_DATABASE
 from orchestrator.mongo import common
+from orchestrator.mongo._async.claiming import AsyncClaimer
 from orchestrator.mongo.common import COMMAND_NOT_FOUND, driver_errors
 
 __all__ = ["AsyncStore", "connect_async"]
@@ -114,12 +117,7 @@ class AsyncStore:
         """When a take that found no free slot last counted the slots (``take_slot``)."""
         self._lock = asyncio.Lock()
         self._predates_hello = False
-        self._no_union = False  # the server lacks $unionWith: a probe per collection
-        self._sharding: dict[str, sharding.ShardState] = {}
-        self._refused: dict[str, ShardKeyRequired] = {}
-        """Collections whose claims were refused for want of their shard key: said once,
-        then nothing more is claimed there (no server round trip either)."""
-        self._candidates: dict[tuple[str, str], sharding.Candidates] = {}
+        self._claimer = AsyncClaimer(db, self, self._codec, self._in_house)
 
     @property
     def database(self) -> AsyncDatabase[Document]:
@@ -176,146 +174,13 @@ class AsyncStore:
         request: claims.ClaimRequest,
         seen: Callable[[Document], None] | None = None,
     ) -> Document | None:
-        """One atomic find-and-modify: the first document ``request.match`` selects whose
-        lease is free at ``request.judged_at`` (and that ``request.exclusion`` lets
-        through), in ``CLAIM_SORT`` order, taken with ``request.update``
-        (``claim_update``); None when there is none.
-
-        Atomic, so that of replicas claiming at once exactly one gets each document; in
-        ``CLAIM_SORT`` order (``CLAIM_INDEX``'s, so read off the index), so that the
-        highest priority is served first and, within it, the document waiting longest,
-        none starving behind fresher ones of its priority. The server returns the
-        document as it was, and the claim's ``$set`` is applied here: ``seen``, when
-        given, gets that document first (its lease fields say how long it was due: the
-        events' claim latency).
-
-        ``request.plan`` (the handler's; by default sorted, no shard key): a peeking plan reads
-        the first candidates in that order and claims one by its ``_id`` and shard key
-        (``_peek_and_claim``). The first claim on a collection asks the server whether it
-        is sharded, and on what; a collection sharded on another key than the declared one,
-        or a server refusing a claim for want of its shard key, raises ``ShardKeyRequired``
-        once, and from then on nothing is claimed there (None, no round trip).
-        """
-        plan, judged_at = request.plan, request.judged_at
-        if name in self._refused:
-            return None
-        if name not in self._sharding:
-            problem = sharding.problem(name, plan.shard_key, await self.shard_state(name))
-            if problem is not None:
-                self._refused[name] = problem
-                raise problem
-        query = claims.claim_filter(
-            request.match, judged_at, request.horizon, request.exclusion, self._in_house
-        )
-        update = self._in_house.update(request.update)
-        try:
-            with driver_errors(f"claim on {name}", (name, plan.shard_key)):
-                if plan.peeks(request.live):
-                    before = await self._peek_and_claim(name, query, update, judged_at, plan)
-                else:
-                    before = await self.collection(name).find_one_and_update(
-                        query,
-                        dict(update),
-                        projection=history.CLAIM_PROJECTION,
-                        sort=claims.CLAIM_SORT,
-                        return_document=ReturnDocument.BEFORE,
-                    )
-        except ShardKeyRequired as exc:
-            self._refused[name] = exc
-            raise
-        if before is None:
-            return None
-        if seen is not None:
-            seen(before)
-        return claims.claimed(before, update)
-
-    async def _peek_and_claim(
-        self,
-        name: str,
-        query: Mapping[str, Any],
-        update: Mapping[str, Any],
-        judged_at: datetime,
-        plan: sharding.ClaimPlan,
-    ) -> Document | None:
-        """Peek-then-claim: read the first ``plan.candidates`` documents' ``_id``, priority
-        and shard key in the claim's order (a read may go to every shard), then claim them
-        one at a time in the
-        replica's order (``sharding.spread``), each by a find-and-modify naming its ``_id``
-        and shard key (one shard) and re-checking ``query``. One that matches nothing was
-        taken by another replica meanwhile (a lost race): the others of its list likely
-        were too, so the list is dropped and a fresh peek (where documents claimed since
-        are no longer free) gives the next candidates. A list serves this handler's next
-        claims until then, until it runs out, or until it is older than ``plan.max_age``;
-        its first candidate goes to the claim that read it. A claim reads at most
-        ``PEEKS_PER_CLAIM`` lists, and reads again, uncounted, when this replica's other
-        workers took every document its read found (``Candidates.listed`` leaves them out):
-        at least ``plan.candidates`` documents taken while that read was under way. The
-        document as it was, or None."""
-        coll = self.collection(name)
-        queue = self._candidates.get((name, plan.key))
-        if queue is None:
-            queue = self._candidates.setdefault((name, plan.key), sharding.Candidates())
-        peeks = 0
-        while True:
-            candidate = queue.take(judged_at, plan.max_age)
-            if candidate is None:
-                if peeks == sharding.PEEKS_PER_CLAIM:
-                    return None
-                peek = queue.sent()
-                try:
-                    cursor = coll.find(dict(query), claims.peek_projection(plan.shard_key))
-                    most = plan.candidates + queue.claiming  # those are left out of the list
-                    docs = await cursor.sort(claims.CLAIM_SORT).limit(most).to_list()
-                    candidate = queue.listed(peek, docs, plan.seed, judged_at)
-                finally:
-                    queue.over(peek)
-                if candidate is None:
-                    if len(docs) < most:
-                        return None  # none is free but what this replica's workers took
-                    continue  # this replica took all it read meanwhile: more may be free
-                peeks += 1
-            before: Document | None = None
-            try:
-                before = await coll.find_one_and_update(
-                    claims.targeted_claim(candidate, plan.shard_key, query),
-                    dict(update),
-                    projection=history.CLAIM_PROJECTION,
-                    return_document=ReturnDocument.BEFORE,
-                )
-            finally:
-                queue.done(candidate, lost=before is None)
-            if before is not None:
-                return before
+        """The claim (``AsyncClaimer.claim``): one atomic find-and-modify, or a peek and
+        a targeted one, taking the first free document ``request`` selects."""
+        return await self._claimer.claim(name, request, seen)
 
     async def shard_state(self, name: str) -> sharding.ShardState:
-        """Whether ``name`` is sharded, and on which key, as the server tells (asked once
-        per collection): ``config.collections`` (which a user with ``readWrite`` on its own
-        database only may not read), else ``collStats``'s ``sharded`` (a mongos says it);
-        ``UNKNOWN`` when neither answers."""
-        known = self._sharding.get(name)
-        if known is not None:
-            return known
-        found, settled = await self._read_sharding(name)
-        if settled:
-            self._sharding[name] = found
-        return found
-
-    async def _read_sharding(self, name: str) -> tuple[sharding.ShardState, bool]:
-        """What the server tells, and whether that is settled (not a passing failure)."""
-        try:
-            config = self._db.client.get_database("config", codec_options=self._codec)
-            entry = await config.get_collection("collections").find_one(
-                {"_id": f"{self._db.name}.{name}"}, {"key": 1, "dropped": 1}
-            )
-            return sharding.from_config(entry), True
-        except PyMongoError as exc:  # not allowed to read config, most often
-            if common.is_transient(exc):
-                return sharding.UNKNOWN, False
-        try:
-            reply = await self._db.command({"collStats": name}, codec_options=self._codec)
-            return sharding.from_collstats(reply), True
-        except PyMongoError as exc:
-            return sharding.UNKNOWN, not common.is_transient(exc)
+        """Whether ``name`` is sharded, and on which key (``AsyncClaimer.shard_state``)."""
+        return await self._claimer.shard_state(name)
 
     async def probe(
         self,
@@ -325,69 +190,10 @@ class AsyncStore:
         pauses_collection: str | None = None,
         replicas_collection: str | None = None,
     ) -> Found:
-        """One read: which handlers (numbered across ``groups`` in order) could claim a
-        document now, and when the next one comes due (a lease or a wait running out) if
-        nobody writes; with ``pauses_collection``, the operators' pauses too; with
-        ``replicas_collection``, how many replicas are live.
-
-        An idle replica asks this once per tick for all its collections (one
-        aggregation joined by ``$unionWith``) instead of a claim per handler, so idling
-        writes nothing. A server without ``$unionWith`` (before 4.4) is asked with one
-        read per collection from then on, without the due time or the pauses.
-        """
-        if not groups:
-            return Found(frozenset(), None)
-        if not self._no_union:
-            with driver_errors("probe"):
-                try:
-                    return await self._probe_at_once(
-                        groups, now, horizon, pauses_collection, replicas_collection
-                    )
-                except OperationFailure as exc:
-                    if not common.unknown_stage(exc):
-                        raise
-                    self._no_union = True
-        ready: set[int] = set()
-        first = 0
-        for name, matches in groups:
-            with driver_errors(f"probe {name}"):
-                doc = await self.collection(name).find_one(
-                    claims.probe_filter(matches, now, horizon, self._in_house),
-                    claims.PROBE_PROJECTION,
-                )
-            if doc is not None:  # one of them: each claims to find out which
-                ready.update(range(first, first + len(matches)))
-            first += len(matches)
-        return Found(frozenset(ready), None)
-
-    async def _probe_at_once(
-        self,
-        groups: Sequence[tuple[str, claims.Matches]],
-        now: datetime,
-        horizon: float,
-        pauses_collection: str | None,
-        replicas_collection: str | None,
-    ) -> Found:
-        """``probe`` in one aggregation (one per ``PROBE_BRANCHES`` handlers), the pauses
-        and the live replicas read with the first."""
-        read = None if pauses_collection is None else (pauses_collection, self.MAX_PAUSES)
-        answers: list[Found] = []
-        chunks = claims.probe_chunks(groups)
-        for chunk in chunks:
-            first = not answers
-            pipeline = claims.probe_pipeline(
-                chunk,
-                now,
-                horizon,
-                read if first else None,
-                replicas_collection if first else None,
-                self._in_house,
-            )
-            cursor = await self.collection(chunk[0][0]).aggregate(pipeline)
-            rows = await cursor.to_list()
-            answers.append(common.found(rows, first and read is not None, self._in_house))
-        return common.merged(
-            answers, [sum(len(m) for _, m in c) for c in claims.probe_chunks(groups)]
+        """One read: which handlers could claim now, and when the next document comes due
+        (``AsyncClaimer.probe``)."""
+        return await self._claimer.probe(
+            groups, now, horizon, pauses_collection, replicas_collection
         )
 
     async def carry(
@@ -600,13 +406,10 @@ class AsyncStore:
 
     # -- operators' controls ------------------------------------------------------------
 
-    MAX_PAUSES = 10_000
-    """Pauses read at most: a runaway writer of that collection costs a bounded read."""
-
     async def read_pauses(self, name: str) -> list[pauses.Pause]:
         """The operators' pauses in force (``pauses``); what is no pause is skipped."""
         with driver_errors(f"read pauses from {name}"):
-            docs = await self.collection(name).find({}).limit(self.MAX_PAUSES).to_list()
+            docs = await self.collection(name).find({}).limit(pauses.MAX_PAUSES).to_list()
         return pauses.read_all(docs)
 
     async def append_audit(self, name: str, entry: Mapping[str, Any]) -> None:
@@ -720,9 +523,7 @@ class AsyncStore:
         with driver_errors(f"drop {name}"):
             await self._db.drop_collection(name)
         self._unique_done = {done for done in self._unique_done if done[0] != name}
-        self._sharding.pop(name, None)
-        self._refused.pop(name, None)
-        self._candidates = {k: v for k, v in self._candidates.items() if k[0] != name}
+        self._claimer.forget(name)
         self._slots_made = {made for made in self._slots_made if made[0] != name}
 
 
