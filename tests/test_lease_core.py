@@ -19,7 +19,7 @@ from orchestrator import EPOCH, ConfigError, LeaseLost, Outcome
 from orchestrator.core import history
 from orchestrator.core.clock import ServerClock, bson_time
 from orchestrator.core.in_house import InHouse
-from orchestrator.core.lease import LeaseCore, PolicyError
+from orchestrator.core.lease import Grant, LeaseCore, PolicyError
 from orchestrator.core.lease_state import (
     REFUSALS,
     TRANSITIONS,
@@ -74,17 +74,18 @@ def lease(
     settings = settings or Settings(tick=1, lock_timeout=30, max_wait=600, max_attempts=3)
     handler = Registry(settings).add(step, "jobs", {"phase": "Running"}, "Running", options(opts))
     now = clock.now()
-    return LeaseCore(
-        clock=clock,
-        settings=settings,
-        handler=handler,
+    grant = Grant(
         doc={"_id": 7, "phase": "Running", **(doc or {})},
         token=TOKEN,
         claimed_at=now,
         expires_at=now + timedelta(seconds=settings.lock_timeout),
-        **({"throttled": True} if throttled else {}),
         taken_from=taken_from,
     )
+    core: LeaseCore[dict[str, Any]] = LeaseCore(
+        clock=clock, settings=settings, handler=handler, grant=grant
+    )
+    core.throttled = throttled
+    return core
 
 
 def now_of(core: LeaseCore[Any]) -> datetime:

@@ -33,30 +33,36 @@ class AuditKind(StrEnum):
     TAKEOVER = "takeover"
 
 
+@dataclass(frozen=True)
+class OperatorAct:
+    """Who did what, why and when: what every operator's entry starts with."""
+
+    action: str
+    by: str
+    why: str
+    at: datetime
+
+
 def operator_record(
+    act: OperatorAct,
     *,
-    action: str,
-    by: str,
-    why: str,
-    at: datetime,
     collection: str,
     scope: Mapping[str, Any],
     documents: Sequence[str],
     count: int,
-    retention: float = AUDIT_RETENTION,
     failed: str | None = None,
 ) -> dict[str, Any]:
-    """An operator's action: ``scope`` the filter or pause it named (as text),
-    ``documents`` the ids it changed (their first hundred, as Extended JSON), ``count``
-    how many it changed; ``failed``: why it stopped part way (``failure_text``), the
-    changes before it counted, so no change goes unaudited."""
+    """An operator's ``act`` on ``collection``: ``scope`` the filter or pause it named (as
+    text), ``documents`` the ids it changed (their first hundred, as Extended JSON),
+    ``count`` how many it changed; ``failed``: why it stopped part way (``failure_text``),
+    the changes before it counted, so no change goes unaudited. Kept ``AUDIT_RETENTION``."""
     record = {
         "kind": AuditKind.OPERATOR.value,
-        "at": bson_time(at),
-        "expiresAt": bson_time(at + timedelta(seconds=retention)),
-        "by": by,
-        "action": action,
-        "why": why,
+        "at": bson_time(act.at),
+        "expiresAt": bson_time(act.at + timedelta(seconds=AUDIT_RETENTION)),
+        "by": act.by,
+        "action": act.action,
+        "why": act.why,
         "collection": collection,
         "scope": dict(scope),
         "documents": list(documents[:100]),
@@ -151,6 +157,7 @@ __all__ = [
     "AUDIT_RETENTION",
     "AuditEntry",
     "AuditKind",
+    "OperatorAct",
     "failure_text",
     "operator_record",
     "takeover_record",

@@ -134,6 +134,21 @@ class Release:
     phase: Any
 
 
+@dataclass(frozen=True)
+class Grant:
+    """What a claim, or a carry into the next step, granted: the document as stored, the
+    lease's token and expiry, when its step's clock started (``claimed_at``), when the
+    lease was written (``locked_at``, ``claimed_at`` when None) and whose expired lease
+    it took over (``taken_from``, None: the document was free)."""
+
+    doc: dict[str, Any]
+    token: str
+    claimed_at: datetime
+    expires_at: datetime
+    locked_at: datetime | None = None
+    taken_from: str | None = None
+
+
 class LeaseCore(Generic[R]):
     """A lease's data, its state (``orchestrator.core.lease_state``) and what it decides:
     each outcome's write, the fence it carries, what is refused. ``doc`` is the claimed
@@ -146,33 +161,22 @@ class LeaseCore(Generic[R]):
     ``lose`` fires its event (``lease_state.fire``)."""
 
     def __init__(
-        self,
-        *,
-        clock: ServerClock,
-        settings: Settings,
-        handler: Handler,
-        doc: dict[str, Any],
-        token: str,
-        claimed_at: datetime,
-        expires_at: datetime,
-        locked_at: datetime | None = None,
-        throttled: bool = False,
-        taken_from: str | None = None,
+        self, *, clock: ServerClock, settings: Settings, handler: Handler, grant: Grant
     ) -> None:
         self._clock = clock
         self.settings = settings
         self.handler = handler
-        self.doc = doc
-        self.resource: R = doc  # type: ignore[assignment]  # replaced once validated
-        self.token = token
-        self.claimed_at = claimed_at
+        self.doc = grant.doc
+        self.resource: R = grant.doc  # type: ignore[assignment]  # replaced once validated
+        self.token = grant.token
+        self.claimed_at = grant.claimed_at
         """When its step's clock started (``step_timeout``, the history's duration)."""
-        self.locked_at = claimed_at if locked_at is None else locked_at
+        self.locked_at = grant.claimed_at if grant.locked_at is None else grant.locked_at
         """When the lease was last written: a carried lease's is its carry's, earlier than
         its step's start when the step before worked on after its outcome."""
-        self.expires_at = expires_at
-        self.throttled = throttled  # this document used its per-tick budget of claims
-        self.taken_from = taken_from
+        self.expires_at = grant.expires_at
+        self.throttled = False  # this document used its per-tick budget of claims (Books)
+        self.taken_from = grant.taken_from
         """The replica whose expired lease this claim took over (its holder died or
         stalled), or None: the document was free."""
         self.state = LeaseState.HELD
@@ -277,7 +281,12 @@ class LeaseCore(Generic[R]):
         until, wait = self._free_until()
         update = lease_writes.advance_update(phase, self._clock.now(), data, until)
         write = self._releasing(
-            update, LeaseWrite.ADVANCE, until, StepOutcome.ADVANCED, True, phase
+            update,
+            LeaseWrite.ADVANCE,
+            until,
+            StepOutcome.ADVANCED,
+            phase_change=True,
+            next_phase=phase,
         )
         return write, Outcome(StepOutcome.ADVANCED, phase, wait, self.token)
 
@@ -329,7 +338,7 @@ class LeaseCore(Generic[R]):
             name = self.handler.key
 
             def build(record: dict[str, Any]) -> dict[str, Any]:
-                return lease_writes.fail_update(failed, attempts, record, now, name, until)
+                return lease_writes.fail_update(failed, attempts, record, now, name, until=until)
 
             action, phase_change, next_phase = LeaseWrite.FAIL, True, failed
             outcome = Outcome(StepOutcome.FAILED, failed, None, self.token)
@@ -342,11 +351,26 @@ class LeaseCore(Generic[R]):
             action, phase_change, next_phase = LeaseWrite.RETRY, False, SAME
             outcome = Outcome(StepOutcome.RETRYING, self.phase, wait, self.token)
         forms = tuple(
-            self._releasing(u, action, until, outcome.action, phase_change, next_phase, record)
+            self._releasing(
+                u,
+                action,
+                until,
+                outcome.action,
+                phase_change=phase_change,
+                next_phase=next_phase,
+                error=record,
+            )
             for u, record in _record_forms(error, build)
         )
         unrecorded = lease_writes.unrecorded(build(error))
-        last = self._releasing(unrecorded, action, until, outcome.action, phase_change, next_phase)
+        last = self._releasing(
+            unrecorded,
+            action,
+            until,
+            outcome.action,
+            phase_change=phase_change,
+            next_phase=next_phase,
+        )
         return ErrorWrite((*forms, last), outcome)
 
     def _note_write(self, kind: str, message: str) -> ErrorWrite:
@@ -369,6 +393,7 @@ class LeaseCore(Generic[R]):
         action: LeaseWrite,
         until: datetime,
         outcome: StepOutcome,
+        *,
         phase_change: bool = False,
         next_phase: Any = SAME,
         error: dict[str, Any] | None = None,
@@ -435,7 +460,7 @@ class LeaseCore(Generic[R]):
             holder = carried.token if carried is not None else None
             release = self._release
             released = lease_writes.released_fence(
-                self.id, self.token, release.until, release.phase, pins, holder
+                self.id, self.token, release.until, release.phase, pins=pins, holder=holder
             )
             return in_house.fence(released, [release.until])
         if phase_change:

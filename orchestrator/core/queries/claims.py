@@ -225,6 +225,7 @@ def probe_pipeline(
     groups: Sequence[tuple[str, Matches]],
     now: datetime,
     horizon: float,
+    *,
     pauses: tuple[str, int] | None = None,
     replicas: str | None = None,
     in_house: InHouse = NO_IN_HOUSE,

@@ -37,6 +37,7 @@ def released_fence(
     token: str,
     until: datetime,
     phase: Any,
+    *,
     pins: Mapping[str, Any] | None = None,
     holder: str | None = None,
 ) -> dict[str, Any]:
@@ -189,6 +190,7 @@ def fail_update(
     error: Mapping[str, Any],
     now: datetime,
     failed_by: str,
+    *,
     until: datetime = EPOCH,
 ) -> dict[str, Any]:
     """Give up: the failed phase, the error kept for operators, released; ``failedBy``

@@ -5,19 +5,14 @@ written by someone else (lease fields and models no handler can trust)."""
 
 from __future__ import annotations
 
-import random
 from datetime import datetime
 from typing import Any
-
-from pymongo.database import Database
 
 from orchestrator.core.clock import bson_time
 from orchestrator.core.errors import StoreError
 from orchestrator.core.resource import EPOCH
-from orchestrator.demo.chaos.ledger import Ledger
 from orchestrator.demo.chaos.replicas import Replicas
-from orchestrator.demo.chaos.workload import FINAL, ChaosConfig, Widget
-from orchestrator.testing.clock import FakeClock
+from orchestrator.demo.chaos.workload import FINAL, Widget, World
 from orchestrator.testing.faults import ReplicaCrashed
 
 MISSING = object()
@@ -32,19 +27,15 @@ class Arrivals:
 
     def __init__(
         self,
-        config: ChaosConfig,
-        rng: random.Random,
-        clock: FakeClock,
-        raw: Database[Any],
+        world: World,
         replicas: Replicas,
-        ledger: Ledger,
     ) -> None:
-        self.cfg = config
-        self.rng = rng
-        self.clock = clock
-        self.raw = raw
+        self.cfg = world.config
+        self.rng = world.rng
+        self.clock = world.clock
+        self.raw = world.raw
+        self.ledger = world.ledger
         self.replicas = replicas
-        self.ledger = ledger
         self.expected: dict[str, str] = {}  # name -> one of WORKERS, or a phase
         self.pending: list[dict[str, Any]] = []
         """The resources still to submit, in order of arrival."""

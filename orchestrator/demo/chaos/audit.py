@@ -18,7 +18,7 @@ from orchestrator.demo.chaos.arrivals import WORKERS
 from orchestrator.demo.chaos.ledger import Ledger
 from orchestrator.demo.chaos.replicas import Replicas
 from orchestrator.demo.chaos.step_faults import SECRET
-from orchestrator.demo.chaos.workload import ChaosConfig, Widget
+from orchestrator.demo.chaos.workload import Widget, World
 
 
 @dataclass
@@ -78,16 +78,16 @@ class LogCounter(logging.Handler):
 
 
 def audit(
-    config: ChaosConfig,
-    raw: Database[Any],
-    ledger: Ledger,
+    world: World,
     replicas: Replicas,
     expected: Mapping[str, str],
+    *,
     bad_inputs: int,
     rounds: int,
     simulated_seconds: float,
 ) -> Figures:
     """The figures of the run, every failed invariant among their violations."""
+    config, raw, ledger = world.config, world.raw, world.ledger
     f = Figures(
         replicas=config.replicas,
         restarts=len(replicas.dead),

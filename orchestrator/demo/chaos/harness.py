@@ -18,7 +18,7 @@ from orchestrator.demo.chaos.ledger import Ledger
 from orchestrator.demo.chaos.network import Network
 from orchestrator.demo.chaos.replicas import Replica, Replicas
 from orchestrator.demo.chaos.step_faults import StepFaults
-from orchestrator.demo.chaos.workload import ChaosConfig, register_workflow
+from orchestrator.demo.chaos.workload import ChaosConfig, World, register_workflow
 from orchestrator.testing.clock import FakeClock
 from orchestrator.testing.memory import memory_database
 
@@ -32,14 +32,11 @@ class Chaos:
         self.clock = FakeClock()
         self.raw: Database[Any] = memory_database("chaos", clock=self.clock)
         self.ledger = Ledger()
-        self.replicas = Replicas(
-            config, self.rng, self.clock, self.raw, self.ledger, register=self._register
-        )
-        self.step_faults = StepFaults(
-            config, self.rng, self.clock, self.raw, self.ledger, self.replicas
-        )
+        self.world = World(config, self.rng, self.clock, self.raw, self.ledger)
+        self.replicas = Replicas(self.world, register=self._register)
+        self.step_faults = StepFaults(self.world, self.replicas)
         self.network = Network(config, self.rng, self.replicas, self.ledger)
-        self.arrivals = Arrivals(config, self.rng, self.clock, self.raw, self.replicas, self.ledger)
+        self.arrivals = Arrivals(self.world, self.replicas)
 
     def _register(self, replica: Replica) -> None:
         register_workflow(replica.orch, self.clock, partial(self.step_faults.effect, replica))
@@ -87,14 +84,12 @@ class Chaos:
         for r in list(self.replicas.spawned):
             self.replicas.tick(r)  # one more tick each: every loop must still run
         figures = audit(
-            self.cfg,
-            self.raw,
-            self.ledger,
+            self.world,
             self.replicas,
             self.arrivals.expected,
-            bad,
-            rounds,
-            self.clock.monotonic(),
+            bad_inputs=bad,
+            rounds=rounds,
+            simulated_seconds=self.clock.monotonic(),
         )
         counting.report(figures)
         for r in self.replicas.spawned:

@@ -8,15 +8,10 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
-
-from pymongo.database import Database
 
 from orchestrator import Orchestrator
 from orchestrator.core.backoff import ExponentialBackoff
-from orchestrator.demo.chaos.ledger import Ledger
-from orchestrator.demo.chaos.workload import ChaosConfig
-from orchestrator.testing.clock import FakeClock
+from orchestrator.demo.chaos.workload import World
 from orchestrator.testing.faults import Faults, ReplicaCrashed
 
 
@@ -38,18 +33,14 @@ class Replicas:
 
     def __init__(
         self,
-        config: ChaosConfig,
-        rng: random.Random,
-        clock: FakeClock,
-        raw: Database[Any],
-        ledger: Ledger,
+        world: World,
         register: Callable[[Replica], None],
     ) -> None:
-        self.cfg = config
-        self.rng = rng
-        self.clock = clock
-        self.raw = raw
-        self.ledger = ledger
+        self.cfg = world.config
+        self.rng = world.rng
+        self.clock = world.clock
+        self.raw = world.raw
+        self.ledger = world.ledger
         self.register = register
         self.spawned: list[Replica] = []
         self.dead: list[Replica] = []

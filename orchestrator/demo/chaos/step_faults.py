@@ -6,21 +6,16 @@ failed recordings of an error, and non-outcomes. Every execution goes in the led
 
 from __future__ import annotations
 
-import random
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from pymongo.database import Database
-
 from orchestrator import Lease
 from orchestrator.core.errors import StoreError
 from orchestrator.core.lease import Outcome
-from orchestrator.demo.chaos.ledger import Ledger
 from orchestrator.demo.chaos.replicas import Replica, Replicas
-from orchestrator.demo.chaos.workload import ChaosConfig, Widget
-from orchestrator.testing.clock import FakeClock
+from orchestrator.demo.chaos.workload import Widget, World
 from orchestrator.testing.faults import ReplicaCrashed
 
 SECRET = "hunter2"
@@ -79,18 +74,14 @@ class StepFaults:
 
     def __init__(
         self,
-        config: ChaosConfig,
-        rng: random.Random,
-        clock: FakeClock,
-        raw: Database[Any],
-        ledger: Ledger,
+        world: World,
         replicas: Replicas,
     ) -> None:
-        self.cfg = config
-        self.rng = rng
-        self.clock = clock
-        self.raw = raw
-        self.ledger = ledger
+        self.cfg = world.config
+        self.rng = world.rng
+        self.clock = world.clock
+        self.raw = world.raw
+        self.ledger = world.ledger
         self.replicas = replicas
         self._lock = threading.Lock()
         self._hung: list[_Hung] = []
@@ -98,7 +89,7 @@ class StepFaults:
         self._exceptions = 0
         self._crashed_writes: set[str] = set()
         self._calm = 0
-        self._hangs_left = max(2, config.resources // 40)
+        self._hangs_left = max(2, world.config.resources // 40)
 
     def effect(
         self,
@@ -115,7 +106,7 @@ class StepFaults:
             fault = self._draw(step[1])
         probe = f"{r.name}#{execution.number}"
         try:
-            result = self._inject(fault, r, lease, probe, step[1], finish)
+            result = self._inject(fault, r, lease, probe, step[1], finish=finish)
         except BaseException as exc:
             execution.interrupted = fault or type(exc).__name__
             raise
@@ -166,6 +157,7 @@ class StepFaults:
         lease: Lease[Widget],
         probe: str,
         action: str,
+        *,
         finish: Callable[[str], Outcome],
     ) -> Any:
         if fault is None:

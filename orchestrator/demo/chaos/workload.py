@@ -5,15 +5,20 @@ the widget is ready)."""
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, ClassVar
 
+from pymongo.database import Database
+
 from orchestrator import Lease, Orchestrator
 from orchestrator.core.clock import Clock, as_utc, bson_time
 from orchestrator.core.lease import Outcome
 from orchestrator.core.resource import Resource
+from orchestrator.demo.chaos.ledger import Ledger
+from orchestrator.testing.clock import FakeClock
 
 FINAL = ("Ready", "Failed")
 
@@ -50,6 +55,18 @@ Effect = Callable[[Lease[Widget], tuple[str, str], Callable[[str], Outcome]], An
 """Runs a step with a side effect on one replica: its lease, the step's name and the write
 it ends with (``advance`` or ``unlock``), and that write, given the execution's probe. Any:
 a fault may return garbage."""
+
+
+@dataclass(frozen=True)
+class World:
+    """What every part of one run shares: its configuration, its random source (one seed
+    gives one run), its fake clock, its database and its ledger."""
+
+    config: ChaosConfig
+    rng: random.Random
+    clock: FakeClock
+    raw: Database[Any]
+    ledger: Ledger
 
 
 def register_workflow(orch: Orchestrator, clock: Clock, effect: Effect) -> None:

@@ -277,9 +277,9 @@ class AsyncClaimer:
                 chunk,
                 now,
                 horizon,
-                read if first else None,
-                replicas_collection if first else None,
-                self._in_house,
+                pauses=read if first else None,
+                replicas=replicas_collection if first else None,
+                in_house=self._in_house,
             )
             cursor = await self._store.collection(chunk[0][0]).aggregate(pipeline)
             rows = await cursor.to_list()

@@ -53,8 +53,8 @@ class AsyncLease(Generic[R]):
     satisfy.
     """
 
-    def __init__(self, *, store: AsyncLeaseStore, **core: Any) -> None:
-        self._core: LeaseCore[R] = LeaseCore(**core)
+    def __init__(self, *, store: AsyncLeaseStore, core: LeaseCore[R]) -> None:
+        self._core = core
         self._store = store
         self._lock = asyncio.Lock()  # serialises the step's writes with the heartbeat's
 

@@ -278,9 +278,9 @@ class Claimer:
                 chunk,
                 now,
                 horizon,
-                read if first else None,
-                replicas_collection if first else None,
-                self._in_house,
+                pauses=read if first else None,
+                replicas=replicas_collection if first else None,
+                in_house=self._in_house,
             )
             cursor = self._store.collection(chunk[0][0]).aggregate(pipeline)
             rows = cursor.to_list()

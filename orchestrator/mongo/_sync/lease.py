@@ -54,8 +54,8 @@ class Lease(Generic[R]):
     satisfy.
     """
 
-    def __init__(self, *, store: LeaseStore, **core: Any) -> None:
-        self._core: LeaseCore[R] = LeaseCore(**core)
+    def __init__(self, *, store: LeaseStore, core: LeaseCore[R]) -> None:
+        self._core = core
         self._store = store
         self._lock = threading.Lock()  # serialises the step's writes with the heartbeat's
 

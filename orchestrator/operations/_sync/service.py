@@ -24,7 +24,13 @@ from typing import Any, TypeVar
 from pymongo.synchronous.database import Database
 
 from orchestrator.core import history, replicas, sharding
-from orchestrator.core.audit import AuditEntry, AuditKind, failure_text, operator_record
+from orchestrator.core.audit import (
+    AuditEntry,
+    AuditKind,
+    OperatorAct,
+    failure_text,
+    operator_record,
+)
 from orchestrator.core.documents import Document, id_json, id_json_or_text
 from orchestrator.core.errors import (
     AmbiguousId,
@@ -627,10 +633,7 @@ class Operations:
         (``failed``), why. A failure to write it leaves ``failed`` the error that
         propagates, with that noted."""
         record = operator_record(
-            action=result.action.value,
-            by=by or self.actor,
-            why=why,
-            at=now,
+            OperatorAct(result.action.value, by or self.actor, why, now),
             collection=result.filter.collection,
             scope=scope,
             documents=[r.ref or r.id for r in result.changed],
@@ -744,10 +747,7 @@ class Operations:
         self._reports.append_audit(
             self._audit,
             operator_record(
-                action=action,
-                by=by or self.actor,
-                why=why,
-                at=now,
+                OperatorAct(action, by or self.actor, why, now),
                 collection=scope.collection,
                 scope=described,
                 documents=[],
@@ -770,10 +770,7 @@ class Operations:
         self._reports.append_audit(
             self._audit,
             operator_record(
-                action=action.value,
-                by=by or self.actor,
-                why=why,
-                at=now,
+                OperatorAct(action.value, by or self.actor, why, now),
                 collection=collection,
                 scope=scope,
                 documents=[id_json_or_text(i) for i in ids],

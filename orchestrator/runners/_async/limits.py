@@ -79,7 +79,7 @@ class AsyncLimits:
         taken: list[Slot] = []
         try:
             for limit in handler.limits:
-                slot = await self._take(handler, limit, now, judged, until, token)
+                slot = await self._take(handler, limit, now, judged, until=until, token=token)
                 if slot is None:
                     await self.give_back(taken)
                     self._books.limited(handler)
@@ -105,6 +105,7 @@ class AsyncLimits:
         limit: Limit,
         now: datetime,
         judged: datetime,
+        *,
         until: datetime,
         token: str,
     ) -> Slot | None:

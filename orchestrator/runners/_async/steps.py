@@ -23,7 +23,7 @@ from orchestrator.core import audit, history, scheduler, steps
 from orchestrator.core.clock import Clock, ServerClock
 from orchestrator.core.documents import id_json_or_text
 from orchestrator.core.errors import LeaseLost, ShardKeyRequired, StoreError
-from orchestrator.core.lease import Outcome
+from orchestrator.core.lease import Grant, LeaseCore, Outcome
 from orchestrator.core.limits import Slot
 from orchestrator.core.outcomes import StepOutcome
 from orchestrator.core.pauses import Pause
@@ -221,32 +221,37 @@ class AsyncSteps:
         carry = step.lease.carried
         if carry is None:
             return None
-        lease = self._lease(
-            carry.handler,
-            carry.doc,
-            carry.token,
-            carry.claimed_at,
-            claimed_at=self._clock.now(),  # its step's clock starts with the step
-        )
+        # Its step's clock starts with the step; the lease was written at the carry.
+        grant = self._grant(carry.doc, carry.token, carry.claimed_at, self._clock.now())
+        lease = self._lease(carry.handler, grant)
         return Step(lease, self._books.next_number(), self._local.monotonic(), 0.0)
 
-    def _lease(
-        self, handler: Handler, doc: dict[str, Any], token: str, now: datetime, **more: Any
-    ) -> Held:
-        """A lease this replica wrote on ``doc`` at ``now`` for ``handler``'s step, which
-        may carry itself on into the next step (``Books.reserve``)."""
-        more.setdefault("claimed_at", now)
-        lease: Held = AsyncLease(
-            store=self._store,
-            clock=self._clock,
-            settings=self._settings,
-            handler=handler,
+    def _grant(
+        self,
+        doc: dict[str, Any],
+        token: str,
+        now: datetime,
+        claimed_at: datetime | None = None,
+        taken_from: str | None = None,
+    ) -> Grant:
+        """What this replica's lease on ``doc``, written at ``now``, grants; its step's
+        clock starts at ``claimed_at`` (``now`` when None)."""
+        return Grant(
             doc=doc,
             token=token,
-            locked_at=now,
+            claimed_at=now if claimed_at is None else claimed_at,
             expires_at=now + timedelta(seconds=self._settings.lock_timeout),
-            **more,
+            locked_at=now,
+            taken_from=taken_from,
         )
+
+    def _lease(self, handler: Handler, grant: Grant) -> Held:
+        """A lease for ``handler``'s step, which may carry itself on into the next step
+        (``Books.reserve``)."""
+        core: LeaseCore[Any] = LeaseCore(
+            clock=self._clock, settings=self._settings, handler=handler, grant=grant
+        )
+        lease: Held = AsyncLease(store=self._store, core=core)
         lease.carrier = self._books.reserve
         return lease
 
@@ -316,7 +321,8 @@ class AsyncSteps:
         if doc is None:
             await self._limits.give_back(slots)
             return None
-        lease = self._lease(handler, doc, token, now, taken_from=taken[0] if taken else None)
+        grant = self._grant(doc, token, now, taken_from=taken[0] if taken else None)
+        lease = self._lease(handler, grant)
         lease.slots = slots
         if lease.taken_from is not None:
             try:
