@@ -128,6 +128,7 @@ def _pair(
     done: int,
     in_db: float,
     ops: int,
+    *,
     bare: tuple[float, float, int, float, int],
 ) -> dict[str, Any]:
     """One orchestrator run and its bare run, as figures per step. The process's CPU time
@@ -186,7 +187,7 @@ def _sync_pair(size: Size, concurrency: int) -> dict[str, Any]:
     bare_wall, bare_cpu = time.perf_counter() - started, time.process_time() - cpu_started
     bare_ops, bare_in_db = bare_db.meter.snapshot()
     bare = (bare_wall, bare_cpu, sum(bare_counts), bare_in_db, sum(bare_ops.values()))
-    return _pair(wall, cpu, done, in_db, sum(ops.values()), bare)
+    return _pair(wall, cpu, done, in_db, sum(ops.values()), bare=bare)
 
 
 def _async_pair(size: Size, concurrency: int) -> dict[str, Any]:
@@ -224,7 +225,7 @@ async def _async_pair_on_loop(size: Size, concurrency: int) -> dict[str, Any]:
     bare_wall, bare_cpu = time.perf_counter() - started, time.process_time() - cpu_started
     bare_ops, bare_in_db = bare_db.meter.snapshot()
     bare = (bare_wall, bare_cpu, sum(bare_counts), bare_in_db, sum(bare_ops.values()))
-    return _pair(wall, cpu, done, in_db, sum(ops.values()), bare)
+    return _pair(wall, cpu, done, in_db, sum(ops.values()), bare=bare)
 
 
 def overhead(throughput_runs: Sequence[dict[str, Any]], engine: str) -> dict[str, Any]:

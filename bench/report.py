@@ -50,7 +50,7 @@ def rows(results: dict[str, Any]) -> list[dict[str, str]]:
                 f"{t['ratio']:.2f}",
                 ">= 0.8 (stretch 0.9)",
                 ok,
-                stretch,
+                note=stretch,
             )
         )
     for engine, o in f["overhead"].items():
@@ -191,7 +191,7 @@ def _spread(values: list[float], spec: str) -> str:
 
 
 def _row(
-    figure: str, measured: str, ratio: str, goal: str, met: bool | None, note: str = ""
+    figure: str, measured: str, ratio: str, goal: str, met: bool | None, *, note: str = ""
 ) -> dict[str, str]:
     verdict = ("n/a" if met is None else ("yes" if met else "**no**")) + note
     return {"figure": figure, "measured": measured, "ratio": ratio, "goal": goal, "met": verdict}

@@ -817,7 +817,7 @@ def calibrate_memory(log: Callable[[str], None]) -> dict[str, Any]:
     measured, batch = _least(runs)
     idle = figures.idle_cost(figures.SIZES["tiny"])["rows"]
     params = calibrate.memory_params(measured)
-    return _write(params, MEMORY_PARAMS, MEMORY_CALIBRATION, measured, batch, log, idle)
+    return _write(params, MEMORY_PARAMS, MEMORY_CALIBRATION, measured, batch, log=log, idle=idle)
 
 
 def calibrate_wire(uri: str, log: Callable[[str], None]) -> dict[str, Any]:
@@ -839,7 +839,7 @@ def calibrate_wire(uri: str, log: Callable[[str], None]) -> dict[str, Any]:
         client.close()
     measured, batch = _least(runs)
     params = calibrate.wire_params(measured)
-    return _write(params, WIRE_PARAMS, WIRE_CALIBRATION, measured, batch, log)
+    return _write(params, WIRE_PARAMS, WIRE_CALIBRATION, measured, batch, log=log)
 
 
 def _least(
@@ -863,6 +863,7 @@ def _write(
     record_path: Path,
     measured: dict[str, Any],
     batch: dict[str, Any],
+    *,
     log: Callable[[str], None],
     idle: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:

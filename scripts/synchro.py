@@ -44,6 +44,7 @@ REPLACEMENTS = {
     "AsyncSteps": "Steps",
     "AsyncLimits": "Limits",
     "AsyncReplicaRecorder": "ReplicaRecorder",
+    "AsyncReplicaParts": "ReplicaParts",
     "AsyncPauseWatch": "PauseWatch",
     "AsyncWorkers": "Workers",
     "AsyncHandlerCalls": "HandlerCalls",

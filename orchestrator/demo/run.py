@@ -222,12 +222,12 @@ async def _run(
     if not options.uri:
         db = async_memory_database(options.database)
         return await _serving(
-            options, console, monotonic, db, "the embedded in-memory store", serving
+            options, console, monotonic, db, "the embedded in-memory store", serving=serving
         )
     db = await connect_async(options.uri, options.database, timeout=options.connect_timeout)
     try:
         return await _serving(
-            options, console, monotonic, db, f"MongoDB database {db.name!r}", serving
+            options, console, monotonic, db, f"MongoDB database {db.name!r}", serving=serving
         )
     finally:
         await db.client.close()
@@ -239,10 +239,11 @@ async def _serving(
     monotonic: Callable[[], float],
     db: AsyncDatabase[Document],
     store_name: str,
+    *,
     serving: Callable[[str], None] | None,
 ) -> int:
     with _metrics(options, db, console) as (listeners, url):
-        code = await _demo(options, console, monotonic, db, store_name, listeners)
+        code = await _demo(options, console, monotonic, db, store_name, listeners=listeners)
         if url is not None and serving is not None:
             # A test scrapes the final values here, from another thread: the loop must
             # stay free to answer the scrape's document counts.
@@ -256,6 +257,7 @@ async def _demo(
     monotonic: Callable[[], float],
     db: AsyncDatabase[Document],
     store_name: str,
+    *,
     listeners: list[Any],
 ) -> int:
     """The run itself, on ``db``, whose client the caller closes."""
@@ -296,7 +298,9 @@ async def _demo(
     )
     started = monotonic()
     deadline = started + options.timeout  # the whole run, setup included
-    display = _Display(console, db, fleet, started, len(names), len(deleted), monotonic)
+    display = _Display(
+        console, db, fleet, monotonic, started=started, total=len(names), to_delete=len(deleted)
+    )
     timed_out: str | None = None
     with quiet_logs(options.log_file, waits):
         await fleet.start()
@@ -332,9 +336,8 @@ async def _demo(
     # Only the workflow's collections: the database may hold the application's own, whose
     # failed documents and held leases are not the demo's to judge.
     status = await AsyncOperations(db).status(WATCHED, errors=3)
-    return await _report(
-        console, options, fleet, status, elapsed, kept, deleted, timed_out, left_wrong
-    )
+    ending = _Ending(elapsed, kept, deleted, timed_out, left_wrong)
+    return await _report(console, options, fleet, status, ending)
 
 
 class _Display:
@@ -346,10 +349,11 @@ class _Display:
         console: Console,
         db: AsyncDatabase[Document],
         fleet: Fleet,
+        monotonic: Callable[[], float],
+        *,
         started: float,
         total: int,
         to_delete: int,
-        monotonic: Callable[[], float],
     ) -> None:
         self.console = console
         self.operations = AsyncOperations(db)
@@ -474,17 +478,23 @@ class _Display:
         )
 
 
+@dataclass(frozen=True)
+class _Ending:
+    """How the run ended: its wall time, the gateways kept and deleted, the stage it timed
+    out in (None: it finished) and what the replicas left wrong as they stopped."""
+
+    elapsed: float
+    kept: list[str]
+    deleted: list[str]
+    timed_out: str | None
+    left_wrong: list[str]
+
+
 async def _report(
-    console: Console,
-    options: DemoOptions,
-    fleet: Fleet,
-    status: Status,
-    elapsed: float,
-    kept: list[str],
-    deleted: list[str],
-    timed_out: str | None,
-    left_wrong: list[str],
+    console: Console, options: DemoOptions, fleet: Fleet, status: Status, ending: _Ending
 ) -> int:
+    elapsed, kept, deleted = ending.elapsed, ending.kept, ending.deleted
+    timed_out, left_wrong = ending.timed_out, ending.left_wrong
     stats = await fleet.stats()
     total: Counter[str] = Counter()
     for _, s in stats:

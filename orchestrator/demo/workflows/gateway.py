@@ -266,40 +266,50 @@ class Platform:
         with nothing left behind. Empty when all is well."""
         problems: list[str] = []
         for name in kept:
-            doc = await self.db[Gateway.collection].find_one({"name": name})
-            if doc is None or doc.get("phase") != "Created":
-                problems.append(f"{name}: phase {doc and doc.get('phase')}, expected Created")
-                continue
-            for kind, count in CHILDREN_PER_KIND.items():
-                found = await self.db[kind].count_documents({"gatewayId": doc["_id"]})
-                if found != count:
-                    problems.append(f"{name}: {found} {kind}, expected {count}")
-            domain = await self.db[RuntimeDomain.collection].find_one({"gatewayId": doc["_id"]})
-            if domain is None or domain.get("phase") != "Created":
-                problems.append(f"{name}: runtime domain {domain and domain.get('phase')}")
-                continue
-            custom = domain.get("customDomain")
-            cert = await self.db[CERTIFICATES].find_one({"_id": custom}) if custom else None
-            if custom and (cert is None or cert.get("status") != "Ready"):
-                problems.append(f"{name}: certificate {cert and cert.get('status')}")
-            if await self.db[INGRESSES].count_documents({"_id": domain["host"]}) != 1:
-                problems.append(f"{name}: no ingress")
+            problems += await self._kept_problems(name)
         for name in deleted:
-            if await self.db[Gateway.collection].count_documents({"name": name}):
-                problems.append(f"{name}: still in {Gateway.collection}")
-            archived = await self.db[ARCHIVE].find_one({"name": name})
-            if archived is None:
-                problems.append(f"{name}: not archived")
-                continue
-            for kind in CREATE_ORDER:
-                if await self.db[kind].count_documents({"gatewayId": archived["_id"]}):
-                    problems.append(f"{name}: {kind} left behind")
-            if await self.db[INGRESSES].count_documents({"gatewayId": archived["_id"]}):
-                problems.append(f"{name}: ingress left behind")
-            if archived.get("customDomain") and await self.db[CERTIFICATES].count_documents(
-                {"_id": archived["customDomain"]}
-            ):
-                problems.append(f"{name}: certificate left behind")
+            problems += await self._deleted_problems(name)
+        return problems
+
+    async def _kept_problems(self, name: str) -> list[str]:
+        """What is wrong with a kept gateway: its phase, children, domain, certificate,
+        ingress."""
+        doc = await self.db[Gateway.collection].find_one({"name": name})
+        if doc is None or doc.get("phase") != "Created":
+            return [f"{name}: phase {doc and doc.get('phase')}, expected Created"]
+        problems: list[str] = []
+        for kind, count in CHILDREN_PER_KIND.items():
+            found = await self.db[kind].count_documents({"gatewayId": doc["_id"]})
+            if found != count:
+                problems.append(f"{name}: {found} {kind}, expected {count}")
+        domain = await self.db[RuntimeDomain.collection].find_one({"gatewayId": doc["_id"]})
+        if domain is None or domain.get("phase") != "Created":
+            return [*problems, f"{name}: runtime domain {domain and domain.get('phase')}"]
+        custom = domain.get("customDomain")
+        cert = await self.db[CERTIFICATES].find_one({"_id": custom}) if custom else None
+        if custom and (cert is None or cert.get("status") != "Ready"):
+            problems.append(f"{name}: certificate {cert and cert.get('status')}")
+        if await self.db[INGRESSES].count_documents({"_id": domain["host"]}) != 1:
+            problems.append(f"{name}: no ingress")
+        return problems
+
+    async def _deleted_problems(self, name: str) -> list[str]:
+        """What a deleted gateway left behind, or that it was not archived."""
+        problems: list[str] = []
+        if await self.db[Gateway.collection].count_documents({"name": name}):
+            problems.append(f"{name}: still in {Gateway.collection}")
+        archived = await self.db[ARCHIVE].find_one({"name": name})
+        if archived is None:
+            return [*problems, f"{name}: not archived"]
+        for kind in CREATE_ORDER:
+            if await self.db[kind].count_documents({"gatewayId": archived["_id"]}):
+                problems.append(f"{name}: {kind} left behind")
+        if await self.db[INGRESSES].count_documents({"gatewayId": archived["_id"]}):
+            problems.append(f"{name}: ingress left behind")
+        if archived.get("customDomain") and await self.db[CERTIFICATES].count_documents(
+            {"_id": archived["customDomain"]}
+        ):
+            problems.append(f"{name}: certificate left behind")
         return problems
 
     async def repeats(self) -> int:

@@ -35,6 +35,7 @@ from orchestrator.mongo._async.clock import measure
 from orchestrator.mongo._async.contract import AsyncLeaseStore
 from orchestrator.mongo.common import database_kind
 from orchestrator.runners._async.controls import AsyncPauseWatch
+from orchestrator.runners._async.parts import AsyncReplicaParts
 from orchestrator.runners._async.replica import AsyncReplicaRecorder
 from orchestrator.runners._async.steps import AsyncSteps
 from orchestrator.runners.books import Books
@@ -120,25 +121,24 @@ class AsyncOrchestrator:
         self._registration = Registration(
             Registry(self.settings), self._calls.check, self._registered
         )
-        self._steps = AsyncSteps(
-            engine=self,
+        parts = AsyncReplicaParts(
             store=self._store,
             clock=self.clock,
-            local=local,
             settings=self.settings,
             books=self._books,
             report=self._report,
+        )
+        self._steps = AsyncSteps(
+            parts,
+            engine=self,
+            local=local,
             crew=self._crew,
             calls=self._calls,
             on_due=self._come_due,
             reading_pauses=self._pauses.probing,
         )
         self._record = AsyncReplicaRecorder(
-            store=self._store,
-            clock=self.clock,
-            settings=self.settings,
-            books=self._books,
-            report=self._report,
+            parts,
             engine="threaded" if _IS_SYNC else "async",
             registry=self._registration.registry,
             paused=lambda: self._pauses.scopes,

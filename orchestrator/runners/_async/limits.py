@@ -15,18 +15,12 @@ import threading
 from collections import Counter
 from collections.abc import Callable
 from datetime import datetime, timedelta
-from typing import Any
 
-from orchestrator.core.clock import ServerClock
 from orchestrator.core.errors import StoreError
 from orchestrator.core.limits import Limit, RateWait, Slot
 from orchestrator.core.queries import limit_slots
 from orchestrator.core.registry import Handler
-from orchestrator.core.settings import Settings
-from orchestrator.mongo._async.contract import AsyncLeaseStore
-from orchestrator.mongo._async.lease import AsyncLease
-from orchestrator.runners.books import Books
-from orchestrator.runners.reporter import Reporter
+from orchestrator.runners._async.parts import AsyncReplicaParts
 
 __all__ = ["AsyncLimits"]
 
@@ -44,21 +38,12 @@ class AsyncLimits:
     more while the time read is ahead: a slot given back is free at once, so a take finds
     it."""
 
-    def __init__(
-        self,
-        *,
-        store: AsyncLeaseStore,
-        clock: ServerClock,
-        settings: Settings,
-        books: Books[AsyncLease[Any]],
-        report: Reporter,
-        on_due: Callable[[], object],
-    ) -> None:
-        self._store = store
-        self._clock = clock
-        self._settings = settings
-        self._books = books
-        self._report = report
+    def __init__(self, parts: AsyncReplicaParts, *, on_due: Callable[[], object]) -> None:
+        self._store = parts.store
+        self._clock = parts.clock
+        self._settings = parts.settings
+        self._books = parts.books
+        self._report = parts.report
         self._on_due = on_due
         self._lock = threading.Lock()  # the times below, read and set from any worker
         self._not_before: dict[tuple[str, Limit], RateWait] = {}

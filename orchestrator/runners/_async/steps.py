@@ -20,7 +20,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from orchestrator.core import audit, history, scheduler, steps
-from orchestrator.core.clock import Clock, ServerClock
+from orchestrator.core.clock import Clock
 from orchestrator.core.documents import id_json_or_text
 from orchestrator.core.errors import LeaseLost, ShardKeyRequired, StoreError
 from orchestrator.core.lease import Grant, LeaseCore, Outcome
@@ -30,16 +30,13 @@ from orchestrator.core.pauses import Pause
 from orchestrator.core.queries import claims
 from orchestrator.core.registry import Handler
 from orchestrator.core.scheduler import Action, Claim, Found, Probe
-from orchestrator.core.settings import Settings
 from orchestrator.core.steps import StepTimeout, describe
 from orchestrator.core.validation import explain
 from orchestrator.mongo._async.clock import measure
-from orchestrator.mongo._async.contract import AsyncLeaseStore
 from orchestrator.mongo._async.lease import AsyncLease
 from orchestrator.runners._async.limits import AsyncLimits
-from orchestrator.runners.books import Books
+from orchestrator.runners._async.parts import AsyncReplicaParts
 from orchestrator.runners.calls import AsyncHandlerCalls
-from orchestrator.runners.reporter import Reporter
 from orchestrator.runners.step import IN_STEP, Step
 from orchestrator.runners.workers import AsyncWorkers, StepEnd
 
@@ -57,35 +54,29 @@ class AsyncSteps:
 
     def __init__(
         self,
+        parts: AsyncReplicaParts,
         *,
         engine: object,
-        store: AsyncLeaseStore,
-        clock: ServerClock,
         local: Clock,
-        settings: Settings,
-        books: Books[Held],
-        report: Reporter,
         crew: AsyncWorkers,
         calls: AsyncHandlerCalls,
         on_due: Callable[[], object],
         reading_pauses: Callable[[], Callable[[list[Pause]], None]],
     ) -> None:
         self._engine = engine  # what a step's context names (``IN_STEP``)
-        self._store = store
-        self._clock = clock
+        self._store = parts.store
+        self._clock = parts.clock
+        self._settings = parts.settings
+        self._books = parts.books
+        self._report = parts.report
         self._local = local
-        self._settings = settings
-        self._books = books
-        self._report = report
         self._crew = crew
         self._calls = calls
         self._on_due = on_due  # the timer's job when a due time comes (``_wake_when_due``)
         # Called as a probe is sent, which reads the pauses too: what its answer's pauses
         # are given to (numbered when sent, so an answer that lands late is not applied).
         self._reading_pauses = reading_pauses
-        self._limits = AsyncLimits(
-            store=store, clock=clock, settings=settings, books=books, report=report, on_due=on_due
-        )
+        self._limits = AsyncLimits(parts, on_due=on_due)
 
     # -- the server's clock -------------------------------------------------------------
 

@@ -36,6 +36,7 @@ from orchestrator.mongo._sync.clock import measure
 from orchestrator.mongo._sync.contract import LeaseStore
 from orchestrator.mongo.common import database_kind
 from orchestrator.runners._sync.controls import PauseWatch
+from orchestrator.runners._sync.parts import ReplicaParts
 from orchestrator.runners._sync.replica import ReplicaRecorder
 from orchestrator.runners._sync.steps import Steps
 from orchestrator.runners.books import Books
@@ -121,25 +122,24 @@ class Orchestrator:
         self._registration = Registration(
             Registry(self.settings), self._calls.check, self._registered
         )
-        self._steps = Steps(
-            engine=self,
+        parts = ReplicaParts(
             store=self._store,
             clock=self.clock,
-            local=local,
             settings=self.settings,
             books=self._books,
             report=self._report,
+        )
+        self._steps = Steps(
+            parts,
+            engine=self,
+            local=local,
             crew=self._crew,
             calls=self._calls,
             on_due=self._come_due,
             reading_pauses=self._pauses.probing,
         )
         self._record = ReplicaRecorder(
-            store=self._store,
-            clock=self.clock,
-            settings=self.settings,
-            books=self._books,
-            report=self._report,
+            parts,
             engine="threaded" if _IS_SYNC else "async",
             registry=self._registration.registry,
             paused=lambda: self._pauses.scopes,

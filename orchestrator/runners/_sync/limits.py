@@ -16,18 +16,12 @@ import threading
 from collections import Counter
 from collections.abc import Callable
 from datetime import datetime, timedelta
-from typing import Any
 
-from orchestrator.core.clock import ServerClock
 from orchestrator.core.errors import StoreError
 from orchestrator.core.limits import Limit, RateWait, Slot
 from orchestrator.core.queries import limit_slots
 from orchestrator.core.registry import Handler
-from orchestrator.core.settings import Settings
-from orchestrator.mongo._sync.contract import LeaseStore
-from orchestrator.mongo._sync.lease import Lease
-from orchestrator.runners.books import Books
-from orchestrator.runners.reporter import Reporter
+from orchestrator.runners._sync.parts import ReplicaParts
 
 __all__ = ["Limits"]
 
@@ -45,21 +39,12 @@ class Limits:
     more while the time read is ahead: a slot given back is free at once, so a take finds
     it."""
 
-    def __init__(
-        self,
-        *,
-        store: LeaseStore,
-        clock: ServerClock,
-        settings: Settings,
-        books: Books[Lease[Any]],
-        report: Reporter,
-        on_due: Callable[[], object],
-    ) -> None:
-        self._store = store
-        self._clock = clock
-        self._settings = settings
-        self._books = books
-        self._report = report
+    def __init__(self, parts: ReplicaParts, *, on_due: Callable[[], object]) -> None:
+        self._store = parts.store
+        self._clock = parts.clock
+        self._settings = parts.settings
+        self._books = parts.books
+        self._report = parts.report
         self._on_due = on_due
         self._lock = threading.Lock()  # the times below, read and set from any worker
         self._not_before: dict[tuple[str, Limit], RateWait] = {}
@@ -80,7 +65,7 @@ class Limits:
         taken: list[Slot] = []
         try:
             for limit in handler.limits:
-                slot = self._take(handler, limit, now, judged, until, token)
+                slot = self._take(handler, limit, now, judged, until=until, token=token)
                 if slot is None:
                     self.give_back(taken)
                     self._books.limited(handler)
@@ -106,6 +91,7 @@ class Limits:
         limit: Limit,
         now: datetime,
         judged: datetime,
+        *,
         until: datetime,
         token: str,
     ) -> Slot | None:

@@ -14,18 +14,12 @@ import socket
 import threading
 from collections.abc import Callable
 from datetime import datetime
-from typing import Any
 
 from orchestrator.core import limits, replicas
-from orchestrator.core.clock import ServerClock
 from orchestrator.core.errors import OrchestratorError
 from orchestrator.core.extras import library_version
 from orchestrator.core.registry import Registry
-from orchestrator.core.settings import Settings
-from orchestrator.mongo._sync.contract import LeaseStore
-from orchestrator.mongo._sync.lease import Lease
-from orchestrator.runners.books import Books
-from orchestrator.runners.reporter import Reporter
+from orchestrator.runners._sync.parts import ReplicaParts
 
 __all__ = ["ReplicaRecorder"]
 
@@ -37,21 +31,17 @@ class ReplicaRecorder:
 
     def __init__(
         self,
+        parts: ReplicaParts,
         *,
-        store: LeaseStore,
-        clock: ServerClock,
-        settings: Settings,
-        books: Books[Lease[Any]],
-        report: Reporter,
         engine: str,
         registry: Registry,
         paused: Callable[[], list[str]],
     ) -> None:
-        self._store = store
-        self._clock = clock
-        self._settings = settings
-        self._books = books
-        self._report = report
+        self._store = parts.store
+        self._clock = parts.clock
+        self._settings = parts.settings
+        self._books = parts.books
+        self._report = parts.report
         self._engine = engine
         self._registry = registry
         self._paused = paused

@@ -21,7 +21,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from orchestrator.core import audit, history, scheduler, steps
-from orchestrator.core.clock import Clock, ServerClock
+from orchestrator.core.clock import Clock
 from orchestrator.core.documents import id_json_or_text
 from orchestrator.core.errors import LeaseLost, ShardKeyRequired, StoreError
 from orchestrator.core.lease import Grant, LeaseCore, Outcome
@@ -31,16 +31,13 @@ from orchestrator.core.pauses import Pause
 from orchestrator.core.queries import claims
 from orchestrator.core.registry import Handler
 from orchestrator.core.scheduler import Action, Claim, Found, Probe
-from orchestrator.core.settings import Settings
 from orchestrator.core.steps import StepTimeout, describe
 from orchestrator.core.validation import explain
 from orchestrator.mongo._sync.clock import measure
-from orchestrator.mongo._sync.contract import LeaseStore
 from orchestrator.mongo._sync.lease import Lease
 from orchestrator.runners._sync.limits import Limits
-from orchestrator.runners.books import Books
+from orchestrator.runners._sync.parts import ReplicaParts
 from orchestrator.runners.calls import HandlerCalls
-from orchestrator.runners.reporter import Reporter
 from orchestrator.runners.step import IN_STEP, Step
 from orchestrator.runners.workers import StepEnd, Workers
 
@@ -58,35 +55,29 @@ class Steps:
 
     def __init__(
         self,
+        parts: ReplicaParts,
         *,
         engine: object,
-        store: LeaseStore,
-        clock: ServerClock,
         local: Clock,
-        settings: Settings,
-        books: Books[Held],
-        report: Reporter,
         crew: Workers,
         calls: HandlerCalls,
         on_due: Callable[[], object],
         reading_pauses: Callable[[], Callable[[list[Pause]], None]],
     ) -> None:
         self._engine = engine  # what a step's context names (``IN_STEP``)
-        self._store = store
-        self._clock = clock
+        self._store = parts.store
+        self._clock = parts.clock
+        self._settings = parts.settings
+        self._books = parts.books
+        self._report = parts.report
         self._local = local
-        self._settings = settings
-        self._books = books
-        self._report = report
         self._crew = crew
         self._calls = calls
         self._on_due = on_due  # the timer's job when a due time comes (``_wake_when_due``)
         # Called as a probe is sent, which reads the pauses too: what its answer's pauses
         # are given to (numbered when sent, so an answer that lands late is not applied).
         self._reading_pauses = reading_pauses
-        self._limits = Limits(
-            store=store, clock=clock, settings=settings, books=books, report=report, on_due=on_due
-        )
+        self._limits = Limits(parts, on_due=on_due)
 
     # -- the server's clock -------------------------------------------------------------
 
