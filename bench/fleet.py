@@ -529,7 +529,7 @@ class Result:
 
 
 class Fleet:
-    def __init__(
+    def __init__(  # noqa: PLR0913  the simulated fleet's knobs, keyword-only with defaults: simulate()'s callers name the one or two they vary
         self,
         params: Params,
         workload: Workload,

@@ -75,7 +75,7 @@ def merge(update: dict[str, Any], clause: Mapping[str, Any]) -> dict[str, Any]:
     return update
 
 
-def step_entry(
+def step_entry(  # noqa: PLR0913  one keyword per stored field of a step's entry
     *,
     replica: str,
     claimed_at: datetime,

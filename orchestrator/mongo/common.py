@@ -340,7 +340,7 @@ def key_pattern(info: Mapping[str, Any]) -> list[tuple[str, Any]]:
     return []
 
 
-def index_problem(
+def index_problem(  # noqa: PLR0911  one reason per way an index falls short
     info: Mapping[str, Any],
     wanted: list[tuple[str, int]],
     unique: bool,

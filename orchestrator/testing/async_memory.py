@@ -139,16 +139,9 @@ class _Facade:
         method that returns its own object, such as a cursor's ``sort``)."""
         if value is self._sync:
             return self
-        if isinstance(value, MemoryCollection):
-            return AsyncMemoryCollection(value)
-        if isinstance(value, MemoryDatabase):
-            return AsyncMemoryDatabase(value)
-        if isinstance(value, MemoryClient):
-            return AsyncMemoryClient(value)
-        if isinstance(value, MemoryCursor):
-            return AsyncMemoryCursor(value)
-        if isinstance(value, ListCursor):
-            return AsyncMemoryCommandCursor(value)
+        for proxied, facade in _FACADES:
+            if isinstance(value, proxied):
+                return facade(value)
         return value
 
     def __eq__(self, other: object) -> bool:
@@ -318,3 +311,13 @@ class AsyncMemoryCommandCursor(_AsyncIterator):
         """The next document, or None when there is none."""
         await _round_trip()
         return next(self._sync, None)
+
+
+_FACADES: tuple[tuple[type, Callable[[Any], _Facade]], ...] = (
+    (MemoryCollection, AsyncMemoryCollection),
+    (MemoryDatabase, AsyncMemoryDatabase),
+    (MemoryClient, AsyncMemoryClient),
+    (MemoryCursor, AsyncMemoryCursor),
+    (ListCursor, AsyncMemoryCommandCursor),
+)
+"""Each in-memory object a proxy may return, and the async facade ``_adopt`` wraps it in."""

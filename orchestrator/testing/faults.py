@@ -93,7 +93,7 @@ class Faults:
     ``slow_seconds`` through ``delay``. ``clock`` judges outage windows.
     """
 
-    def __init__(
+    def __init__(  # noqa: PLR0913  the public fault injector's knobs, keyword-only with defaults
         self,
         *,
         seed: int = 0,
@@ -259,7 +259,7 @@ class Faults:
                     return seconds
         return 0.0
 
-    def _decide(self, operation: str) -> tuple[BaseException | None, BaseException | None, float]:
+    def _decide(self, operation: str) -> tuple[BaseException | None, BaseException | None, float]:  # noqa: PLR0911  one return per fault, in the order they are drawn
         now = self._clock.now()
         with self._lock:
             self.operations[operation] += 1

@@ -360,7 +360,7 @@ def claimed(before: dict[str, Any], update: Mapping[str, Any]) -> dict[str, Any]
     return before
 
 
-def due_since(before: Mapping[str, Any], in_house: InHouse = NO_IN_HOUSE) -> datetime | None:
+def due_since(before: Mapping[str, Any], in_house: InHouse = NO_IN_HOUSE) -> datetime | None:  # noqa: PLR0911  one return per rule, in the order they are judged
     """When a document about to be claimed became claimable, from its fields before the
     claim, where they tell: when its relock or retry wait, or its previous lease, ran out
     (``lockedUntil`` after the epoch), or when it entered its phase (released at the epoch

@@ -151,22 +151,29 @@ def _judge(name: str, expected: str, found: Sequence[dict[str, Any]], f: Figures
     doc = found[0]
     phase = doc.get("phase")
     if expected in WORKERS:
-        if phase == "Ready" and expected == "work":
-            if doc.get("done") != doc.get("parts"):
-                return f"{name}: Ready with {doc.get('done')} of {doc.get('parts')} parts"
-            f.ready += 1
-            return None
-        if phase == "Failed" and isinstance(doc.get("lastError"), dict):
-            if expected == "work":
-                f.failed_by_faults += 1
-            else:
-                f.failed_expected += 1
-            return None
-        error = doc.get("lastError")
-        return f"{name}: ended in {phase!r} (expected {expected}); lastError {error}"
+        return _judge_worked(name, expected, doc, f)
     if str(phase if phase is not None else "(none)") != expected or "lockedBy" in doc:
         return f"{name}: a document no handler matches was touched: {doc}"
     return None
+
+
+def _judge_worked(name: str, expected: str, doc: dict[str, Any], f: Figures) -> str | None:
+    """A document a handler works on: Ready with every part done, or Failed with its
+    error kept (counted as the faults' or as expected)."""
+    phase = doc.get("phase")
+    if phase == "Ready" and expected == "work":
+        if doc.get("done") != doc.get("parts"):
+            return f"{name}: Ready with {doc.get('done')} of {doc.get('parts')} parts"
+        f.ready += 1
+        return None
+    if phase == "Failed" and isinstance(doc.get("lastError"), dict):
+        if expected == "work":
+            f.failed_by_faults += 1
+        else:
+            f.failed_expected += 1
+        return None
+    error = doc.get("lastError")
+    return f"{name}: ended in {phase!r} (expected {expected}); lastError {error}"
 
 
 def _check_steps(f: Figures, ledger: Ledger) -> None:

@@ -464,29 +464,41 @@ class AsyncSteps:
             return await self._settle(step, "TypeError", wrong)
         outcome = result if isinstance(result, Outcome) else None
         if lease.held:
-            try:
-                outcome = await lease.unlock()
-            except LeaseLost as exc:
-                self._report.lost(f"lease lost: {exc}", lease)
-                return StepOutcome.LOST
-            except StoreError as exc:
-                self._report.log(
-                    logging.ERROR,
-                    f"unlock failed, lease left to expire: {exc}",
-                    lease,
-                    StepOutcome.UNRECORDED,
-                )
-                return StepOutcome.UNRECORDED
+            unlocked = await self._unlock_left(lease)
+            if not isinstance(unlocked, Outcome):
+                return unlocked
+            outcome = unlocked
+        return self._done(step, outcome)
+
+    def _done(self, step: Step[Held], outcome: Outcome | None) -> StepOutcome:
+        """A step whose outcome landed: its action, its wait kept for the books."""
         if outcome is None:
             # The handler wrote its outcome without returning it, or it returned after
             # step_timeout took the lease back: nothing is left to write.
             self._report.log(
-                logging.DEBUG, "step done; its lease was already released", lease, "done"
+                logging.DEBUG, "step done; its lease was already released", step.lease, "done"
             )
             return StepOutcome.DONE
-        self._report.log(logging.DEBUG, "step done", lease, outcome.action, wait=outcome.wait)
+        self._report.log(logging.DEBUG, "step done", step.lease, outcome.action, wait=outcome.wait)
         step.wait = outcome.wait
         return outcome.action
+
+    async def _unlock_left(self, lease: Held) -> Outcome | StepOutcome:
+        """Unlock what the handler left held (it returned without an outcome): the
+        unlock's outcome, or how the step ended when it did not land."""
+        try:
+            return await lease.unlock()
+        except LeaseLost as exc:
+            self._report.lost(f"lease lost: {exc}", lease)
+            return StepOutcome.LOST
+        except StoreError as exc:
+            self._report.log(
+                logging.ERROR,
+                f"unlock failed, lease left to expire: {exc}",
+                lease,
+                StepOutcome.UNRECORDED,
+            )
+            return StepOutcome.UNRECORDED
 
     async def _settle(
         self,

@@ -102,7 +102,7 @@ def _judge(test: _Test, spec: Any, doc: Mapping[str, Any]) -> bool:
     return bool(filter_applies(spec, doc)) if verdict is None else verdict
 
 
-def _compile(spec: Any) -> _Test | None:
+def _compile(spec: Any) -> _Test | None:  # noqa: PLR0911  one return per filter shape it compiles
     """A native test for filters made of string equalities and ``$ne``, date ranges, ``$not``
     of a date range, ``$or`` and ``$and`` on top-level fields (a claim's shape); None
     otherwise."""
@@ -201,7 +201,7 @@ def _either(tests: list[_Test]) -> _Test:
     return test
 
 
-def _first_sorted(docs: list[Mapping[str, Any]], sort: Any) -> Any:
+def _first_sorted(docs: list[Mapping[str, Any]], sort: Any) -> Any:  # noqa: PLR0911  one return per sort key kind it can order
     """The first of ``docs`` in ``sort`` order (stable, as mongomock sorts), None when there
     are none, ``_MISSING`` when a sort key is neither a date of one kind in every document
     nor an int or nothing (null, missing) in each (a priority)."""

@@ -216,7 +216,7 @@ class MemoryDatabase:
             codec_options = self._codec_options
         return MemoryDatabase(self._server, database, write_concern, codec_options)
 
-    def command(
+    def command(  # noqa: PLR0913  PyMongo's Database.command signature
         self,
         command: str | Mapping[str, Any],
         value: Any = 1,
