@@ -52,6 +52,9 @@ REPLACEMENTS = {
     "AsyncReports": "Reports",
     "AsyncOperations": "Operations",
     "AsyncStatusCache": "StatusCache",
+    "AsyncReads": "Reads",
+    "AsyncSingleActions": "SingleActions",
+    "AsyncBulkActions": "BulkActions",
     "_async": "_sync",  # orchestrator.<package>._async.* -> orchestrator.<package>._sync.*
     "connect_async": "connect",
     "check_reachable_async": "check_reachable",

@@ -326,3 +326,30 @@ def test_a_few_replicas_of_a_fleet_wake_at_a_due_time_not_all() -> None:
     draws = [n / 1000 for n in range(1000)]
     woken = sum(wakes_at_due(200, d) for d in draws)
     assert woken == 1000 * DUE_WAKERS // 200  # on average DUE_WAKERS of 200
+
+
+def test_probes_slower_than_the_tick_never_hold_the_claims_back() -> None:
+    # On a saturated server a probe took longer than a tick: every answer came after the
+    # next tick, was dropped as stale, and the tick's own probe went first again, so no
+    # replica claimed anything for tens of seconds while every document waited, due.
+    a, b = _handler("jobs", "A"), _handler("other", "B")
+    sched = Scheduler([a, b], max_concurrency=4, budget=100)
+    sched.tick()
+    for _ in range(3):
+        probe = sched.next()
+        assert isinstance(probe, Probe)
+        sched.tick()  # the next tick comes before the answer
+        sched.probed(probe, _found(probe, {"jobs"}))
+        again = sched.next()
+        assert isinstance(again, Probe)  # the new tick's own look...
+        claim = sched.next()
+        assert isinstance(claim, Claim) and claim.handler is a  # ...and a claim meanwhile
+        more = sched.next()  # jobs.A again once a claim of it took a document
+        assert more is None or (isinstance(more, Claim) and more.handler is a)
+        sched.claimed(claim, "doc-1")
+        if more is not None:
+            sched.claimed(more, "doc-2")
+            sched.finished(StepOutcome.UNLOCKED)
+        sched.finished(StepOutcome.UNLOCKED)
+        sched.tick()
+        sched.probed(again, _found(again, {"jobs"}))

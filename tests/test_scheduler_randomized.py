@@ -22,9 +22,12 @@ Promises checked (``n``: handlers registered):
   is not;
 - one claim at a time for a handler not known to have work (its last claim found nothing);
 - probing: a tick (or a due time a probe announced) is followed by one probe of every
-  handler, before any claim; while a probe is out nothing is claimed; a probe's answer
-  idles exactly the handlers of the collections it found nothing on (unless work may have
-  appeared since it was sent);
+  handler, before any claim of a handler not known to have work (known: the latest probe
+  answer found work for it, or its last claim came back with a document); while a probe
+  is out only known handlers are claimed for; a probe's answer idles exactly the handlers
+  of the collections it found nothing on (unless work may have appeared since it was
+  sent), and what it found is known even then: probes slower than the ticks never hold
+  the claims back;
 - carrying on: a step that frees its document may carry its lease into the next step
   (``carry``) only while not stopping and within the document's budget, which it uses;
   its slot stays taken and it frees no work;
@@ -205,6 +208,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.epoch = 0  # events that may have made work appear: tick, wake, freeing step
         self.idle: set[int] = set()
         self.hot: set[int] = set()  # handlers whose last claim came back with a document
+        self.found: set[int] = set()  # handlers the latest probe answer found work for
         self.probe_due = False  # a probe is owed before any claim
         self.claims: Counter[str] = Counter()  # claims per document this tick
         self.passed: Counter[int] = Counter()  # claims of others while eligible
@@ -254,10 +258,10 @@ class SchedulerMachine(RuleBasedStateMachine):
         return sum(1 for r in self.reads if isinstance(r.action, Claim)) + len(self.steps)
 
     def _eligible(self, index: int) -> bool:
+        known = index in self.hot or index in self.found
         return (
             index not in self.idle
-            and not self.probe_due
-            and not self._probing()
+            and (known or (not self.probe_due and not self._probing()))
             and (index in self.hot or not self._claims_out(index))
         )
 
@@ -338,10 +342,12 @@ class SchedulerMachine(RuleBasedStateMachine):
         return True
 
     def _check_claim(self, claim: Claim, eligible: list[int]) -> None:
-        if self.probe_due or self._probing():
-            raise ProbeMisplaced("a claim before the probe's answer")
         index = self.handlers.index(claim.handler)
         name = claim.handler.name
+        if self.probe_due and not self._probing():
+            raise ProbeMisplaced(f"{name} claimed before the probe that is due")
+        if self._probing() and index not in self.hot and index not in self.found:
+            raise ProbeMisplaced(f"{name}, not known to have work, claimed before the answer")
         if index in self.idle:
             raise IdleClaimed(f"{name} is known to have nothing")
         if index not in self.hot and self._claims_out(index):
@@ -376,20 +382,25 @@ class SchedulerMachine(RuleBasedStateMachine):
             n for n, h in enumerate(probe.handlers) if found is not None and h.collection in found
         )
         self.sched.probed(probe, None if found is None else Found(ready, None))
-        if found is not None and read.epoch == self.epoch:
-            # those it asked about: a handler registered since was not
-            for handler in probe.handlers:
-                index = self.handlers.index(handler)
-                if handler.collection in found:
-                    self.idle.discard(index)
-                else:
-                    self.idle.add(index)
+        if found is None:
+            return
+        # those it asked about: a handler registered since was not
+        for handler in probe.handlers:
+            index = self.handlers.index(handler)
+            if handler.collection in found:
+                self.idle.discard(index)
+                self.found.add(index)
+                continue
+            self.found.discard(index)
+            if read.epoch == self.epoch:
+                self.idle.add(index)
 
     def _claim_returns(self, read: Read, claim: Claim, doc: str | None) -> None:
         index = self.handlers.index(claim.handler)
         throttled = self.sched.claimed(claim, doc)
         if doc is None:
             self.hot.discard(index)
+            self.found.discard(index)
             if read.epoch == self.epoch:
                 self.idle.add(index)
             if throttled:

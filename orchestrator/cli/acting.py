@@ -11,8 +11,10 @@ the audit trail.
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import click
@@ -27,14 +29,7 @@ from orchestrator.cli.listing import (
     error_cell,
     phase_cell,
 )
-from orchestrator.cli.selecting import (
-    ID_JSON_HELP,
-    Selection,
-    collection_option,
-    filter_options,
-    row_of,
-    the_document,
-)
+from orchestrator.cli.selecting import Selection, row_of, selection_options, the_document
 from orchestrator.core.documents import Document
 from orchestrator.core.in_house import IN_HOUSE_HOLDER
 from orchestrator.core.redact import visible
@@ -68,11 +63,36 @@ def interactive() -> bool:
     return sys.stdin.isatty()
 
 
-def _action_options(phase_names: tuple[str, ...] = ("--phase",)) -> Callable[[F], F]:
-    """What every action takes: the documents (an ID, ``--id-json`` or the filters), and
-    ``--dry-run``, ``--why`` and ``--yes``."""
+@dataclass(frozen=True)
+class Order:
+    """What the operator asked of the documents selected: ``action``, sending them ``to``
+    a phase (None: the action's default), by ``force`` (a live lease taken, a phase no
+    live replica handles accepted), only listed (``dry_run``), ``why``, and confirmed
+    already (``yes``)."""
+
+    action: Action
+    dry_run: bool
+    why: str
+    yes: bool
+    to: str | None = None
+    force: bool = False
+
+
+def _action_options(
+    action: Action, phase_names: tuple[str, ...] = ("--phase",)
+) -> Callable[[F], F]:
+    """What every action takes: the documents (an ID, ``--id-json`` or the filters: one
+    ``selection``), and ``--dry-run``, ``--why`` and ``--yes`` (with a retry's or
+    cancel's ``--to`` and ``--force``: one ``order``)."""
 
     def decorate(command: F) -> F:
+        @functools.wraps(command)
+        def run(*args: Any, dry_run: bool, why: str, yes: bool, **options: Any) -> Any:
+            to, force = options.pop("to", None), options.pop("force", False)
+            order = Order(action, dry_run, why, yes, to, force)
+            return command(*args, order=order, **options)
+
+        decorated: Any = run
         for option in (
             operations_options,
             click.option(
@@ -94,13 +114,11 @@ def _action_options(phase_names: tuple[str, ...] = ("--phase",)) -> Callable[[F]
                 is_flag=True,
                 help="Change nothing: list what would change, and what would be skipped and why.",
             ),
-            filter_options(phase_names),
-            click.option("--id-json", "exact", metavar="JSON", help=ID_JSON_HELP),
-            collection_option(),
-            click.argument("targets", metavar="[ID | FIELD=VALUE...]", nargs=-1),
+            selection_options(phase_names),
         ):
-            command = option(command)
-        return command
+            decorated = option(decorated)
+        result: F = decorated
+        return result
 
     return decorate
 
@@ -121,22 +139,8 @@ def _action_options(phase_names: tuple[str, ...] = ("--phase",)) -> Callable[[F]
     "again; its writes then raise LeaseLost), and accept a phase no live replica handles "
     "(the documents sit there until one does).",
 )
-@_action_options(phase_names=("--from",))
-def retry(
-    targets: tuple[str, ...],
-    collection: str,
-    exact: str | None,
-    phases: tuple[str, ...],
-    state: str | None,
-    error_type: str | None,
-    key: str | None,
-    dry_run: bool,
-    why: str,
-    yes: bool,
-    to: str | None,
-    force: bool,
-    connection: Connection,
-) -> int:
+@_action_options(Action.RETRY, phase_names=("--from",))
+def retry(*, selection: Selection, order: Order, connection: Connection) -> int:
     """Reset documents' attempts and send them back to a phase, claimable at once.
 
     Names one document (ID: its id as typed or its business key; or --id-json), or every
@@ -151,25 +155,12 @@ def retry(
       orchestrator retry -c invoices --state failed --error TimeoutError --dry-run
       orchestrator retry -c invoices --from Failed --phase Charging --yes
     """
-    selection = Selection.of(targets, exact, phases, state, error_type, key)
-    return _carry_out(Action.RETRY, selection, collection, connection, to, force, dry_run, why, yes)
+    return _carry_out(order, selection, connection)
 
 
 @click.command(epilog=EPILOG, short_help="Make documents claimable at once.")
-@_action_options()
-def unlock(
-    targets: tuple[str, ...],
-    collection: str,
-    exact: str | None,
-    phases: tuple[str, ...],
-    state: str | None,
-    error_type: str | None,
-    key: str | None,
-    dry_run: bool,
-    why: str,
-    yes: bool,
-    connection: Connection,
-) -> int:
+@_action_options(Action.UNLOCK)
+def unlock(*, selection: Selection, order: Order, connection: Connection) -> int:
     """Release documents' leases: claimable at once, in the phase they are in (a live
     holder's later writes raise LeaseLost).
 
@@ -182,10 +173,7 @@ def unlock(
       orchestrator unlock gw-01 -c gateways
       orchestrator unlock -c gateways --state overdue --yes --why "pod-9 died"
     """
-    selection = Selection.of(targets, exact, phases, state, error_type, key)
-    return _carry_out(
-        Action.UNLOCK, selection, collection, connection, None, False, dry_run, why, yes
-    )
+    return _carry_out(order, selection, connection)
 
 
 @click.command(epilog=EPILOG, short_help="Stop documents' work: send them to the cancelled phase.")
@@ -200,22 +188,8 @@ def unlock(
     is_flag=True,
     help="Accept a --to phase no live replica handles (the documents sit there until one does).",
 )
-@_action_options()
-def cancel(
-    targets: tuple[str, ...],
-    collection: str,
-    exact: str | None,
-    phases: tuple[str, ...],
-    state: str | None,
-    error_type: str | None,
-    key: str | None,
-    dry_run: bool,
-    why: str,
-    yes: bool,
-    to: str | None,
-    force: bool,
-    connection: Connection,
-) -> int:
+@_action_options(Action.CANCEL)
+def cancel(*, selection: Selection, order: Order, connection: Connection) -> int:
     """Send documents to the cancelled phase, released, attempts reset: no handler takes
     them up again.
 
@@ -229,23 +203,11 @@ def cancel(
       orchestrator cancel INV-1003 -c invoices --why "customer withdrew"
       orchestrator cancel -c invoices --phase Charging --dry-run
     """
-    selection = Selection.of(targets, exact, phases, state, error_type, key)
-    return _carry_out(
-        Action.CANCEL, selection, collection, connection, to, force, dry_run, why, yes
-    )
+    return _carry_out(order, selection, connection)
 
 
-def _carry_out(
-    action: Action,
-    selection: Selection,
-    collection: str,
-    connection: Connection,
-    to: str | None,
-    force: bool,
-    dry_run: bool,
-    why: str,
-    yes: bool,
-) -> int:
+def _carry_out(order: Order, selection: Selection, connection: Connection) -> int:
+    action, collection = order.action, selection.collection
     if not selection.one and not selection.filtered:
         raise click.UsageError(
             "which document? give its ID, or --id-json; or, for every document they "
@@ -256,21 +218,21 @@ def _carry_out(
     operations = connection.operations(collection)
     if selection.one:
         doc = the_document(operations, collection, selection.doc_id, selection.exact)
-        if not dry_run:
-            return _one(operations, action, collection, doc, to, force, why)
+        if not order.dry_run:
+            return _one(operations, order, collection, doc)
         query = Filter(collection, fields=(("_id", doc["_id"]),))  # previewed as a filter's
     else:
-        query = selection.filter(operations, collection)
-    if dry_run:
-        _report(action, _bulk(operations, action, query, True, to, force, why))
+        query = selection.filter(operations)
+    if order.dry_run:
+        _report(action, _bulk(operations, order, query, dry_run=True))
         return 0
-    if not yes:
+    if not order.yes:
         if not interactive():
             raise CommandError(
                 f"{action.value} of every document the filters select needs --yes (no "
                 "terminal here to confirm on); --dry-run lists what it would change"
             )
-        preview = _bulk(operations, action, query, True, to, force, why)
+        preview = _bulk(operations, order, query, dry_run=True)
         click.echo(_summary(action, preview))
         if not preview.changed:
             return 0
@@ -278,37 +240,28 @@ def _carry_out(
         if not click.confirm(f"{action.value} {_documents(count)} now?", default=False):
             click.echo("not confirmed: nothing was changed")
             return EXIT_FAILED
-    _report(action, _bulk(operations, action, query, False, to, force, why))
-    _recorded(operations, why)
+    _report(action, _bulk(operations, order, query, dry_run=False))
+    _recorded(operations, order.why)
     return 0
 
 
-def _bulk(
-    operations: Operations,
-    action: Action,
-    query: Filter,
-    dry_run: bool,
-    to: str | None,
-    force: bool,
-    why: str,
-) -> Bulk:
+def _bulk(operations: Operations, order: Order, query: Filter, *, dry_run: bool) -> Bulk:
     try:
         return operations.bulk(
-            action, query, dry_run=dry_run, to=to, force=force, any_phase=force, why=why
+            order.action,
+            query,
+            dry_run=dry_run,
+            to=order.to,
+            force=order.force,
+            any_phase=order.force,
+            why=order.why,
         )
     except UnhandledPhase as exc:
         raise CommandError(f"{exc}; --force sends them there all the same") from None
 
 
-def _one(
-    operations: Operations,
-    action: Action,
-    collection: str,
-    doc: Document,
-    to: str | None,
-    force: bool,
-    why: str,
-) -> int:
+def _one(operations: Operations, order: Order, collection: str, doc: Document) -> int:
+    action, to, force, why = order.action, order.to, order.force, order.why
     row = row_of(operations, collection, doc)
     name = document_name(collection, str(doc["_id"]), row.key if row else None)
     try:

@@ -11,7 +11,7 @@ import click
 from orchestrator.cli.connecting import Connection, operations_options
 from orchestrator.cli.conventions import EPILOG
 from orchestrator.cli.listing import Listing, console, described, error_cell, phase_cell
-from orchestrator.cli.selecting import Selection, collection_option, filter_options
+from orchestrator.cli.selecting import Selection, selection_options
 from orchestrator.operations.filters import DEFAULT_LIMIT, MAX_LIMIT
 
 COUNTED = 10_000
@@ -19,9 +19,7 @@ COUNTED = 10_000
 
 
 @click.command(epilog=EPILOG, short_help="List the documents a filter selects, page by page.")
-@click.argument("fields", metavar="[FIELD=VALUE]...", nargs=-1)
-@collection_option()
-@filter_options()
+@selection_options(arguments="fields", metavar="[FIELD=VALUE]...", by_id=False)
 @click.option(
     "--limit",
     type=click.IntRange(1, MAX_LIMIT),
@@ -32,16 +30,7 @@ COUNTED = 10_000
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output: the page.")
 @operations_options
 def find(
-    fields: tuple[str, ...],
-    collection: str,
-    phases: tuple[str, ...],
-    state: str | None,
-    error_type: str | None,
-    key: str | None,
-    limit: int,
-    after: str | None,
-    as_json: bool,
-    connection: Connection,
+    *, selection: Selection, limit: int, after: str | None, as_json: bool, connection: Connection
 ) -> int:
     """List the documents of a collection that a filter selects: id, business key, phase,
     lease state (and holder), attempts, last error; then the command of the next page.
@@ -58,15 +47,14 @@ def find(
       orchestrator find -c invoices --key INV-1003
       orchestrator find -c invoices number=INV-1003 --json
     """
-    selection = Selection.of(fields, None, phases, state, error_type, key)
     if selection.one:
         raise click.UsageError(
             f"{selection.doc_id!r} is no FIELD=VALUE: find one document by its business key "
             "with --key VALUE, or read it with: orchestrator history ID",
             click.get_current_context(),
         )
-    operations = connection.operations(collection)
-    query = selection.filter(operations, collection)
+    operations = connection.operations(selection.collection)
+    query = selection.filter(operations)
     page = operations.browse(query, after=after, limit=limit)
     if as_json:
         click.echo(json.dumps(page.to_dict(), indent=2))

@@ -30,6 +30,7 @@ from orchestrator.operations import Entry, Row
 )
 @operations_options
 def history(
+    *,
     doc_id: str | None,
     collection: str,
     exact: str | None,

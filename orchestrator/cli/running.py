@@ -5,18 +5,20 @@ SIGTERM or Ctrl-C) and ``web`` (the operator's page, until Ctrl-C)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import signal
 import threading
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 import click
 from rich.console import Console
 
 from orchestrator import AsyncOrchestrator, Orchestrator, StopReport
 from orchestrator.cli.connecting import DEFAULT_CONNECT_TIMEOUT, database_options
-from orchestrator.cli.conventions import EPILOG, EXIT_FAILED, LOG_LEVELS, CommandError
+from orchestrator.cli.conventions import EPILOG, EXIT_FAILED, LOG_LEVELS, CommandError, gathered
 from orchestrator.cli.loading import Engine, load_orchestrator
 from orchestrator.core.names import REPLICAS_COLLECTION
 from orchestrator.demo.run import DemoOptions
@@ -100,21 +102,8 @@ _DEMO = DemoOptions()
     "the run (0: a free port, printed).",
 )
 @database_options(default_db=_DEMO.database)
-def demo(
-    gateways: int,
-    replicas: int,
-    processes: int,
-    delete_fraction: float,
-    cert_delay: float,
-    fail_rate: float,
-    seed: int,
-    timeout: float,
-    log_file: Path | None,
-    metrics_port: int | None,
-    uri: str | None,
-    db: str,
-    connect_timeout: float,
-) -> int:
+@gathered(DemoOptions, "options", renamed={"db": "database"})
+def demo(*, options: DemoOptions) -> int:
     """Provision and delete gateways with several replicas, then audit the result.
 
     Runs on the embedded in-memory store unless MONGODB_URI or --uri names a server.
@@ -123,21 +112,7 @@ def demo(
     Example:
       orchestrator demo --gateways 300 --replicas 5 --cert-delay 2 --seed 7
     """
-    options = DemoOptions(
-        gateways=gateways,
-        replicas=replicas,
-        delete_fraction=delete_fraction,
-        cert_delay=cert_delay,
-        fail_rate=fail_rate,
-        seed=seed,
-        uri=uri or None,
-        database=db,
-        timeout=timeout,
-        log_file=log_file,
-        processes=processes,
-        connect_timeout=connect_timeout,
-        metrics_port=metrics_port,
-    )
+    options = dataclasses.replace(options, uri=options.uri or None)
     return run_demo(options, Console())
 
 
@@ -282,17 +257,7 @@ async def _serve_async(
     default="WARNING",
     help="The web server's log level (each request logged at DEBUG).",
 )
-def web(
-    uri: str | None,
-    db: str | None,
-    connect_timeout: float,
-    host: str,
-    port: int,
-    refresh: float,
-    errors: int,
-    replicas_collection: str,
-    log_level: str,
-) -> int:
+def web(**given: Any) -> int:
     """Serve the operator's page: counts per collection and phase, the live replicas, the
     latest errors, a document's lease and error, and unlock and retry (each confirmed first).
 
@@ -306,19 +271,11 @@ def web(
     # The web extra, imported here so that its absence is named, not a traceback.
     from orchestrator.web.serve import WebOptions, serve  # noqa: PLC0415
 
-    if not uri:
+    # Each option is a field of WebOptions (``--db`` its ``database``), made one object
+    # here, where the web extra is known to be installed.
+    options = WebOptions(database=given.pop("db"), **given)
+    if not options.uri:
         raise CommandError("no database: set MONGODB_URI or pass --uri")
-    options = WebOptions(
-        uri=uri,
-        database=db,
-        host=host,
-        port=port,
-        connect_timeout=connect_timeout,
-        refresh=refresh,
-        errors=errors,
-        replicas_collection=replicas_collection,
-        log_level=log_level,
-    )
     serve(options, _serving)
     return 0
 

@@ -6,6 +6,7 @@ them and ``retry``, ``unlock`` and ``cancel`` act on them."""
 
 from __future__ import annotations
 
+import functools
 import re
 import shlex
 from collections.abc import Callable, Iterable, Sequence
@@ -83,9 +84,10 @@ def filter_options(phase_names: Sequence[str] = ("--phase",)) -> Callable[[F], F
 
 @dataclass(frozen=True)
 class Selection:
-    """What the command line named: one document (``doc_id`` as typed, or ``exact`` as
-    Extended JSON), or the filters of many."""
+    """What the command line named in ``collection``: one document (``doc_id`` as typed,
+    or ``exact`` as Extended JSON), or the filters of many."""
 
+    collection: str
     doc_id: str | None
     exact: str | None
     phases: tuple[str, ...]
@@ -98,7 +100,9 @@ class Selection:
     def of(
         cls,
         arguments: Sequence[str],
-        exact: str | None,
+        *,
+        collection: str,
+        exact: str | None = None,
         phases: Sequence[str] = (),
         state: str | None = None,
         error_type: str | None = None,
@@ -114,6 +118,7 @@ class Selection:
                 context,
             )
         selection = cls(
+            collection=collection,
             doc_id=ids[0] if ids else None,
             exact=exact,
             phases=tuple(phases),
@@ -140,8 +145,9 @@ class Selection:
             self.phases or self.state or self.error_type or self.key is not None or self.fields
         )
 
-    def filter(self, operations: Operations, collection: str) -> Filter:
-        """The browser's filter of these options in ``collection``."""
+    def filter(self, operations: Operations) -> Filter:
+        """The browser's filter of these options."""
+        collection = self.collection
         fields = operations.key_filter(collection, self.key) if self.key is not None else ()
         return Filter(
             collection,
@@ -150,6 +156,49 @@ class Selection:
             error_type=self.error_type,
             fields=(*fields, *parse_fields(self.fields)),
         )
+
+
+def selection_options(
+    phase_names: Sequence[str] = ("--phase",),
+    *,
+    arguments: str = "targets",
+    metavar: str = "[ID | FIELD=VALUE...]",
+    by_id: bool = True,
+) -> Callable[[F], F]:
+    """The documents a command is about, given to it as one ``selection``: ``-c``, the
+    ``arguments`` (``metavar``: ids and ``FIELD=VALUE``), ``--id-json`` (``by_id``: a
+    command that names one document) and the filters (``filter_options``)."""
+
+    def decorate(command: F) -> F:
+        @functools.wraps(command)
+        def run(*args: Any, **options: Any) -> Any:
+            selection = Selection.of(
+                options.pop(arguments),
+                collection=options.pop("collection"),
+                exact=options.pop("exact", None),
+                phases=options.pop("phases"),
+                state=options.pop("state"),
+                error_type=options.pop("error_type"),
+                key=options.pop("key"),
+            )
+            return command(*args, selection=selection, **options)
+
+        decorated: Any = run
+        for option in (
+            filter_options(phase_names),
+            *(
+                [click.option("--id-json", "exact", metavar="JSON", help=ID_JSON_HELP)]
+                if by_id
+                else []
+            ),
+            collection_option(),
+            click.argument(arguments, metavar=metavar, nargs=-1),
+        ):
+            decorated = option(decorated)
+        result: F = decorated
+        return result
+
+    return decorate
 
 
 def row_of(operations: Operations, collection: str, doc: Document) -> Row | None:
@@ -195,5 +244,6 @@ __all__ = [
     "collection_option",
     "filter_options",
     "row_of",
+    "selection_options",
     "the_document",
 ]

@@ -31,7 +31,7 @@ class Probe:
     """Read once which collections any of ``handlers`` could claim on now: an idle tick
     costs one read in all, not one claim per handler nor a read per collection.
     ``generation``, as for a claim: a probe that raced with a new tick or newly freed work
-    idles no one."""
+    idles no one; what it found is used all the same (work found stays work)."""
 
     handlers: tuple[Handler, ...]
     generation: int
@@ -106,8 +106,10 @@ class Scheduler:
     can spin on it.
 
     A tick starts with one probe of every collection; only handlers whose collection has
-    work then claim. A local submit or a released document (``wake``, ``finished``) sends
-    claims at once, without a probe: work is known to be there.
+    work then claim. Handlers known to have work (the latest answer found some, or their
+    last claim took a document) go on claiming while a probe is out. A local submit or a
+    released document (``wake``, ``finished``) sends claims at once, without a probe:
+    work is known to be there.
     """
 
     def __init__(self, handlers: Sequence[Handler], *, max_concurrency: int, budget: int) -> None:
@@ -121,6 +123,10 @@ class Scheduler:
         self._claims: Counter[tuple[str, str]] = Counter()
         self._inflight: Counter[int] = Counter()  # claims under way, by handler
         self._hot: set[int] = set()  # handlers whose last claim found a document
+        # Handlers the latest probe answer found work for (until a claim finds none): they
+        # claim while the next probe is out, so a probe slower than the tick (a saturated
+        # server) cannot hold every claim back behind probes that each answer too late.
+        self._found: set[int] = set()
         self._generation = 0
         self._start = 0  # first handler of this tick: a new one each tick, for fairness
         self._cursor = 0
@@ -189,15 +195,21 @@ class Scheduler:
         so. Otherwise the handlers of collections without work are idle until something
         happens, and those of collections with work claim."""
         self._probing = False
-        if found is None or probe.generation != self._generation:
+        if found is None:
             return
+        # An answer that raced with a tick or freed work idles no one (work may have come
+        # since its read), but the work it found is still there for a claim to take.
+        fresh = probe.generation == self._generation
         for position, handler in enumerate(probe.handlers):
             if handler not in self._handlers:
                 continue
             index = self._handlers.index(handler)
             if position in found.ready:
                 self._idle.discard(index)
-            else:
+                self._found.add(index)
+                continue
+            self._found.discard(index)
+            if fresh:
                 self._idle.add(index)
                 self._limited.discard(index)  # no work: no slot would make it claim
 
@@ -210,6 +222,7 @@ class Scheduler:
         if doc_key is None:
             self._busy -= 1
             self._hot.discard(index)
+            self._found.discard(index)
             if claim.generation == self._generation:
                 self._idle.add(index)
             return False
@@ -272,10 +285,11 @@ class Scheduler:
 
     def next(self) -> Action | None:
         """The next action for a free worker, or None: nothing to do until something
-        happens (capacity full, every handler idle, a probe under way, or stopping)."""
-        if self._stopping or self._busy >= self._max or not self._handlers or self._probing:
+        happens (capacity full, every handler idle or waiting for the probe under way, or
+        stopping). While a probe is out, only handlers known to have work claim."""
+        if self._stopping or self._busy >= self._max or not self._handlers:
             return None
-        if self._probe_due:
+        if self._probe_due and not self._probing:
             self._probe_due = False
             members = [h for h in self._handlers if h.key not in self._paused]
             if members:
@@ -287,6 +301,8 @@ class Scheduler:
             handler = self._handlers[index]
             if index in self._idle or handler.key in self._paused:
                 continue
+            if self._probing and index not in self._found and index not in self._hot:
+                continue  # not known to have work: the probe out there will tell
             if self._inflight[index] and index not in self._hot:
                 continue  # not known to have work: one claim at a time finds out
             self._cursor = (index + 1) % count  # round robin: the next worker tries the next

@@ -149,25 +149,25 @@ def state_condition(
     not_live = {"lockedUntil": {"$not": {"$gt": at}}}
     held = {"lockToken": {"$ne": None}}
     free = {"lockToken": None}
+    conditions: dict[LeaseState, dict[str, Any]] = {
+        LeaseState.LEASED: {"$and": [held, live]},
+        LeaseState.OVERDUE: {"$and": [held, not_live]},
+        LeaseState.WAITING: {"$and": [free, live]},
+        LeaseState.FREE: {"$and": [free, not_live]},
+        LeaseState.FAILED: {"lastError": {"$ne": None}},
+    }
     if in_house.migrating:
         floor = in_house.floor(now)
         in_house_held = {"lockedAt": {"$gt": floor}}
         not_in_house = {"lockedAt": {"$not": {"$gt": floor}}}
-        if state is LeaseState.LEASED:
-            return {"$or": [{"$and": [held, live]}, {"$and": [in_house_held, not_live]}]}
-        if state is LeaseState.OVERDUE:
-            return {"$and": [held, not_live, not_in_house]}
-        if state is LeaseState.FREE:
-            return {"$and": [free, not_live, not_in_house]}
-    if state is LeaseState.LEASED:
-        return {"$and": [held, live]}
-    if state is LeaseState.OVERDUE:
-        return {"$and": [held, not_live]}
-    if state is LeaseState.WAITING:
-        return {"$and": [free, live]}
-    if state is LeaseState.FREE:
-        return {"$and": [free, not_live]}
-    return {"lastError": {"$ne": None}}
+        conditions |= {
+            LeaseState.LEASED: {
+                "$or": [{"$and": [held, live]}, {"$and": [in_house_held, not_live]}]
+            },
+            LeaseState.OVERDUE: {"$and": [held, not_live, not_in_house]},
+            LeaseState.FREE: {"$and": [free, not_live, not_in_house]},
+        }
+    return conditions[state]
 
 
 def plan(
@@ -175,6 +175,7 @@ def plan(
     now: datetime,
     every_phase: Sequence[str],
     indexes: Sequence[Sequence[tuple[str, Any]]],
+    *,
     after: str | None = None,
     in_house: InHouse = NO_IN_HOUSE,
 ) -> Plan:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 from typing import Any, TypeVar
@@ -26,6 +27,30 @@ class Action(StrEnum):
     RETRY = "retry"
     UNLOCK = "unlock"
     CANCEL = "cancel"
+
+
+@dataclass(frozen=True)
+class Signed:
+    """Who acts (``by``) and why: written in the document's history and the audit trail
+    with the action, so a later reader knows who moved it."""
+
+    by: str
+    why: str = ""
+
+
+@dataclass(frozen=True)
+class Live:
+    """The live replicas (``records``) as an operator's write keeps to them: the history
+    length they keep (``keep``, ``history_length``) and the in-house leases they honour
+    (``in_house``, ``InHouse.honoured_by``); judged once per action."""
+
+    records: list[ReplicaRecord]
+    keep: int
+    in_house: InHouse
+
+    @classmethod
+    def of(cls, records: list[ReplicaRecord]) -> Live:
+        return cls(records, history_length(records), InHouse.honoured_by(records))
 
 
 def error_phase(doc: Mapping[str, Any]) -> str | None:
@@ -96,6 +121,8 @@ def check_phase_name(target: str) -> None:
 
 __all__ = [
     "Action",
+    "Live",
+    "Signed",
     "cancelled_phase",
     "check_phase_name",
     "check_target",

@@ -123,7 +123,7 @@ async def act(site: Site, action: Action, request: Request, links: Links) -> Res
     by, why = site.actor(request), given.get("reason", "").strip()
     target = given.get("phase", "").strip()
     any_phase = given.get("any_phase") == "yes"
-    async with _applying(site, collection, doc_id, links, action, fields):
+    async with _applying(site, collection, doc_id, links=links, action=action, fields=fields):
         if action is Action.UNLOCK:
             await site.operations.unlock(collection, seen, by=by, why=why)
             done = "unlocked"
@@ -149,6 +149,7 @@ async def _applying(
     site: Site,
     collection: str,
     doc_id: Any,
+    *,
     links: Links,
     action: Action,
     fields: Mapping[str, Sequence[str]],

@@ -108,7 +108,7 @@ NOTICES = {
 echoed); the page's history and banners say the rest."""
 
 
-def operator_app(
+def operator_app(  # noqa: PLR0913  its public settings, each keyword-only with a default
     database: AsyncDatabase[Document],
     *,
     refresh: float = 5.0,

@@ -183,22 +183,9 @@ class Fleet:
         """``row``'s lease state, knowing what the lease fields alone do not tell: that a
         free document a handler gave up on stays where it is, that nothing claims in a
         paused or unhandled phase."""
-        if row.state is LeaseState.LEASED:
-            return Badge(
-                "leased", f"held by {row.holder}'s live lease until {when(row.until, self.at)}"
-            )
-        if row.state is LeaseState.OVERDUE:
-            return Badge(
-                "overdue",
-                f"{row.holder}'s lease ran out unreleased (it died or is stuck): any replica "
-                "may take it over",
-            )
-        if row.state is LeaseState.WAITING:
-            return Badge(
-                "waiting",
-                f"sitting out a relock or retry, or a later start set at submit, until"
-                f" {when(row.until, self.at)}",
-            )
+        leased = self._lease_badge(row)
+        if leased is not None:
+            return leased
         if row.failed_by is not None:
             handler = self.handler(row.failed_by)
             if handler is None or handler.failed_phase == row.phase:
@@ -215,6 +202,27 @@ class Fleet:
         if row.phase in handled or any_phase:
             return Badge("free", "a handler of its phase may claim it now")
         return Badge("at rest", f"no live replica handles phase {row.phase}: it rests there")
+
+    def _lease_badge(self, row: Row) -> Badge | None:
+        """``row``'s badge when a lease or a wait names it (leased, overdue, waiting);
+        None when it is free of both."""
+        if row.state is LeaseState.LEASED:
+            return Badge(
+                "leased", f"held by {row.holder}'s live lease until {when(row.until, self.at)}"
+            )
+        if row.state is LeaseState.OVERDUE:
+            return Badge(
+                "overdue",
+                f"{row.holder}'s lease ran out unreleased (it died or is stuck): any replica "
+                "may take it over",
+            )
+        if row.state is LeaseState.WAITING:
+            return Badge(
+                "waiting",
+                f"sitting out a relock or retry, or a later start set at submit, until"
+                f" {when(row.until, self.at)}",
+            )
+        return None
 
     def takeover(self, entry: AuditEntry) -> dict[str, Any]:
         """A take-over as the page says it: whose lease, on which document, by whom."""
