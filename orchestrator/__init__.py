@@ -26,7 +26,7 @@ from orchestrator.core.events import (
     StepFinishedEvent,
     SubmittingEvent,
 )
-from orchestrator.core.extras import library_version
+from orchestrator.core.distribution import library_version
 from orchestrator.core.lease import Outcome
 from orchestrator.core.lease_api import BlockingLease
 from orchestrator.core.outcomes import LeaseWrite, StepOutcome

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from orchestrator.cli.conventions import EXIT_ERROR, EXIT_INTERRUPTED, CommandError
 from orchestrator.core.errors import OrchestratorError
-from orchestrator.core.extras import EXTRA_OF_MODULE, install_hint
+from orchestrator.core.distribution import EXTRA_OF_MODULE, install_hint
 from orchestrator.core.redact import redact, visible
 
 
