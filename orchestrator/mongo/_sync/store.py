@@ -5,7 +5,8 @@ One design in two forms, as PyMongo's own: ``AsyncStore``
 (``orchestrator/mongo/_async/store.py``, on PyMongo's async API) is written by hand, and
 ``Store`` (``orchestrator/mongo/_sync/store.py``) is generated from it by
 ``scripts/synchro.py`` with ``unasync``, so the two cannot drift apart. What needs no I/O
-(error mapping, codec options, index decisions) lives once in ``orchestrator.mongo.common``;
+lives once beside them, by topic: ``driver_errors`` (error mapping), ``connection`` (the
+server's checks, client and codec options), ``index_plans`` and ``probe_answers``;
 every filter and update comes from ``orchestrator.core.queries``.
 
 Driver errors leave here as ``StoreError`` (with a ``transient`` flag) and fenced writes
@@ -66,8 +67,9 @@ from orchestrator.core.redact import redact
 from orchestrator.core.replicas import ReplicaRecord
 from orchestrator.core.scheduler import Found
 from orchestrator.core.settings import DEFAULT_DATABASE
-from orchestrator.mongo import common
-from orchestrator.mongo.common import COMMAND_NOT_FOUND, driver_errors
+from orchestrator.mongo import connection, index_plans, probe_answers
+from orchestrator.mongo.connection import COMMAND_NOT_FOUND
+from orchestrator.mongo.driver_errors import DUPLICATE_KEY, driver_errors, is_transient
 
 __all__ = ["Store", "connect"]
 
@@ -102,11 +104,11 @@ class Store:
         write_timeout: float = 10.0,
         legacy_lock_timeout: float | None = None,
     ) -> None:
-        common.check_database_name(getattr(db, "name", None))
+        connection.check_database_name(getattr(db, "name", None))
         self._db = db
         self._in_house = InHouse(legacy_lock_timeout)
-        self._write_concern = common.write_concern(write_concern, write_timeout)
-        self._codec: CodecOptions[Document] = common.codec_options(db.codec_options)
+        self._write_concern = connection.write_concern(write_concern, write_timeout)
+        self._codec: CodecOptions[Document] = connection.codec_options(db.codec_options)
         self._collections: dict[str, Collection[Document]] = {}
         self._unique_done: set[tuple[str, tuple[str, ...]]] = set()
         self._audit_indexed: set[str] = set()
@@ -149,14 +151,14 @@ class Store:
         """
         with driver_errors("hello"):
             reply = self._hello()
-        common.check_server(reply)
+        connection.check_server(reply)
         local = reply.get("localTime")
         return as_utc(local) if isinstance(local, datetime) else None
 
     def primary(self) -> Hashable:
         """The server ``hello`` measures now, as the driver knows it (no I/O):
-        ``common.primary_of``."""
-        return common.primary_of(self._db.client)
+        ``connection.primary_of``."""
+        return connection.primary_of(self._db.client)
 
     def _hello(self) -> Mapping[str, Any]:
         """``hello``, or ``isMaster`` on servers that predate it (and from then on)."""
@@ -313,13 +315,13 @@ class Store:
             )
             return sharding.from_config(entry), True
         except PyMongoError as exc:  # not allowed to read config, most often
-            if common.is_transient(exc):
+            if is_transient(exc):
                 return sharding.UNKNOWN, False
         try:
             reply = self._db.command({"collStats": name}, codec_options=self._codec)
             return sharding.from_collstats(reply), True
         except PyMongoError as exc:
-            return sharding.UNKNOWN, not common.is_transient(exc)
+            return sharding.UNKNOWN, not is_transient(exc)
 
     def probe(
         self,
@@ -348,7 +350,7 @@ class Store:
                         groups, now, horizon, pauses_collection, replicas_collection
                     )
                 except OperationFailure as exc:
-                    if not common.unknown_stage(exc):
+                    if not probe_answers.unknown_stage(exc):
                         raise
                     self._no_union = True
         ready: set[int] = set()
@@ -389,8 +391,8 @@ class Store:
             )
             cursor = self.collection(chunk[0][0]).aggregate(pipeline)
             rows = cursor.to_list()
-            answers.append(common.found(rows, first and read is not None, self._in_house))
-        return common.merged(
+            answers.append(probe_answers.found(rows, first and read is not None, self._in_house))
+        return probe_answers.merged(
             answers, [sum(len(m) for _, m in c) for c in claims.probe_chunks(groups)]
         )
 
@@ -501,19 +503,19 @@ class Store:
 
         An application's equivalent index is reused whatever its name, and one that
         cannot do the job is refused with a ``ConfigError`` naming it (see
-        ``common.plan_index``): the server allows no second index on one key pattern.
+        ``index_plans.plan_index``): the server allows no second index on one key pattern.
         Replicas starting at once may race to create it; the loser looks again.
         """
         coll = self.collection(name)
-        wanted = common.index_keys(keys)
+        wanted = index_plans.index_keys(keys)
         for attempt in range(2):
             with driver_errors(f"list indexes of {name}"):
                 cursor = coll.list_indexes()
                 existing = [dict(info) for info in cursor.to_list()]
                 collation = (
-                    self._default_collation(name) if common.has_collation(existing) else None
+                    self._default_collation(name) if index_plans.has_collation(existing) else None
                 )
-            plan = common.plan_index(
+            plan = index_plans.plan_index(
                 name,
                 existing,
                 wanted,
@@ -533,12 +535,12 @@ class Store:
                     coll.drop_index(plan.replace)
                 try:
                     coll.create_index(
-                        wanted, **common.index_options(index_name, unique, expire_after)
+                        wanted, **index_plans.index_options(index_name, unique, expire_after)
                     )
                 except DuplicateKeyError as exc:
-                    raise ConfigError(common.duplicates_error(name, wanted, exc)) from exc
+                    raise ConfigError(index_plans.duplicates_error(name, wanted, exc)) from exc
                 except OperationFailure as exc:
-                    if exc.code in common.INDEX_CONFLICT_CODES and attempt == 0:
+                    if exc.code in index_plans.INDEX_CONFLICT_CODES and attempt == 0:
                         continue  # another process created an index meanwhile: look again
                     raise
             return index_name
@@ -647,7 +649,7 @@ class Store:
                     coll.insert_many(limit_slots.slot_documents(key, limit), ordered=False)
                 except BulkWriteError as exc:
                     errors = exc.details.get("writeErrors", [])
-                    if any(e.get("code") != common.DUPLICATE_KEY for e in errors):
+                    if any(e.get("code") != DUPLICATE_KEY for e in errors):
                         raise
         self._slots_made.add(marker)
 
@@ -727,7 +729,7 @@ def connect(uri: str, database: str | None = None, *, timeout: float = 5.0) -> D
     a command-line tool should fail in seconds with the reason, not hang for thirty."""
     where = redact(uri)
     try:
-        client: MongoClient[Document] = MongoClient(uri, **common.client_options(timeout))
+        client: MongoClient[Document] = MongoClient(uri, **connection.client_options(timeout))
     except (PyMongoError, ValueError) as exc:  # a malformed port is a bare ValueError
         raise StoreError(f"invalid MongoDB URI {where}: {redact(str(exc))}") from exc
     try:
@@ -736,13 +738,13 @@ def connect(uri: str, database: str | None = None, *, timeout: float = 5.0) -> D
     except ServerSelectionTimeoutError as exc:
         client.close()
         raise StoreError(
-            f"cannot reach MongoDB at {where} within {timeout:g}s: {common.unreachable(exc)}",
+            f"cannot reach MongoDB at {where} within {timeout:g}s: {connection.unreachable(exc)}",
             transient=True,
         ) from exc
     except PyMongoError as exc:
         client.close()
         raise StoreError(f"MongoDB at {where}: {redact(str(exc))}") from exc
-    common.check_database_name(db.name)
+    connection.check_database_name(db.name)
     return db
 
 
@@ -754,6 +756,6 @@ def check_reachable(db: Database[Document], timeout: float) -> None:
             db.command("ping")
     except PyMongoError as exc:
         raise StoreError(
-            f"cannot reach MongoDB within {timeout:g}s: {common.unreachable(exc)}",
+            f"cannot reach MongoDB within {timeout:g}s: {connection.unreachable(exc)}",
             transient=True,
         ) from exc

@@ -33,7 +33,7 @@ from orchestrator.core.steps import StopReport, stop_summary
 from orchestrator.mongo import AsyncLease, AsyncStore
 from orchestrator.mongo._async.clock import measure
 from orchestrator.mongo._async.contract import AsyncLeaseStore
-from orchestrator.mongo.common import database_kind
+from orchestrator.mongo.connection import database_kind
 from orchestrator.runners._async.controls import AsyncPauseWatch
 from orchestrator.runners._async.replica import AsyncReplicaRecorder
 from orchestrator.runners._async.steps import AsyncSteps

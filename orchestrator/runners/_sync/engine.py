@@ -34,7 +34,7 @@ from orchestrator.core.steps import StopReport, stop_summary
 from orchestrator.mongo import Lease, Store
 from orchestrator.mongo._sync.clock import measure
 from orchestrator.mongo._sync.contract import LeaseStore
-from orchestrator.mongo.common import database_kind
+from orchestrator.mongo.connection import database_kind
 from orchestrator.runners._sync.controls import PauseWatch
 from orchestrator.runners._sync.replica import ReplicaRecorder
 from orchestrator.runners._sync.steps import Steps

@@ -18,8 +18,8 @@ from typing import Any
 
 from orchestrator.core import limits, replicas
 from orchestrator.core.clock import ServerClock
-from orchestrator.core.errors import OrchestratorError
 from orchestrator.core.distribution import library_version
+from orchestrator.core.errors import OrchestratorError
 from orchestrator.core.registry import Registry
 from orchestrator.core.settings import Settings
 from orchestrator.mongo._sync.contract import LeaseStore
