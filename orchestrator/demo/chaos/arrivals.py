@@ -15,7 +15,7 @@ from orchestrator.core.clock import bson_time
 from orchestrator.core.errors import StoreError
 from orchestrator.core.resource import EPOCH
 from orchestrator.demo.chaos.ledger import Ledger
-from orchestrator.demo.chaos.replicas import Replicas
+from orchestrator.demo.chaos.pods import Replicas
 from orchestrator.demo.chaos.workload import FINAL, ChaosConfig, Widget
 from orchestrator.testing.clock import FakeClock
 from orchestrator.testing.faults import ReplicaCrashed

@@ -18,7 +18,7 @@ from orchestrator import Lease
 from orchestrator.core.errors import StoreError
 from orchestrator.core.lease import Outcome
 from orchestrator.demo.chaos.ledger import Ledger
-from orchestrator.demo.chaos.replicas import Replica, Replicas
+from orchestrator.demo.chaos.pods import Replica, Replicas
 from orchestrator.demo.chaos.workload import ChaosConfig, Widget
 from orchestrator.testing.clock import FakeClock
 from orchestrator.testing.faults import ReplicaCrashed

@@ -31,7 +31,7 @@ from orchestrator.core.resource import EPOCH, Resource
 from orchestrator.core.settings import Settings
 from orchestrator.core.steps import StopReport, stop_summary
 from orchestrator.mongo import AsyncLease, AsyncStore
-from orchestrator.mongo._async.clock import measure
+from orchestrator.mongo._async.clock_probe import measure
 from orchestrator.mongo._async.contract import AsyncLeaseStore
 from orchestrator.mongo.connection import database_kind
 from orchestrator.runners._async.controls import AsyncPauseWatch

@@ -33,7 +33,7 @@ from orchestrator.core.scheduler import Action, Claim, Found, Probe
 from orchestrator.core.settings import Settings
 from orchestrator.core.steps import StepTimeout, describe
 from orchestrator.core.validation import explain
-from orchestrator.mongo._async.clock import measure
+from orchestrator.mongo._async.clock_probe import measure
 from orchestrator.mongo._async.contract import AsyncLeaseStore
 from orchestrator.mongo._async.lease import AsyncLease
 from orchestrator.runners._async.limits import AsyncLimits

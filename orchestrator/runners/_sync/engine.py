@@ -32,7 +32,7 @@ from orchestrator.core.resource import EPOCH, Resource
 from orchestrator.core.settings import Settings
 from orchestrator.core.steps import StopReport, stop_summary
 from orchestrator.mongo import Lease, Store
-from orchestrator.mongo._sync.clock import measure
+from orchestrator.mongo._sync.clock_probe import measure
 from orchestrator.mongo._sync.contract import LeaseStore
 from orchestrator.mongo.connection import database_kind
 from orchestrator.runners._sync.controls import PauseWatch

@@ -34,7 +34,7 @@ from orchestrator.core.scheduler import Action, Claim, Found, Probe
 from orchestrator.core.settings import Settings
 from orchestrator.core.steps import StepTimeout, describe
 from orchestrator.core.validation import explain
-from orchestrator.mongo._sync.clock import measure
+from orchestrator.mongo._sync.clock_probe import measure
 from orchestrator.mongo._sync.contract import LeaseStore
 from orchestrator.mongo._sync.lease import Lease
 from orchestrator.runners._sync.limits import Limits
