@@ -253,18 +253,6 @@ class Operations:
         plan = self._plan(query, now, None, InHouse.honoured_by(live))
         return self._reports.count(query.collection, plan, limit) if plan else 0
 
-    def lease_state(
-        self, collection: str, doc_id: Any, now: datetime, *, in_house: InHouse = NO_IN_HOUSE
-    ) -> PhaseCount | None:
-        """One document's lease state at ``now`` as the status counts judge it (the same
-        aggregation, on that document alone); None when it has no phase or is gone.
-        ``in_house``: the in-house leases the live replicas honour (``InHouse.honoured_by``),
-        as the status counts take it."""
-        rows = self._reports.phase_summary(
-            collection, now, operators.exact_id_filter(doc_id), in_house=in_house
-        )
-        return rows[0] if rows else None
-
     def history(self, collection: str, doc_id: Any) -> list[history.Entry]:
         """The document's history, oldest first (``history``)."""
         return history.entries(self.document(collection, doc_id))
