@@ -36,7 +36,6 @@ from orchestrator.cli.selecting import (
     the_document,
 )
 from orchestrator.core.documents import Document
-from orchestrator.core.in_house import IN_HOUSE_HOLDER
 from orchestrator.core.redact import visible
 from orchestrator.operations import (
     Action,
@@ -51,6 +50,7 @@ from orchestrator.operations import (
     Operations,
     Retried,
     UnhandledPhase,
+    holder_name,
 )
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -325,7 +325,7 @@ def _one(
             _said(name, doc, done)
     except LeaseHeld as held:
         raise CommandError(
-            f"{name} is held by a live lease of {_holder(held.holder)} until "
+            f"{name} is held by a live lease of {holder_name(held.holder)} until "
             f"{held.until:%Y-%m-%d %H:%M:%S} UTC: a retry now lets another replica "
             "run its step while that one is still in it; wait for the lease to end, or pass "
             "--force"
@@ -338,11 +338,6 @@ def _one(
         raise CommandError(f"{name} changed meanwhile; run {action.value} again") from None
     _recorded(operations, why)
     return 0
-
-
-def _holder(holder: Any) -> str:
-    """Who holds a lease, as a refusal names it: a replica by its id, or an in-house pod."""
-    return IN_HOUSE_HOLDER if holder == IN_HOUSE_HOLDER else f"replica {holder!r}"
 
 
 def _recorded(operations: Operations, why: str) -> None:

@@ -38,7 +38,7 @@ from orchestrator.core.errors import (
     StoreError,
     UnhandledPhase,
 )
-from orchestrator.core.in_house import IN_HOUSE_HOLDER, NO_IN_HOUSE, InHouse
+from orchestrator.core.in_house import NO_IN_HOUSE, InHouse
 from orchestrator.core.names import AUDIT_COLLECTION, PAUSES_COLLECTION, REPLICAS_COLLECTION
 from orchestrator.core.pauses import Pause, Scope
 from orchestrator.core.queries import operators
@@ -55,6 +55,7 @@ from orchestrator.operations.rules import (
     check_target,
     error_phase,
     history_length,
+    holding,
     live_lease,
 )
 from orchestrator.operations.status_report import PhaseCount, RecentError, Status
@@ -412,10 +413,8 @@ class Operations:
         now = server or datetime.now(UTC)
         held = live_lease(seen, now, in_house)
         if held and not force:
-            if in_house.holds(seen, now):
-                until = in_house.expiry(seen["lockedAt"])
-                raise LeaseHeld(collection, doc_id, IN_HOUSE_HOLDER, until)
-            raise LeaseHeld(collection, doc_id, seen.get("lockedBy"), seen.get("lockedUntil"))
+            holder = holding(seen, now, in_house)
+            raise LeaseHeld(collection, doc_id, holder.holder, holder.until)
         update = operators.operator_move_update(to, now)
         after = self._act(
             collection, seen, update, action, now, by, why, to, keep, shard=shard, in_house=in_house
