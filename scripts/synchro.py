@@ -41,6 +41,7 @@ REPLACEMENTS = {
     "AsyncLeaseStore": "LeaseStore",
     "AsyncOrchestrator": "Orchestrator",
     "AsyncSteps": "Steps",
+    "AsyncClaims": "Claims",
     "AsyncLimits": "Limits",
     "AsyncReplicaRecorder": "ReplicaRecorder",
     "AsyncPauseWatch": "PauseWatch",

@@ -8,8 +8,6 @@ async code; the sync engine's ``Limits`` is generated from it (``scripts/synchro
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import threading
 from collections import Counter
@@ -27,6 +25,7 @@ from orchestrator.mongo._async.contract import AsyncLeaseStore
 from orchestrator.mongo._async.lease import AsyncLease
 from orchestrator.runners.books import Books
 from orchestrator.runners.reporter import Reporter
+from orchestrator.runners.workers import best_effort
 
 __all__ = ["AsyncLimits"]
 
@@ -188,7 +187,7 @@ class AsyncLimits:
         taken is freed by its token; a rate slot cannot be restored unread and counts its
         start for its period. Never raises, even cancelled again: what is not given back
         expires at its time."""
-        with contextlib.suppress(Exception, asyncio.CancelledError):
+        with best_effort():
             await self.give_back(slots)
             if unsure is not None and unsure.follows_lease:
                 fence = limit_slots.held_slot_filter(handler.key, unsure, token)
