@@ -1,5 +1,6 @@
-"""The life of a step: probe, claim, run or hand back, judge the result by the step's own
-lease, settle errors, extend long steps' leases and take back those past step_timeout.
+"""The life of a step: probe, run or hand back what a claim took (``claiming``), judge the
+result by the step's own lease, settle errors, extend long steps' leases and take back
+those past step_timeout.
 
 Written once, as async code; the sync engine's ``Steps`` is generated from it
 (``scripts/synchro.py``). What is decided on the way is ``orchestrator.core.steps``'s
