@@ -409,12 +409,16 @@ class Replica:
                     return self.docs.oldest(collection, phase, now, most)
 
                 work = 1 + most * PEEK_PER_ID
-                ids = yield self.server.command("read", peek, "peek", work)
-                (tally.useful if ids else tally.wasted)["peek"] += 1
-                listed = [{"_id": i} for i in ids]
-                if not queue.refill(listed, self.spread, _when(self.sim.now)):
+                sent = queue.sent()
+                try:
+                    ids = yield self.server.command("read", peek, "peek", work)
+                    (tally.useful if ids else tally.wasted)["peek"] += 1
+                    listed = [{"_id": i} for i in ids]
+                    candidate = queue.listed(sent, listed, self.spread, _when(self.sim.now))
+                finally:
+                    queue.over(sent)
+                if candidate is None:
                     return None
-                continue
             doc_id = int(candidate["_id"])
 
             def claim(now: float, doc_id: int = doc_id) -> Doc | None:

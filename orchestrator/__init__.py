@@ -7,6 +7,7 @@ progressive backoff) or ``advance`` (next phase).
 
 from orchestrator.core.backoff import BackoffPolicy, ExponentialBackoff, ProgressiveBackoff
 from orchestrator.core.clock import Clock, SystemClock
+from orchestrator.core.distribution import library_version
 from orchestrator.core.errors import (
     ConfigError,
     LeaseLost,
@@ -26,7 +27,6 @@ from orchestrator.core.events import (
     StepFinishedEvent,
     SubmittingEvent,
 )
-from orchestrator.core.extras import library_version
 from orchestrator.core.lease import Outcome
 from orchestrator.core.lease_api import BlockingLease
 from orchestrator.core.outcomes import LeaseWrite, StepOutcome

@@ -42,6 +42,7 @@ REPLACEMENTS = {
     "AsyncLeaseStore": "LeaseStore",
     "AsyncOrchestrator": "Orchestrator",
     "AsyncSteps": "Steps",
+    "AsyncClaims": "Claims",
     "AsyncLimits": "Limits",
     "AsyncReplicaRecorder": "ReplicaRecorder",
     "AsyncReplicaParts": "ReplicaParts",

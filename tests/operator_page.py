@@ -24,7 +24,7 @@ from pymongo.database import Database
 
 from orchestrator import Lease, Orchestrator
 from orchestrator.core.clock import bson_time
-from orchestrator.core.extras import library_version
+from orchestrator.core.distribution import library_version
 from orchestrator.core.history import DEFAULT_HISTORY
 from orchestrator.core.registry import Handler
 from orchestrator.core.replicas import (

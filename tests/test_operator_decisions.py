@@ -22,11 +22,20 @@ from orchestrator.core.errors import (
     Refusal,
     UnhandledPhase,
 )
+from orchestrator.core.in_house import IN_HOUSE_HOLDER, InHouse
 from orchestrator.core.queries import operators, replica_records
 from orchestrator.core.replicas import ReplicaRecord
 from orchestrator.operations.filters import Filter, Row, UnindexedField
 from orchestrator.operations.results import Bulk, Cancelled, Retried, Skipped
-from orchestrator.operations.rules import Action, check_phase_name, error_phase, live_lease
+from orchestrator.operations.rules import (
+    Action,
+    Holding,
+    check_phase_name,
+    error_phase,
+    holder_name,
+    holding,
+    live_lease,
+)
 
 pytestmark = pytest.mark.pure
 
@@ -91,6 +100,19 @@ def test_a_lease_is_live_while_a_token_holds_it_until_a_later_date(
     doc: dict[str, Any], live: bool
 ) -> None:
     assert live_lease(doc, NOW) is live
+
+
+def test_a_lease_is_held_by_the_replica_that_wrote_it_or_by_an_in_house_pod() -> None:
+    until = NOW + timedelta(seconds=30)
+    doc = {"lockedBy": "pod-1", "lockToken": "t", "lockedUntil": until, "lockedAt": NOW}
+    assert holding(doc, NOW) == Holding("pod-1", until)
+    assert holding({}, NOW) == Holding(None, None)
+    # An in-house claim writes only lockedAt: the last replica's fields are no holder.
+    old = {"lockedBy": "pod-1", "lockedUntil": NOW, "lockedAt": NOW}
+    assert holding(old, NOW, InHouse(60)) == Holding(IN_HOUSE_HOLDER, InHouse(60).expiry(NOW))
+    assert holding(old, NOW) == Holding("pod-1", NOW)  # no fleet migrating
+    assert holder_name("pod-1") == "replica 'pod-1'"
+    assert holder_name(IN_HOUSE_HOLDER) == IN_HOUSE_HOLDER
 
 
 @pytest.mark.parametrize("name", ["Creating", "a", "x$", "Failed.Retry"])

@@ -20,7 +20,7 @@ from orchestrator import AsyncOrchestrator, ConfigError, Orchestrator, Settings
 from orchestrator.cli import connecting
 from orchestrator.cli import main as cli
 from orchestrator.core.clock import as_utc, bson_time
-from orchestrator.core.extras import library_version
+from orchestrator.core.distribution import library_version
 from orchestrator.core.names import REPLICAS_COLLECTION
 from orchestrator.core.queries import replica_records
 from orchestrator.core.replicas import (

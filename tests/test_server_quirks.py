@@ -31,7 +31,8 @@ from orchestrator.core.names import CLAIM_INDEX_NAME
 from orchestrator.core.queries import claims, lease_writes
 from orchestrator.core.settings import Settings
 from orchestrator.mongo import Store
-from orchestrator.mongo.common import MIN_SERVER_VERSION, driver_errors
+from orchestrator.mongo.connection import MIN_SERVER_VERSION
+from orchestrator.mongo.driver_errors import driver_errors
 from orchestrator.testing import FakeClock, memory_database
 from orchestrator.testing.memory import MAX_BSON_SIZE
 from tests.conftest import MakeEither, MakeReplica, server_name

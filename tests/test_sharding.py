@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from queue import Queue
@@ -660,30 +660,43 @@ def test_each_replica_goes_round_one_priority_before_the_next() -> None:
         assert ranks == sorted(ranks, reverse=True)
 
 
+def _peeked(
+    queue: sharding.Candidates, docs: list[dict[str, Any]], start: int, now: datetime
+) -> Mapping[str, Any] | None:
+    """A peek with no claim won while it was under way: the candidate of the claim that
+    peeked (the rest of the list goes to the next ``take``)."""
+    peek = queue.sent()
+    try:
+        return queue.listed(peek, docs, start, now)
+    finally:
+        queue.over(peek)
+
+
 @pytest.mark.pure
 def test_a_list_leaves_out_what_this_replica_claims_and_goes_on_a_lost_race() -> None:
     t0 = datetime(2026, 1, 1, tzinfo=UTC)
     docs = [{"_id": n} for n in range(4)]
     queue = sharding.Candidates()
     assert queue.take(t0, 1.0) is None  # nothing peeked yet
-    assert queue.refill(docs, 1, t0)
-    first = queue.take(t0, 1.0)
+    first = _peeked(queue, docs, 1, t0)
     assert first == {"_id": 1}
     # A new peek still sees the document being claimed (free until its claim lands).
-    assert queue.refill(docs, 1, t0)
-    assert [queue.take(t0, 1.0) for _ in range(3)] == [{"_id": 2}, {"_id": 3}, {"_id": 0}]
+    assert _peeked(queue, docs, 1, t0) == {"_id": 2}
+    assert [queue.take(t0, 1.0) for _ in range(2)] == [{"_id": 3}, {"_id": 0}]
     assert queue.take(t0, 1.0) is None
-    queue.done(first, lost=False)
-    assert queue.refill(docs, 0, t0)
+    for doc in docs:
+        queue.done(doc, lost=False)
+    assert _peeked(queue, docs, 0, t0) == {"_id": 0}
     assert queue.take(t0 + timedelta(seconds=2), 1.0) is None  # older than a tick
-    assert queue.refill(docs, 0, t0)
-    taken = queue.take(t0, 1.0)
-    assert taken is not None
+    queue.done({"_id": 0}, lost=False)
+    taken = _peeked(queue, docs, 0, t0)
+    assert taken == {"_id": 0}
     queue.done(taken, lost=True)  # another replica had it: the rest is dropped
     assert queue.take(t0, 1.0) is None
-    assert not queue.refill([{"_id": 2}], 0, t0)  # still being claimed here: left out
-    assert queue.refill([{"_id": 5}], 0, t0)
-    assert queue.take(t0, 1.0) == {"_id": 5}
+    claiming = _peeked(queue, docs, 2, t0)
+    assert claiming == {"_id": 2}
+    assert _peeked(queue, [claiming], 0, t0) is None  # still being claimed here: left out
+    assert _peeked(queue, [{"_id": 5}], 0, t0) == {"_id": 5}
 
 
 @pytest.mark.pure

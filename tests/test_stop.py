@@ -9,7 +9,7 @@ from pymongo.database import Database
 
 from orchestrator import EPOCH, Lease, Orchestrator
 from orchestrator.mongo import Store
-from orchestrator.runners._sync.steps import Steps
+from orchestrator.runners._sync.taking import Claims
 from orchestrator.testing import FakeClock
 from tests.conftest import MakeReplica
 
@@ -104,15 +104,15 @@ def test_the_background_loop_runs_steps_and_survives_a_failing_tick(
         done.set()
         return lease.advance("Done")
 
-    real_claim = Steps._claim
+    real_claim = Claims.claim
 
-    def failing_once(self: Steps, handler: Any) -> Any:
+    def failing_once(self: Claims, handler: Any) -> Any:
         if not failed_once.is_set():
             failed_once.set()
             raise RuntimeError("a bug in the claim path")
         return real_claim(self, handler)
 
-    monkeypatch.setattr(Steps, "_claim", failing_once)
+    monkeypatch.setattr(Claims, "claim", failing_once)
     orch.start()
     try:
         orch.submit("jobs", {"phase": "Running"})

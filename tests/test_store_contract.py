@@ -36,7 +36,8 @@ from orchestrator.core.names import CLAIM_INDEX_NAME
 from orchestrator.core.queries import claims, lease_writes, limit_slots, operators
 from orchestrator.core.resource import EPOCH
 from orchestrator.mongo import AsyncStore, Store, connect, connect_async
-from orchestrator.mongo.common import MIN_SERVER_VERSION, DocumentTooLarge
+from orchestrator.mongo.connection import MIN_SERVER_VERSION
+from orchestrator.mongo.driver_errors import DocumentTooLarge
 from orchestrator.operations import AsyncReports, Reports
 from orchestrator.operations.status_report import PhaseCount, RecentError
 from orchestrator.testing import FakeClock, async_memory_database, async_view, memory_database

@@ -31,7 +31,6 @@ from orchestrator.cli.listing import (
 )
 from orchestrator.cli.selecting import Selection, row_of, selection_options, the_document
 from orchestrator.core.documents import Document
-from orchestrator.core.in_house import IN_HOUSE_HOLDER
 from orchestrator.core.redact import visible
 from orchestrator.operations import (
     Action,
@@ -46,6 +45,7 @@ from orchestrator.operations import (
     Operations,
     Retried,
     UnhandledPhase,
+    holder_name,
 )
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -278,7 +278,7 @@ def _one(operations: Operations, order: Order, collection: str, doc: Document) -
             _said(name, doc, done)
     except LeaseHeld as held:
         raise CommandError(
-            f"{name} is held by a live lease of {_holder(held.holder)} until "
+            f"{name} is held by a live lease of {holder_name(held.holder)} until "
             f"{held.until:%Y-%m-%d %H:%M:%S} UTC: a retry now lets another replica "
             "run its step while that one is still in it; wait for the lease to end, or pass "
             "--force"
@@ -291,11 +291,6 @@ def _one(operations: Operations, order: Order, collection: str, doc: Document) -
         raise CommandError(f"{name} changed meanwhile; run {action.value} again") from None
     _recorded(operations, why)
     return 0
-
-
-def _holder(holder: Any) -> str:
-    """Who holds a lease, as a refusal names it: a replica by its id, or an in-house pod."""
-    return IN_HOUSE_HOLDER if holder == IN_HOUSE_HOLDER else f"replica {holder!r}"
 
 
 def _recorded(operations: Operations, why: str) -> None:

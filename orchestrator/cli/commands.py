@@ -25,7 +25,7 @@ from orchestrator.cli.history import history
 from orchestrator.cli.pausing import pause, resume
 from orchestrator.cli.running import demo, run_worker, web
 from orchestrator.cli.status import status
-from orchestrator.core.extras import DISTRIBUTION
+from orchestrator.core.distribution import DISTRIBUTION
 
 
 @click.group(

@@ -13,8 +13,8 @@ import sys
 from collections.abc import Sequence
 
 from orchestrator.cli.conventions import EXIT_ERROR, EXIT_INTERRUPTED, CommandError
+from orchestrator.core.distribution import EXTRA_OF_MODULE, install_hint
 from orchestrator.core.errors import OrchestratorError
-from orchestrator.core.extras import EXTRA_OF_MODULE, install_hint
 from orchestrator.core.redact import redact, visible
 
 

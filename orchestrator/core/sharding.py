@@ -337,14 +337,6 @@ class Candidates:
             oldest = min(self._out)
             self._won = {mark: won for mark, won in self._won.items() if won > oldest}
 
-    def refill(self, docs: Sequence[Mapping[str, Any]], start: int, now: datetime) -> bool:
-        """A new peek's ``docs`` (in the claim's order), in this replica's order from
-        ``start``, without those this replica is claiming now; False when none is left.
-        The fleet model's (``bench/fleet.py``), which sends no ``Peek``; the engines use
-        ``listed``."""
-        with self._lock:
-            return self._refill(docs, start, now, None)
-
     def listed(
         self, peek: Peek, docs: Sequence[Mapping[str, Any]], start: int, now: datetime
     ) -> Mapping[str, Any] | None:
@@ -353,18 +345,15 @@ class Candidates:
         sent; its first candidate goes to the claim that peeked (so other workers cannot
         use the list up before it aims), the rest to the next claims. None: none is left."""
         with self._lock:
-            return self._hand_out() if self._refill(docs, start, now, peek.since) else None
-
-    def _refill(
-        self, docs: Sequence[Mapping[str, Any]], start: int, now: datetime, since: int | None
-    ) -> bool:
-        def mine(mark: str) -> bool:
-            return mark in self._claiming or (since is not None and self._won.get(mark, 0) > since)
-
-        fresh = [doc for doc in docs if not mine(_mark(doc))]
-        self._docs = deque(spread(fresh, start))
-        self._peeked_at = now
-        return bool(self._docs)
+            since = peek.since
+            fresh = [
+                doc
+                for doc in docs
+                if (mark := _mark(doc)) not in self._claiming and self._won.get(mark, 0) <= since
+            ]
+            self._docs = deque(spread(fresh, start))
+            self._peeked_at = now
+            return self._hand_out() if self._docs else None
 
 
 def _mark(doc: Mapping[str, Any]) -> str:

@@ -5,7 +5,10 @@
   (the server clock's probe);
 - ``_sync/``: ``Store``, ``connect``, ``Lease``, ``measure``, generated from them
   (``scripts/synchro.py``);
-- ``common.py``: what both share that does no I/O (error mapping, options, index plans).
+- what both share that does no I/O, by topic: ``driver_errors.py`` (the driver's errors
+  as the library's), ``connection.py`` (the server's checks, the client's, codec and
+  write-concern options), ``index_plans.py`` (reuse, replace or refuse an index),
+  ``probe_answers.py`` (the idle probe's rows as the scheduler reads them).
   What a lease decides is in ``orchestrator.core.lease``; the operator's reads and
   changes are ``orchestrator.operations``'.
 """

@@ -23,7 +23,7 @@ from concurrent.futures import Future, wait
 from functools import partial
 from typing import Generic, TypeVar
 
-from orchestrator.core.extras import install_hint
+from orchestrator.core.distribution import install_hint
 
 try:
     from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram

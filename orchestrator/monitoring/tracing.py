@@ -22,7 +22,7 @@ import threading
 from contextvars import ContextVar, Token
 from typing import Any
 
-from orchestrator.core.extras import install_hint
+from orchestrator.core.distribution import install_hint
 
 try:
     from opentelemetry import context as otel_context

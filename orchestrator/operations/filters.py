@@ -43,10 +43,11 @@ from bson.json_util import CANONICAL_JSON_OPTIONS
 from orchestrator.core.clock import as_utc, bson_time
 from orchestrator.core.errors import OperatorError, Refusal
 from orchestrator.core.history import HISTORY_FIELD
-from orchestrator.core.in_house import IN_HOUSE_HOLDER, NO_IN_HOUSE, InHouse
+from orchestrator.core.in_house import NO_IN_HOUSE, InHouse
 from orchestrator.core.names import CLAIM_INDEX_NAME, ERRORS_INDEX_NAME
 from orchestrator.core.queries.claims import CLAIM_INDEX
 from orchestrator.core.queries.operators import ERRORS_INDEX
+from orchestrator.operations.rules import holding
 
 MAX_LIMIT = 500
 """Most documents one page holds."""
@@ -262,18 +263,15 @@ class Row:
         in_house: InHouse = NO_IN_HOUSE,
     ) -> Row:
         state = judge(doc, now, in_house)
-        in_house_held = in_house.holds(doc, now)
+        held = holding(doc, now, in_house)
         error = doc.get("lastError")
         kind = message = at = None
         if isinstance(error, Mapping):
             kind, message, at = error.get("type"), error.get("message"), error.get("at")
         elif error is not None:
             kind, message = "?", error
-        until, updated = doc.get("lockedUntil"), doc.get("updatedAt")
-        attempts, holder, mark = doc.get("attempts"), doc.get("lockedBy"), doc.get("failedBy")
-        if in_house_held:
-            until = in_house.expiry(doc["lockedAt"])
-            holder = IN_HOUSE_HOLDER
+        until, holder = held.until, held.holder
+        updated, attempts, mark = doc.get("updatedAt"), doc.get("attempts"), doc.get("failedBy")
         return cls(
             id=_text(doc.get("_id")),
             ref=_ref(doc.get("_id")),

@@ -1,6 +1,6 @@
 """An operator's rules, decided once without I/O for every tool (the command line, the
 page, ``AsyncOperations``/``Operations``): which actions there are, where a retry or a
-cancel sends a document, which phases may receive it, and whether a replica holds it now.
+cancel sends a document, which phases may receive it, and who holds it now.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 from orchestrator.core import history, replicas
 from orchestrator.core.clock import as_utc
 from orchestrator.core.errors import OperatorError, UnhandledPhase
-from orchestrator.core.in_house import NO_IN_HOUSE, InHouse
+from orchestrator.core.in_house import IN_HOUSE_HOLDER, NO_IN_HOUSE, InHouse
 from orchestrator.core.replicas import ReplicaRecord
 
 T = TypeVar("T", str, int)
@@ -113,6 +113,30 @@ def live_lease(doc: Mapping[str, Any], now: datetime, in_house: InHouse = NO_IN_
     return doc.get("lockToken") is not None and isinstance(until, datetime) and as_utc(until) > now
 
 
+@dataclass(frozen=True)
+class Holding:
+    """Who holds a document's lease and until when, as every tool names it: a replica by
+    its ``lockedBy`` and ``lockedUntil`` as stored (whatever they hold, None when absent),
+    or, while migrating, an in-house pod (``IN_HOUSE_HOLDER``) until its ``lockedAt``
+    runs out."""
+
+    holder: Any
+    until: Any
+
+
+def holding(doc: Mapping[str, Any], now: datetime, in_house: InHouse = NO_IN_HOUSE) -> Holding:
+    """``doc``'s lease as held at ``now``: an in-house pod's while it holds the document
+    (``InHouse.holds``), else the fields the last replica to claim it wrote."""
+    if in_house.holds(doc, now):
+        return Holding(IN_HOUSE_HOLDER, in_house.expiry(doc["lockedAt"]))
+    return Holding(doc.get("lockedBy"), doc.get("lockedUntil"))
+
+
+def holder_name(holder: Any) -> str:
+    """Who holds a lease, as a refusal names it: a replica by its id, or an in-house pod."""
+    return IN_HOUSE_HOLDER if holder == IN_HOUSE_HOLDER else f"replica {holder!r}"
+
+
 def check_phase_name(target: str) -> None:
     """A retry's target is a phase name: not empty, and no update operator (``$set``)."""
     if not target or target.startswith("$"):
@@ -121,6 +145,7 @@ def check_phase_name(target: str) -> None:
 
 __all__ = [
     "Action",
+    "Holding",
     "Live",
     "Signed",
     "cancelled_phase",
@@ -128,5 +153,7 @@ __all__ = [
     "check_target",
     "error_phase",
     "history_length",
+    "holder_name",
+    "holding",
     "live_lease",
 ]

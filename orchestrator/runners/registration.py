@@ -37,6 +37,8 @@ class Submission:
     collection: str
     fields: dict[str, Any]
     keys: tuple[str, ...]
+    named: bool = False
+    """The keys were named (by ``unique`` or the model): they need a unique index."""
 
 
 class Registration:
@@ -85,53 +87,41 @@ class Registration:
         doc: Mapping[str, Any] | Resource,
         unique: str | Iterable[str] | None,
     ) -> Submission:
-        """What submitting ``doc`` writes, checked; ``unique`` defaults to the keys the
-        model declares (``Resource.unique``; for a collection name, those of the model
-        registered on it), else to ``_id`` when the document has one. With a shard key
-        declared, the document must carry it and the unique keys must start with it
-        (``_id`` alone is taken as the shard key and ``_id``)."""
+        """What submitting ``doc`` writes, checked, registering nothing; ``unique`` defaults
+        to the keys the model declares (``Resource.unique``; for a collection name, those
+        of the model registered on it), else to ``_id`` when the document has one. With a
+        shard key declared, the document must carry it and the unique keys must start with
+        it (``_id`` alone is taken as the shard key and ``_id``)."""
         collection, model = resolve(target)
         fields = _document_fields(doc, model)
-        phase = fields.get("phase")
-        if not isinstance(phase, str) or not phase or phase.startswith("$"):
-            raise ConfigError("submit: the document needs a 'phase' (a non-empty string)")
-        for name, instead in (("lockedUntil", "not_before"), (PRIORITY_FIELD, "priority")):
-            if name in fields:
-                raise ConfigError(
-                    f"submit: field {name!r} is managed by the orchestrator; pass"
-                    f" submit(..., {instead}=...) instead"
-                )
-        submissions.check_fields(
-            {k: v for k, v in fields.items() if k not in {"_id", "phase", "updatedAt"}}
-        )
-        keys: tuple[str, ...]
+        _check_fields(fields)
         declared = model or self.registry.model_for(collection)
-        shard_key = self.registry.shard_key_for(collection) or (
-            model_shard_key(declared) if declared is not None else ()
-        )
+        shard_key = self._shard_key(collection, declared)
         absent = [k for k in sharding.missing_fields(fields, shard_key) if k != "_id"]
         if absent:
             raise ConfigError(
                 f"submit: the document has no value for {absent}, of {collection!r}'s shard"
                 f" key {shard_key!r}"
             )
-        named = unique is not None or (declared is not None and bool(declared.unique))
-        if unique is None and declared is not None and declared.unique:
-            keys = tuple(declared.field_name(k) for k in declared.unique)
-        elif unique is None:
-            keys = ("_id",) if "_id" in fields else ()
-        else:
-            raw = (unique,) if isinstance(unique, str) else tuple(unique)
-            keys = tuple(model.field_name(k) if model else k for k in raw)
-            if not keys:
-                raise ConfigError("submit: unique names no field")
+        keys = _unique_keys(fields, unique, model, declared)
         if shard_key and keys == ("_id",):
             keys = tuple(dict.fromkeys((*shard_key, "_id")))
         if keys:
             sharding.check_unique(keys, shard_key, "submit")
-        if named:
-            self.registry.add_unique(collection, keys)
-        return Submission(collection, fields, keys)
+        named = unique is not None or (declared is not None and bool(declared.unique))
+        return Submission(collection, fields, keys, named)
+
+    def _shard_key(self, collection: str, declared: type[Resource] | None) -> tuple[str, ...]:
+        """The shard key the handlers of ``collection`` declare, else its model's."""
+        if known := self.registry.shard_key_for(collection):
+            return known
+        return model_shard_key(declared) if declared is not None else ()
+
+    def register_unique_keys(self, submission: Submission) -> None:
+        """Keys a submit named become unique indexes (``indexes``): the next
+        ``ensure_indexes`` builds them. The ``_id`` default is no such name."""
+        if submission.named:
+            self.registry.add_unique(submission.collection, submission.keys)
 
     def indexes(self) -> tuple[list[str], list[tuple[str, tuple[str, ...]]]]:
         """The collections needing the claim index, and the unique keys of submit."""
@@ -141,6 +131,42 @@ class Registration:
             for keys in key_sets
         ]
         return list(self.registry.collections), unique
+
+
+def _check_fields(fields: Mapping[str, Any]) -> None:
+    """A document the orchestrator can own: a phase, and none of the fields it manages."""
+    phase = fields.get("phase")
+    if not isinstance(phase, str) or not phase or phase.startswith("$"):
+        raise ConfigError("submit: the document needs a 'phase' (a non-empty string)")
+    for name, instead in (("lockedUntil", "not_before"), (PRIORITY_FIELD, "priority")):
+        if name in fields:
+            raise ConfigError(
+                f"submit: field {name!r} is managed by the orchestrator; pass"
+                f" submit(..., {instead}=...) instead"
+            )
+    submissions.check_fields(
+        {k: v for k, v in fields.items() if k not in {"_id", "phase", "updatedAt"}}
+    )
+
+
+def _unique_keys(
+    fields: Mapping[str, Any],
+    unique: str | Iterable[str] | None,
+    model: type[Resource] | None,
+    declared: type[Resource] | None,
+) -> tuple[str, ...]:
+    """The stored names of the keys that make the document unique: those ``unique`` names
+    (by the fields of the ``model`` given), else those the ``declared`` model does, else
+    ``_id`` when the document has one."""
+    if unique is None and declared is not None and declared.unique:
+        return tuple(declared.field_name(k) for k in declared.unique)
+    if unique is None:
+        return ("_id",) if "_id" in fields else ()
+    raw = (unique,) if isinstance(unique, str) else tuple(unique)
+    keys = tuple(model.field_name(k) if model else k for k in raw)
+    if not keys:
+        raise ConfigError("submit: unique names no field")
+    return keys
 
 
 def _document_fields(

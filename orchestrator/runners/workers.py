@@ -31,7 +31,7 @@ from orchestrator.runners.books import Books, Leave
 from orchestrator.runners.reporter import logger
 from orchestrator.runners.step import Step
 
-__all__ = ["TIMER_DEFAULTS", "AsyncWorkers", "StepEnd", "WorkerEnd", "Workers"]
+__all__ = ["TIMER_DEFAULTS", "AsyncWorkers", "StepEnd", "WorkerEnd", "Workers", "best_effort"]
 
 T = TypeVar("T")
 
@@ -39,6 +39,13 @@ TIMER_DEFAULTS = {"coalesce": True, "max_instances": 1, "misfire_grace_time": No
 """The APScheduler job defaults of the ticks and heartbeats: coalesced, one instance at a
 time (a heartbeat slower than its interval never runs twice at once; missed runs are not
 made up)."""
+
+
+def best_effort() -> contextlib.AbstractContextManager[None]:
+    """Around a write whose failure leaves what it would free (a slot, a lease) to expire
+    at its time: nothing it raises escapes, a cancellation included, so a worker winding
+    up after a cancellation ends as it was going to."""
+    return contextlib.suppress(Exception, asyncio.CancelledError)
 
 
 class WorkerEnd(Enum):

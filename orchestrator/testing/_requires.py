@@ -1,5 +1,5 @@
 """Fail at import with what to install when the ``testing`` extra is missing."""
 
-from orchestrator.core.extras import require
+from orchestrator.core.distribution import require
 
 require("testing", ("mongomock",), "orchestrator.testing (the in-memory store)")

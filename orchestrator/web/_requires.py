@@ -1,5 +1,5 @@
 """Fail at import with what to install when the ``web`` extra is missing."""
 
-from orchestrator.core.extras import require
+from orchestrator.core.distribution import require
 
 require("web", ("starlette", "jinja2"), "orchestrator.web (the operator's page)")

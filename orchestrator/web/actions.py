@@ -35,6 +35,7 @@ from orchestrator.operations import (
     Scope,
     UnhandledPhase,
     error_phase,
+    holding,
 )
 from orchestrator.web.browse import selection_of
 from orchestrator.web.inputs import Refused, Selection, form, parse_ref
@@ -83,7 +84,7 @@ async def confirm(site: Site, request: Request, links: Links) -> Response:
     fleet = replace(Fleet.of(status), at=now)
     in_house = fleet.in_house()
     row = Row.read(doc, now, fleet.keys(collection), fleet.names(), in_house)
-    in_house_held = in_house.holds(doc, now)
+    held = holding(doc, now, in_house)
     seen = {"phase": doc.get("phase"), "lockToken": doc.get("lockToken")}
     return await site.render(
         request,
@@ -97,9 +98,8 @@ async def confirm(site: Site, request: Request, links: Links) -> Response:
         row=row,
         badge=fleet.badge(collection, row),
         phase=doc.get("phase", MISSING),
-        # An in-house pod's lease: held until its lockedAt runs out, by no replica.
-        holder=row.holder if in_house_held else doc.get("lockedBy", MISSING),
-        until=row.until if in_house_held else doc.get("lockedUntil", MISSING),
+        holder=held.holder,
+        until=held.until,
         attempts=doc.get("attempts", 0),
         ref=json_util.dumps(doc["_id"], json_options=CANONICAL_JSON_OPTIONS),
         seen=json_util.dumps(seen, json_options=CANONICAL_JSON_OPTIONS),

@@ -137,6 +137,13 @@ def test_a_model_s_declared_unique_keys_are_the_default_by_their_stored_names() 
     assert made.keys == ("tenantId", "name")
 
 
+def test_describing_a_submission_registers_no_unique_key() -> None:
+    reg = registration()
+    made = reg.submission("jobs", {"phase": "New", "ref": "r1"}, "ref")
+    assert made.named
+    assert reg.indexes() == ([], [])
+
+
 def test_a_document_for_a_model_is_validated_and_stored_by_alias() -> None:
     reg = registration()
     made = reg.submission(Gateway, {"tenant_id": "t1", "name": "gw", "phase": "New"}, None)
@@ -166,10 +173,13 @@ def test_unique_keys_named_at_submit_are_stored_names_of_the_model(
 def test_unique_keys_named_at_submit_become_unique_indexes_the_id_default_does_not() -> None:
     reg = registration()
     reg.phase("jobs", "New")(step)
-    reg.submission("jobs", {"_id": 1, "phase": "New"}, None)
-    reg.submission("jobs", {"phase": "New", "ref": "r1"}, "ref")
-    reg.submission("jobs", {"phase": "New", "ref": "r1"}, "ref")  # once, however often
-    reg.submission("mail", {"phase": "New", "to": "x", "day": 1}, ["to", "day"])
+    for target, doc, named in (
+        ("jobs", {"_id": 1, "phase": "New"}, None),
+        ("jobs", {"phase": "New", "ref": "r1"}, "ref"),
+        ("jobs", {"phase": "New", "ref": "r1"}, "ref"),  # once, however often
+        ("mail", {"phase": "New", "to": "x", "day": 1}, ["to", "day"]),
+    ):
+        reg.register_unique_keys(reg.submission(target, doc, named))
     collections, unique = reg.indexes()
     assert collections == ["jobs"]
     assert sorted(unique) == [("jobs", ("ref",)), ("mail", ("to", "day"))]

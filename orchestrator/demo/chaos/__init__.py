@@ -11,16 +11,16 @@ error), non-outcomes, and malformed documents. Then every invariant is checked; 
 status is 1 when one fails.
 
 The pieces, one concept each: ``workload`` (the config, the Widget and its phases),
-``replicas`` (the pods: spawned, ticked, crashed and replaced), what is injected
+``pods`` (the replicas: spawned, ticked, crashed and replaced), what is injected
 (``step_faults`` into the steps, ``network`` outages and partitions, ``arrivals`` the
 resources and the malformed documents), ``ledger`` (what happened, as it happened),
-``audit`` (the invariants and the figures), ``harness`` (``Chaos``: the run and its loop)
+``invariants`` (checked at the end, and the figures), ``harness`` (``Chaos``: the run and its loop)
 and ``command`` (the command line).
 """
 
-from orchestrator.demo.chaos.audit import Figures
 from orchestrator.demo.chaos.command import main
 from orchestrator.demo.chaos.harness import Chaos
+from orchestrator.demo.chaos.invariants import Figures
 from orchestrator.demo.chaos.workload import ChaosConfig
 
 __all__ = ["Chaos", "ChaosConfig", "Figures", "main"]

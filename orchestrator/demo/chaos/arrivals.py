@@ -11,7 +11,7 @@ from typing import Any
 from orchestrator.core.clock import bson_time
 from orchestrator.core.errors import StoreError
 from orchestrator.core.resource import EPOCH
-from orchestrator.demo.chaos.replicas import Replicas
+from orchestrator.demo.chaos.pods import Replicas
 from orchestrator.demo.chaos.workload import FINAL, Widget, World
 from orchestrator.testing.faults import ReplicaCrashed
 

@@ -15,8 +15,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from orchestrator.demo.chaos.audit import Figures
 from orchestrator.demo.chaos.harness import Chaos
+from orchestrator.demo.chaos.invariants import Figures
 from orchestrator.demo.chaos.workload import ChaosConfig
 
 

@@ -13,10 +13,10 @@ from typing import Any
 from pymongo.database import Database
 
 from orchestrator.demo.chaos.arrivals import Arrivals
-from orchestrator.demo.chaos.audit import Figures, LogCounter, audit
+from orchestrator.demo.chaos.invariants import Figures, LogCounter, audit
 from orchestrator.demo.chaos.ledger import Ledger
 from orchestrator.demo.chaos.network import Network
-from orchestrator.demo.chaos.replicas import Replica, Replicas
+from orchestrator.demo.chaos.pods import Replica, Replicas
 from orchestrator.demo.chaos.step_faults import StepFaults
 from orchestrator.demo.chaos.workload import ChaosConfig, World, register_workflow
 from orchestrator.testing.clock import FakeClock

@@ -7,7 +7,7 @@ from __future__ import annotations
 import random
 
 from orchestrator.demo.chaos.ledger import Ledger
-from orchestrator.demo.chaos.replicas import Replicas
+from orchestrator.demo.chaos.pods import Replicas
 from orchestrator.demo.chaos.workload import ChaosConfig
 
 

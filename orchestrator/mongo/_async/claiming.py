@@ -26,8 +26,8 @@ from orchestrator.core.errors import ShardKeyRequired
 from orchestrator.core.in_house import InHouse
 from orchestrator.core.queries import claims
 from orchestrator.core.scheduler import Found
-from orchestrator.mongo import common
-from orchestrator.mongo.common import driver_errors
+from orchestrator.mongo import probe_answers
+from orchestrator.mongo.driver_errors import driver_errors, is_transient
 
 __all__ = ["AsyncClaimer"]
 
@@ -207,13 +207,13 @@ class AsyncClaimer:
             )
             return sharding.from_config(entry), True
         except PyMongoError as exc:  # not allowed to read config, most often
-            if common.is_transient(exc):
+            if is_transient(exc):
                 return sharding.UNKNOWN, False
         try:
             reply = await self._db.command({"collStats": name}, codec_options=self._codec)
             return sharding.from_collstats(reply), True
         except PyMongoError as exc:
-            return sharding.UNKNOWN, not common.is_transient(exc)
+            return sharding.UNKNOWN, not is_transient(exc)
 
     async def probe(
         self,
@@ -242,7 +242,7 @@ class AsyncClaimer:
                         groups, now, horizon, pauses_collection, replicas_collection
                     )
                 except OperationFailure as exc:
-                    if not common.unknown_stage(exc):
+                    if not probe_answers.unknown_stage(exc):
                         raise
                     self._no_union = True
         ready: set[int] = set()
@@ -283,7 +283,7 @@ class AsyncClaimer:
             )
             cursor = await self._store.collection(chunk[0][0]).aggregate(pipeline)
             rows = await cursor.to_list()
-            answers.append(common.found(rows, first and read is not None, self._in_house))
-        return common.merged(
+            answers.append(probe_answers.found(rows, first and read is not None, self._in_house))
+        return probe_answers.merged(
             answers, [sum(len(m) for _, m in c) for c in claims.probe_chunks(groups)]
         )

@@ -4,10 +4,11 @@ One design in two forms, as PyMongo's own: ``AsyncStore``
 (``orchestrator/mongo/_async/store.py``, on PyMongo's async API) is written by hand, and
 ``Store`` (``orchestrator/mongo/_sync/store.py``) is generated from it by
 ``scripts/synchro.py`` with ``unasync``, so the two cannot drift apart. What needs no I/O
-(error mapping, codec options, index decisions) lives once in ``orchestrator.mongo.common``;
-every filter and update comes from ``orchestrator.core.queries``. The claim path (the
-claim, the probe, what a collection's sharding is) is ``AsyncClaimer``'s, in
-``claiming.py``: the store holds one and answers its contract's claims with it.
+lives once beside them, by topic: ``driver_errors`` (error mapping), ``connection`` (the
+server's checks, client and codec options), ``index_plans`` and ``probe_answers``; every
+filter and update comes from ``orchestrator.core.queries``. The claim path (the claim, the
+probe, what a collection's sharding is) is ``AsyncClaimer``'s, in ``claiming.py``: the
+store holds one and answers its contract's claims with it.
 
 Driver errors leave here as ``StoreError`` (with a ``transient`` flag) and fenced writes
 that match nothing as ``LeaseLost``, so the layers above never see a driver exception.
@@ -67,9 +68,10 @@ from orchestrator.core.redact import redact
 from orchestrator.core.replicas import ReplicaRecord
 from orchestrator.core.scheduler import Found
 from orchestrator.core.settings import DEFAULT_DATABASE
-from orchestrator.mongo import common
+from orchestrator.mongo import connection, index_plans
 from orchestrator.mongo._async.claiming import AsyncClaimer
-from orchestrator.mongo.common import COMMAND_NOT_FOUND, driver_errors
+from orchestrator.mongo.connection import COMMAND_NOT_FOUND
+from orchestrator.mongo.driver_errors import DUPLICATE_KEY, driver_errors
 
 __all__ = ["AsyncStore", "connect_async"]
 
@@ -104,11 +106,11 @@ class AsyncStore:
         write_timeout: float = 10.0,
         legacy_lock_timeout: float | None = None,
     ) -> None:
-        common.check_database_name(getattr(db, "name", None))
+        connection.check_database_name(getattr(db, "name", None))
         self._db = db
         self._in_house = InHouse(legacy_lock_timeout)
-        self._write_concern = common.write_concern(write_concern, write_timeout)
-        self._codec: CodecOptions[Document] = common.codec_options(db.codec_options)
+        self._write_concern = connection.write_concern(write_concern, write_timeout)
+        self._codec: CodecOptions[Document] = connection.codec_options(db.codec_options)
         self._collections: dict[str, AsyncCollection[Document]] = {}
         self._unique_done: set[tuple[str, tuple[str, ...]]] = set()
         self._audit_indexed: set[str] = set()
@@ -146,14 +148,14 @@ class AsyncStore:
         """
         with driver_errors("hello"):
             reply = await self._hello()
-        common.check_server(reply)
+        connection.check_server(reply)
         local = reply.get("localTime")
         return as_utc(local) if isinstance(local, datetime) else None
 
     def primary(self) -> Hashable:
         """The server ``hello`` measures now, as the driver knows it (no I/O):
-        ``common.primary_of``."""
-        return common.primary_of(self._db.client)
+        ``connection.primary_of``."""
+        return connection.primary_of(self._db.client)
 
     async def _hello(self) -> Mapping[str, Any]:
         """``hello``, or ``isMaster`` on servers that predate it (and from then on)."""
@@ -307,19 +309,21 @@ class AsyncStore:
 
         An application's equivalent index is reused whatever its name, and one that
         cannot do the job is refused with a ``ConfigError`` naming it (see
-        ``common.plan_index``): the server allows no second index on one key pattern.
+        ``index_plans.plan_index``): the server allows no second index on one key pattern.
         Replicas starting at once may race to create it; the loser looks again.
         """
         coll = self.collection(name)
-        wanted = common.index_keys(keys)
+        wanted = index_plans.index_keys(keys)
         for attempt in range(2):
             with driver_errors(f"list indexes of {name}"):
                 cursor = await coll.list_indexes()
                 existing = [dict(info) for info in await cursor.to_list()]
                 collation = (
-                    await self._default_collation(name) if common.has_collation(existing) else None
+                    await self._default_collation(name)
+                    if index_plans.has_collation(existing)
+                    else None
                 )
-            plan = common.plan_index(
+            plan = index_plans.plan_index(
                 name,
                 existing,
                 wanted,
@@ -339,12 +343,12 @@ class AsyncStore:
                     await coll.drop_index(plan.replace)
                 try:
                     await coll.create_index(
-                        wanted, **common.index_options(index_name, unique, expire_after)
+                        wanted, **index_plans.index_options(index_name, unique, expire_after)
                     )
                 except DuplicateKeyError as exc:
-                    raise ConfigError(common.duplicates_error(name, wanted, exc)) from exc
+                    raise ConfigError(index_plans.duplicates_error(name, wanted, exc)) from exc
                 except OperationFailure as exc:
-                    if exc.code in common.INDEX_CONFLICT_CODES and attempt == 0:
+                    if exc.code in index_plans.INDEX_CONFLICT_CODES and attempt == 0:
                         continue  # another process created an index meanwhile: look again
                     raise
             return index_name
@@ -454,7 +458,7 @@ class AsyncStore:
                     await coll.insert_many(limit_slots.slot_documents(key, limit), ordered=False)
                 except BulkWriteError as exc:
                     errors = exc.details.get("writeErrors", [])
-                    if any(e.get("code") != common.DUPLICATE_KEY for e in errors):
+                    if any(e.get("code") != DUPLICATE_KEY for e in errors):
                         raise
         self._slots_made.add(marker)
 
@@ -534,7 +538,9 @@ async def connect_async(
     a command-line tool should fail in seconds with the reason, not hang for thirty."""
     where = redact(uri)
     try:
-        client: AsyncMongoClient[Document] = AsyncMongoClient(uri, **common.client_options(timeout))
+        client: AsyncMongoClient[Document] = AsyncMongoClient(
+            uri, **connection.client_options(timeout)
+        )
     except (PyMongoError, ValueError) as exc:  # a malformed port is a bare ValueError
         raise StoreError(f"invalid MongoDB URI {where}: {redact(str(exc))}") from exc
     try:
@@ -543,13 +549,13 @@ async def connect_async(
     except ServerSelectionTimeoutError as exc:
         await client.close()
         raise StoreError(
-            f"cannot reach MongoDB at {where} within {timeout:g}s: {common.unreachable(exc)}",
+            f"cannot reach MongoDB at {where} within {timeout:g}s: {connection.unreachable(exc)}",
             transient=True,
         ) from exc
     except PyMongoError as exc:
         await client.close()
         raise StoreError(f"MongoDB at {where}: {redact(str(exc))}") from exc
-    common.check_database_name(db.name)
+    connection.check_database_name(db.name)
     return db
 
 
@@ -561,6 +567,6 @@ async def check_reachable_async(db: AsyncDatabase[Document], timeout: float) -> 
             await db.command("ping")
     except PyMongoError as exc:
         raise StoreError(
-            f"cannot reach MongoDB within {timeout:g}s: {common.unreachable(exc)}",
+            f"cannot reach MongoDB within {timeout:g}s: {connection.unreachable(exc)}",
             transient=True,
         ) from exc

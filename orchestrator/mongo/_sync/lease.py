@@ -24,7 +24,7 @@ from orchestrator.core.errors import LeaseLost, StoreError
 from orchestrator.core.lease import Carrier, Carry, LeaseCore, Outcome, Write
 from orchestrator.core.outcomes import LeaseWrite
 from orchestrator.core.queries import lease_writes, limit_slots
-from orchestrator.mongo.common import DocumentTooLarge
+from orchestrator.mongo.driver_errors import DocumentTooLarge
 
 if TYPE_CHECKING:
     from orchestrator.core.limits import Slot

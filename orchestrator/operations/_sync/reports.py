@@ -31,7 +31,7 @@ from orchestrator.core.queries import operators, replica_records
 from orchestrator.core.replicas import ReplicaRecord
 from orchestrator.core.sharding import ShardState
 from orchestrator.mongo import Store
-from orchestrator.mongo.common import driver_errors
+from orchestrator.mongo.driver_errors import driver_errors
 from orchestrator.operations.filters import LIST_PROJECTION, Plan
 from orchestrator.operations.status_report import PhaseCount, RecentError
 
@@ -54,7 +54,7 @@ class ReportStore(Protocol):
         :return: the server's time as an aware UTC datetime, or None when the server
             reports none (then the caller judges by its own clock, and says so)
         :raises StoreError: the server cannot be asked, or is older than
-            ``common.MIN_SERVER_VERSION``
+            ``connection.MIN_SERVER_VERSION``
         """
         ...
 

@@ -18,7 +18,6 @@ from orchestrator.core import history
 from orchestrator.core.audit import OperatorAct, operator_record
 from orchestrator.core.documents import Document, id_json_or_text
 from orchestrator.core.errors import DocumentChanged, DocumentNotFound, LeaseHeld, NoErrorPhase
-from orchestrator.core.in_house import IN_HOUSE_HOLDER
 from orchestrator.core.queries import operators
 from orchestrator.operations._sync.reads import Reads
 from orchestrator.operations.results import Cancelled, Retried
@@ -30,6 +29,7 @@ from orchestrator.operations.rules import (
     check_phase_name,
     check_target,
     error_phase,
+    holding,
     live_lease,
 )
 
@@ -132,10 +132,8 @@ class SingleActions:
         now = server or datetime.now(UTC)
         held = live_lease(seen, now, live.in_house)
         if held and not force:
-            if live.in_house.holds(seen, now):
-                until = live.in_house.expiry(seen["lockedAt"])
-                raise LeaseHeld(collection, doc_id, IN_HOUSE_HOLDER, until)
-            raise LeaseHeld(collection, doc_id, seen.get("lockedBy"), seen.get("lockedUntil"))
+            holder = holding(seen, now, live.in_house)
+            raise LeaseHeld(collection, doc_id, holder.holder, holder.until)
         update = operators.operator_move_update(to, now)
         change = Change(kind.action, update, to, now, signed)
         after = self.act(collection, seen, change, live, shard=shard)

@@ -8,8 +8,6 @@ async code; the sync engine's ``Limits`` is generated from it (``scripts/synchro
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import threading
 from collections import Counter
@@ -21,6 +19,7 @@ from orchestrator.core.limits import Limit, RateWait, Slot
 from orchestrator.core.queries import limit_slots
 from orchestrator.core.registry import Handler
 from orchestrator.runners._async.parts import AsyncReplicaParts
+from orchestrator.runners.workers import best_effort
 
 __all__ = ["AsyncLimits"]
 
@@ -174,7 +173,7 @@ class AsyncLimits:
         taken is freed by its token; a rate slot cannot be restored unread and counts its
         start for its period. Never raises, even cancelled again: what is not given back
         expires at its time."""
-        with contextlib.suppress(Exception, asyncio.CancelledError):
+        with best_effort():
             await self.give_back(slots)
             if unsure is not None and unsure.follows_lease:
                 fence = limit_slots.held_slot_filter(handler.key, unsure, token)

@@ -1,5 +1,6 @@
-"""The life of a step: probe, claim, run or hand back, judge the result by the step's own
-lease, settle errors, extend long steps' leases and take back those past step_timeout.
+"""The life of a step: probe, run or hand back what a claim took (``claiming``), judge the
+result by the step's own lease, settle errors, extend long steps' leases and take back
+those past step_timeout.
 
 Written once, as async code; the sync engine's ``Steps`` is generated from it
 (``scripts/synchro.py``). What is decided on the way is ``orchestrator.core.steps``'s
@@ -9,41 +10,31 @@ and ``orchestrator.core.scheduler``'s; the state it changes is the books'.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import random
-import secrets
 from collections.abc import Callable
 from datetime import datetime, timedelta
-from typing import Any
 
 from pydantic import ValidationError
 
-from orchestrator.core import audit, history, scheduler, steps
+from orchestrator.core import history, scheduler, steps
 from orchestrator.core.clock import Clock
-from orchestrator.core.documents import id_json_or_text
-from orchestrator.core.errors import LeaseLost, ShardKeyRequired, StoreError
-from orchestrator.core.lease import Grant, LeaseCore, Outcome
-from orchestrator.core.limits import Slot
+from orchestrator.core.errors import LeaseLost, StoreError
+from orchestrator.core.lease import Outcome
 from orchestrator.core.outcomes import StepOutcome
 from orchestrator.core.pauses import Pause
-from orchestrator.core.queries import claims
-from orchestrator.core.registry import Handler
 from orchestrator.core.scheduler import Action, Claim, Found, Probe
 from orchestrator.core.steps import StepTimeout, describe
 from orchestrator.core.validation import explain
-from orchestrator.mongo._async.clock import measure
-from orchestrator.mongo._async.lease import AsyncLease
+from orchestrator.mongo._async.clock_probe import measure
 from orchestrator.runners._async.limits import AsyncLimits
 from orchestrator.runners._async.parts import AsyncReplicaParts
+from orchestrator.runners._async.taking import AsyncClaims, Held
 from orchestrator.runners.calls import AsyncHandlerCalls
 from orchestrator.runners.step import IN_STEP, Step
-from orchestrator.runners.workers import AsyncWorkers, StepEnd
+from orchestrator.runners.workers import AsyncWorkers, StepEnd, best_effort
 
 __all__ = ["AsyncSteps"]
-
-Held = AsyncLease[Any]
-"""A step's lease (its resource type is the handler's business)."""
 
 _CARRYING = (StepOutcome.UNLOCKED, StepOutcome.ADVANCED)
 """The outcomes of a step whose release may have carried its lease into the next step."""
@@ -76,7 +67,8 @@ class AsyncSteps:
         # Called as a probe is sent, which reads the pauses too: what its answer's pauses
         # are given to (numbered when sent, so an answer that lands late is not applied).
         self._reading_pauses = reading_pauses
-        self._limits = AsyncLimits(parts, on_due=on_due)
+        limits = AsyncLimits(parts, on_due=on_due)
+        self._claims = AsyncClaims(parts, local=local, limits=limits)
 
     # -- the server's clock -------------------------------------------------------------
 
@@ -157,7 +149,7 @@ class AsyncSteps:
 
     async def _claim_and_run(self, claim: Claim) -> bool:
         try:
-            step = await self._claim(claim.handler)
+            step = await self._claims.claim(claim.handler)
         except BaseException:
             self._books.claim_broke(claim)
             raise
@@ -167,7 +159,7 @@ class AsyncSteps:
         while True:
             self._report.claimed(step)
             outcome = await self._run(step, stopping)
-            carried = self._carried(step, outcome)
+            carried = self._claims.carried(step)
             try:
                 if carried is not None and outcome not in _CARRYING:
                     # The step ended otherwise (its error could not be recorded): what its
@@ -200,129 +192,10 @@ class AsyncSteps:
         failing, they leave the slot and the lease to expire."""
         if outcome is not None and self._books.finished(step, outcome):
             self._report.finished(step, outcome)
-        with contextlib.suppress(Exception, asyncio.CancelledError):
+        with best_effort():
             await self._free_slots(step.lease)
             if carried is not None and carried.lease.held:
                 await self._hand_back(carried.lease, "its worker was cancelled")
-
-    def _carried(self, step: Step[Held], outcome: StepOutcome | None) -> Step[Held] | None:
-        """The next step ``step``'s release carried its lease on into (one write instead of
-        a release and a claim), or None. Its document is as that write left it; it is due
-        since it was carried, so its claim latency is nil."""
-        carry = step.lease.carried
-        if carry is None:
-            return None
-        # Its step's clock starts with the step; the lease was written at the carry.
-        grant = self._grant(carry.doc, carry.token, carry.claimed_at, self._clock.now())
-        lease = self._lease(carry.handler, grant)
-        return Step(lease, self._books.next_number(), self._local.monotonic(), 0.0)
-
-    def _grant(
-        self,
-        doc: dict[str, Any],
-        token: str,
-        now: datetime,
-        claimed_at: datetime | None = None,
-        taken_from: str | None = None,
-    ) -> Grant:
-        """What this replica's lease on ``doc``, written at ``now``, grants; its step's
-        clock starts at ``claimed_at`` (``now`` when None)."""
-        return Grant(
-            doc=doc,
-            token=token,
-            claimed_at=now if claimed_at is None else claimed_at,
-            expires_at=now + timedelta(seconds=self._settings.lock_timeout),
-            locked_at=now,
-            taken_from=taken_from,
-        )
-
-    def _lease(self, handler: Handler, grant: Grant) -> Held:
-        """A lease for ``handler``'s step, which may carry itself on into the next step
-        (``Books.reserve``)."""
-        core: LeaseCore[Any] = LeaseCore(
-            clock=self._clock, settings=self._settings, handler=handler, grant=grant
-        )
-        lease: Held = AsyncLease(store=self._store, core=core)
-        lease.carrier = self._books.reserve
-        return lease
-
-    async def _claim(self, handler: Handler) -> Step[Held] | None:
-        """Claim a document for ``handler``: its step, not started, or None. A handler with
-        cluster-wide limits takes a slot of each first (none free: no claim, None); a
-        global limit's slot lasts as long as the lease, from the same time."""
-        token = secrets.token_hex(8)
-        now = self._clock.now()
-        until = now + timedelta(seconds=self._settings.lock_timeout)
-        slots: list[Slot] = []
-        due: list[datetime | None] = []
-        taken: list[str | None] = []
-        timing = self._report.events.active
-
-        def seen(before: dict[str, Any]) -> None:
-            # Whose expired lease it takes over, and (if listened to) how long it was due,
-            # are read from its fields before the claim.
-            taken.append(steps.taken_from(before))
-            if timing:
-                due.append(claims.due_since(before, self._settings.in_house))
-
-        try:
-            if handler.limits:
-                limited = await self._limits.take(handler, now, until, token)  # gives back
-                if limited is None:
-                    return None
-                slots = limited
-            request = claims.ClaimRequest(
-                match=handler.match,
-                judged_at=now - timedelta(seconds=self._clock.uncertainty),
-                horizon=self._settings.horizon,
-                update=claims.claim_update(now, until, token, self._settings.replica_id),
-                exclusion=handler.exclusion,
-                plan=handler.plan,
-                live=self._books.live,
-            )
-            doc = await self._store.claim(handler.collection, request, seen)
-        except ShardKeyRequired as exc:
-            # Said once: the collection's handlers are set aside, so no loop of errors.
-            await self._limits.give_back(slots)
-            self._books.refuse(handler.collection)
-            self._books.count("shard_key_required")
-            self._report.line(
-                logging.ERROR, str(exc), "shard-key-required", collection=handler.collection
-            )
-            return None
-        except StoreError as exc:
-            # The database is unreachable (or the reply was lost after the claim applied:
-            # that lease then expires unused). This handler sits the tick out; the others,
-            # and the next tick, go on. No step starts: its slots are given back.
-            await self._limits.give_back(slots)
-            self._books.count("claim_errors")
-            self._report.line(
-                logging.WARNING,
-                f"claim failed; {handler.name} skips this tick: {exc}",
-                "error",
-                collection=handler.collection,
-            )
-            return None
-        except BaseException:
-            # Cancelled between its slots' take and the claim's answer (or worse): no step
-            # will hold the slots, so they are given back now, not when their lease time
-            # passes; a claim that landed leaves its lease to expire unused.
-            await self._limits.give_back_broken(slots, handler, token)
-            raise
-        if doc is None:
-            await self._limits.give_back(slots)
-            return None
-        grant = self._grant(doc, token, now, taken_from=taken[0] if taken else None)
-        lease = self._lease(handler, grant)
-        lease.slots = slots
-        if lease.taken_from is not None:
-            try:
-                await self._taken_over(lease, now)
-            except BaseException:
-                await self._limits.give_back_broken(slots, handler, token)
-                raise
-        latency = steps.claim_latency(now, due[0] if due else None)
-        return Step(lease, self._books.next_number(), self._local.monotonic(), latency)
 
     async def _free_slots(self, lease: Held) -> None:
         """The step is over (or step_timeout took it back): the slot of its handler's
@@ -341,28 +214,6 @@ class AsyncSteps:
                 "slot-unfreed",
             )
         self._books.slot_freed(lease.handler)
-
-    async def _taken_over(self, lease: Held, now: datetime) -> None:
-        """Say that this claim took over a dead (or stalled) replica's lease: in the log, the
-        counts, and the audit trail (one write, on a take-over only), which the operators'
-        tools show beside the replicas."""
-        self._report.taken_over(lease)
-        self._books.count("taken_over")
-        assert lease.taken_from is not None
-        entry = audit.takeover_record(
-            at=now,
-            by=self._settings.replica_id,
-            taken_from=lease.taken_from,
-            collection=lease.collection,
-            document=id_json_or_text(lease.id),
-            phase=lease.phase,
-        )
-        try:
-            await self._store.append_audit(self._settings.audit_collection, entry)
-        except StoreError as exc:
-            self._report.log(
-                logging.WARNING, f"could not record the take-over: {exc}", lease, "taken-over"
-            )
 
     # -- a step -------------------------------------------------------------------------
 
@@ -604,7 +455,7 @@ class AsyncSteps:
         )
         self._report.finished(step, StepOutcome.INTERRUPTED)
         if not step.lease.held:
-            with contextlib.suppress(Exception, asyncio.CancelledError):
+            with best_effort():
                 await self._free_slots(step.lease)
 
     # -- long steps ---------------------------------------------------------------------

@@ -32,9 +32,9 @@ from orchestrator.core.resource import EPOCH, Resource
 from orchestrator.core.settings import Settings
 from orchestrator.core.steps import StopReport, stop_summary
 from orchestrator.mongo import Lease, Store
-from orchestrator.mongo._sync.clock import measure
+from orchestrator.mongo._sync.clock_probe import measure
 from orchestrator.mongo._sync.contract import LeaseStore
-from orchestrator.mongo.common import database_kind
+from orchestrator.mongo.connection import database_kind
 from orchestrator.runners._sync.controls import PauseWatch
 from orchestrator.runners._sync.parts import ReplicaParts
 from orchestrator.runners._sync.replica import ReplicaRecorder
@@ -210,6 +210,7 @@ class Orchestrator:
         """
         self._crew.enter()
         new = self._registration.submission(target, doc, unique)
+        self._registration.register_unique_keys(new)
         start = starts.check_not_before(not_before)
         rank = starts.check_priority(priority)
         self._steps.measure_if_due()
@@ -285,7 +286,7 @@ class Orchestrator:
                 "run_once() called from inside a step: it would wait for that step to end"
             )
         before = self.stats()
-        self._tick_clock()
+        self._watch_for_failover()
         self._books.begin_once()
         # Long steps' leases are kept alive meanwhile: a heartbeat every interval, not at
         # every wake-up (a test's own heartbeat calls stay its own).
@@ -326,8 +327,9 @@ class Orchestrator:
             self._books.worker_cancelled(counted=end is WorkerEnd.CANCELLED)
             raise
 
-    def _tick_clock(self) -> None:
-        """A new tick's look at the server: a failover calls for a new measurement."""
+    def _watch_for_failover(self) -> None:
+        """Tell the clock which server the driver sends to now (no I/O): after a failover
+        the new primary's clock is measured at once, not at the next refresh."""
         self.clock.watch(self._store.primary())
 
     # -- long steps ---------------------------------------------------------------------
@@ -387,14 +389,14 @@ class Orchestrator:
             seconds=replicas.refresh_interval(self.settings.lock_timeout),
             id="heartbeat",
         )
-        self._tick_clock()
+        self._watch_for_failover()
         if not self._books.serve(timer):
             raise OrchestratorError("this orchestrator is already started")
         timer.start()
         self._report.line(logging.INFO, "orchestrator started", "started")
 
     def _background_tick(self) -> None:
-        self._tick_clock()
+        self._watch_for_failover()
         self._books.tick()
 
     def _come_due(self) -> None:

@@ -9,8 +9,6 @@ async code; the sync engine's ``Limits`` is generated from it (``scripts/synchro
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import threading
 from collections import Counter
@@ -22,6 +20,7 @@ from orchestrator.core.limits import Limit, RateWait, Slot
 from orchestrator.core.queries import limit_slots
 from orchestrator.core.registry import Handler
 from orchestrator.runners._sync.parts import ReplicaParts
+from orchestrator.runners.workers import best_effort
 
 __all__ = ["Limits"]
 
@@ -173,7 +172,7 @@ class Limits:
         taken is freed by its token; a rate slot cannot be restored unread and counts its
         start for its period. Never raises, even cancelled again: what is not given back
         expires at its time."""
-        with contextlib.suppress(Exception, asyncio.CancelledError):
+        with best_effort():
             self.give_back(slots)
             if unsure is not None and unsure.follows_lease:
                 fence = limit_slots.held_slot_filter(handler.key, unsure, token)

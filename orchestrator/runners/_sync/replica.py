@@ -16,8 +16,8 @@ from collections.abc import Callable
 from datetime import datetime
 
 from orchestrator.core import limits, replicas
+from orchestrator.core.distribution import library_version
 from orchestrator.core.errors import OrchestratorError
-from orchestrator.core.extras import library_version
 from orchestrator.core.registry import Registry
 from orchestrator.runners._sync.parts import ReplicaParts
 

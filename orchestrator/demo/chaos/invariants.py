@@ -16,7 +16,7 @@ from pymongo.database import Database
 
 from orchestrator.demo.chaos.arrivals import WORKERS
 from orchestrator.demo.chaos.ledger import Ledger
-from orchestrator.demo.chaos.replicas import Replicas
+from orchestrator.demo.chaos.pods import Replicas
 from orchestrator.demo.chaos.step_faults import SECRET
 from orchestrator.demo.chaos.workload import Widget, World
 
