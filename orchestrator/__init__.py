@@ -27,8 +27,8 @@ from orchestrator.core.events import (
     StepFinishedEvent,
     SubmittingEvent,
 )
-from orchestrator.core.lease import Outcome
 from orchestrator.core.lease_api import BlockingLease
+from orchestrator.core.lease_values import Outcome
 from orchestrator.core.outcomes import LeaseWrite, StepOutcome
 from orchestrator.core.redact import redact
 from orchestrator.core.resource import EPOCH, ErrorRecord, Resource

@@ -956,7 +956,7 @@ class LeaseMachine(RuleBasedStateMachine):
         fault.used = True
         return fault
 
-    def observe(
+    def observe(  # noqa: PLR0912  one branch per kind of write the judge records
         self,
         query: Any,
         result: Any,
@@ -1521,7 +1521,9 @@ class LeaseMachine(RuleBasedStateMachine):
         if not released:
             self.violate(TickHung, "a stalled step was never released")
 
-    async def perform(self, replica: Replica, attempt: Attempt, lease: Any, do: Do) -> Any:
+    async def perform(  # noqa: PLR0911, PLR0912  one branch per move a handler may make
+        self, replica: Replica, attempt: Attempt, lease: Any, do: Do
+    ) -> Any:
         n = counter(lease.doc) + 1
         phase = lease.phase
         act = partial(self.act, replica, attempt)

@@ -19,7 +19,7 @@ from orchestrator import EPOCH, ConfigError, LeaseLost, Outcome
 from orchestrator.core import history
 from orchestrator.core.clock import ServerClock, bson_time
 from orchestrator.core.in_house import InHouse
-from orchestrator.core.lease import Grant, LeaseCore, PolicyError
+from orchestrator.core.lease import LeaseCore, PolicyError
 from orchestrator.core.lease_state import (
     REFUSALS,
     TRANSITIONS,
@@ -28,6 +28,7 @@ from orchestrator.core.lease_state import (
     LeaseStateError,
     fire,
 )
+from orchestrator.core.lease_values import Grant
 from orchestrator.core.outcomes import LeaseWrite
 from orchestrator.core.queries import lease_writes
 from orchestrator.core.registry import Registry, options

@@ -239,7 +239,7 @@ def make_world() -> Iterator[Callable[[int], World]]:
 
 
 @pytest.mark.parametrize("seed", [1, 2])
-def test_a_rolling_deploy_from_the_in_house_pattern_runs_every_step_once(
+def test_a_rolling_deploy_from_the_in_house_pattern_runs_every_step_once(  # noqa: PLR0912  one stage of the deploy after another
     make_world: Callable[[int], World], seed: int, record_property: Callable[[str, Any], None]
 ) -> None:
     """Old pods only; then two replicas beside them (the setting on); then the old pods

@@ -127,7 +127,7 @@ def targets(text: str) -> list[tuple[bool, str]]:
     return found
 
 
-def problem(image: bool, target: str) -> str | None:
+def problem(image: bool, target: str) -> str | None:  # noqa: PLR0911  one reason per rule PyPI applies
     """Why PyPI would not show ``target`` as the README means it, or None.
 
     An anchor in the page (``#section``) stays: it is no file. A file of the repository

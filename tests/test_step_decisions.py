@@ -12,7 +12,7 @@ import pytest
 
 from orchestrator.core import steps
 from orchestrator.core.errors import ConfigError
-from orchestrator.core.lease import Outcome
+from orchestrator.core.lease_values import Outcome
 from orchestrator.core.outcomes import StepOutcome
 from orchestrator.core.registry import Handler, Registry
 from orchestrator.core.settings import Settings

@@ -14,7 +14,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
 if TYPE_CHECKING:
-    from orchestrator.core.lease import Outcome
+    from orchestrator.core.lease_values import Outcome
     from orchestrator.core.registry import Handler
 
 __all__ = ["BlockingLease", "LeaseInfo", "StepLease"]

@@ -15,7 +15,7 @@ from datetime import datetime
 from typing import Any
 
 from orchestrator.core.errors import OrchestratorError
-from orchestrator.core.lease import Outcome
+from orchestrator.core.lease_values import Outcome
 from orchestrator.core.outcomes import StepOutcome
 from orchestrator.core.registry import Handler
 

@@ -13,7 +13,7 @@ from datetime import datetime
 from typing import Any, Generic, TypeVar
 
 from orchestrator.core.errors import LeaseLost, OrchestratorError
-from orchestrator.core.lease import Outcome
+from orchestrator.core.lease_values import Outcome
 from orchestrator.core.outcomes import LeaseWrite
 from orchestrator.core.registry import Handler
 from orchestrator.mongo import AsyncLease

@@ -11,7 +11,7 @@ from typing import Any, cast
 
 import pytest
 
-from orchestrator.core.lease import Outcome
+from orchestrator.core.lease_values import Outcome
 from orchestrator.core.outcomes import StepOutcome
 from orchestrator.core.registry import Handler, Registry, options
 from orchestrator.core.scheduler import Claim, Found, Probe

@@ -13,7 +13,7 @@ from typing import Any
 
 from orchestrator import Lease
 from orchestrator.core.errors import StoreError
-from orchestrator.core.lease import Outcome
+from orchestrator.core.lease_values import Outcome
 from orchestrator.demo.chaos.pods import Replica, Replicas
 from orchestrator.demo.chaos.workload import Widget, World
 from orchestrator.testing.faults import ReplicaCrashed

@@ -15,7 +15,7 @@ from pymongo.database import Database
 
 from orchestrator import Lease, Orchestrator
 from orchestrator.core.clock import Clock, as_utc, bson_time
-from orchestrator.core.lease import Outcome
+from orchestrator.core.lease_values import Outcome
 from orchestrator.core.resource import Resource
 from orchestrator.demo.chaos.ledger import Ledger
 from orchestrator.testing.clock import FakeClock

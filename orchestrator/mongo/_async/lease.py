@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 import pymongo
 
 from orchestrator.core.errors import LeaseLost, StoreError
-from orchestrator.core.lease import Carrier, Carry, LeaseCore, Outcome, Write
+from orchestrator.core.lease import Carrier, LeaseCore
+from orchestrator.core.lease_values import Carry, Outcome, Write
 from orchestrator.core.outcomes import LeaseWrite
 from orchestrator.core.queries import lease_writes, limit_slots
 from orchestrator.mongo.driver_errors import DocumentTooLarge

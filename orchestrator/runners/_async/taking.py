@@ -17,7 +17,8 @@ from orchestrator.core import audit, steps
 from orchestrator.core.clock import Clock
 from orchestrator.core.documents import id_json_or_text
 from orchestrator.core.errors import ShardKeyRequired, StoreError
-from orchestrator.core.lease import Grant, LeaseCore
+from orchestrator.core.lease import LeaseCore
+from orchestrator.core.lease_values import Grant
 from orchestrator.core.limits import Slot
 from orchestrator.core.queries import claims
 from orchestrator.core.registry import Handler

@@ -21,7 +21,7 @@ from pydantic import ValidationError
 from orchestrator.core import history, scheduler, steps
 from orchestrator.core.clock import Clock
 from orchestrator.core.errors import LeaseLost, StoreError
-from orchestrator.core.lease import Outcome
+from orchestrator.core.lease_values import Outcome
 from orchestrator.core.outcomes import StepOutcome
 from orchestrator.core.pauses import Pause
 from orchestrator.core.scheduler import Action, Claim, Found, Probe
