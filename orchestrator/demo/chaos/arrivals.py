@@ -11,7 +11,7 @@ from typing import Any
 from orchestrator.core.clock import bson_time
 from orchestrator.core.errors import StoreError
 from orchestrator.core.resource import EPOCH
-from orchestrator.demo.chaos.pods import Replicas
+from orchestrator.demo.chaos.pods import Replicas, WorldPart
 from orchestrator.demo.chaos.workload import FINAL, Widget, World
 from orchestrator.testing.faults import ReplicaCrashed
 
@@ -22,20 +22,11 @@ WORKERS = ("work", "doomed", "invalid")
 other expectation is the phase of a document no handler matches, left untouched."""
 
 
-class Arrivals:
+class Arrivals(WorldPart):
     """Planned up front from the run's random source, so one seed gives the same arrivals."""
 
-    def __init__(
-        self,
-        world: World,
-        replicas: Replicas,
-    ) -> None:
-        self.cfg = world.config
-        self.rng = world.rng
-        self.clock = world.clock
-        self.raw = world.raw
-        self.ledger = world.ledger
-        self.replicas = replicas
+    def __init__(self, world: World, replicas: Replicas) -> None:
+        super().__init__(world, replicas)
         self.expected: dict[str, str] = {}  # name -> one of WORKERS, or a phase
         self.pending: list[dict[str, Any]] = []
         """The resources still to submit, in order of arrival."""

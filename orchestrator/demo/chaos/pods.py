@@ -113,4 +113,18 @@ class Replicas:
             r.faults.silence()
 
 
-__all__ = ["Replica", "Replicas"]
+class WorldPart:
+    """A part of the run that acts on the world beside the replicas (the arrivals, the
+    step faults): the world's settings, random source, clock, raw database and ledger, at
+    hand under short names."""
+
+    def __init__(self, world: World, replicas: Replicas) -> None:
+        self.cfg = world.config
+        self.rng = world.rng
+        self.clock = world.clock
+        self.raw = world.raw
+        self.ledger = world.ledger
+        self.replicas = replicas
+
+
+__all__ = ["Replica", "Replicas", "WorldPart"]

@@ -14,7 +14,7 @@ from typing import Any
 from orchestrator import Lease
 from orchestrator.core.errors import StoreError
 from orchestrator.core.lease_values import Outcome
-from orchestrator.demo.chaos.pods import Replica, Replicas
+from orchestrator.demo.chaos.pods import Replica, Replicas, WorldPart
 from orchestrator.demo.chaos.workload import Widget, World
 from orchestrator.testing.faults import ReplicaCrashed
 
@@ -68,21 +68,12 @@ class _Hung:
     release: threading.Event = field(default_factory=threading.Event)
 
 
-class StepFaults:
+class StepFaults(WorldPart):
     """Runs each step with a side effect (``effect``), with a fault drawn at the base rate
     (x5) while faults are on. A stall and a hang use the other replicas and the clock."""
 
-    def __init__(
-        self,
-        world: World,
-        replicas: Replicas,
-    ) -> None:
-        self.cfg = world.config
-        self.rng = world.rng
-        self.clock = world.clock
-        self.raw = world.raw
-        self.ledger = world.ledger
-        self.replicas = replicas
+    def __init__(self, world: World, replicas: Replicas) -> None:
+        super().__init__(world, replicas)
         self._lock = threading.Lock()
         self._hung: list[_Hung] = []
         self._drawn = 0
