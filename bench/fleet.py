@@ -20,11 +20,11 @@ What varies, per ``Strategy``:
   same replica writes its outcome with a renewed lease, and the next step runs without a
   claim when the scheduler allows it (its per-document budget).
 - idle ``new`` (the engines now): the tick's one probe, an ``aggregate`` over every
-  collection, which also returns the earliest future due time (the replica probes again
-  then, if before its next tick); ticks up to ``tick_jitter`` late, a replica's first at
-  a random point of its first tick; the replica record written every
-  ``RECORD_INTERVAL``. ``old`` (before issue 19), the command pattern of the engines as
-  they were, answered to today's scheduler: the tick's probe is one ``find`` per
+  collection, which also returns each collection's earliest future due time (that
+  collection's handlers claim then, if before the next tick, with no probe); ticks up to
+  ``tick_jitter`` late, a replica's first at a random point of its first tick; the replica
+  record written every ``RECORD_INTERVAL``. ``old`` (before issue 19), the command pattern
+  of the engines as they were, answered to today's scheduler: the tick's probe is one ``find`` per
   collection with several handlers, while a single-handler collection is probed by its
   claim (an empty ``findAndModify`` when idle); ticks aligned, the record written every
   lock_timeout / 6, no wake at a due time, every released step waking the idle handlers.
@@ -73,7 +73,7 @@ class Strategy:
     idle: Literal["old", "new"] = "new"
     k: int = PEEK_K
     jitter: bool = True  # ``new`` ticks jittered (``run_once`` by hand: aligned)
-    wake_at_due: bool = True  # ``new``: probe again at the due time a probe announced
+    wake_at_due: bool = True  # ``new``: claim at the due time a probe announced
     count_wakers: bool = True  # ``DUE_WAKERS`` of the live replicas wake, as the engines do
 
     @property
@@ -159,14 +159,14 @@ class Books:
     def tick(self) -> None:
         self._sched.tick()
 
-    def due(self) -> None:
-        self._sched.due()
+    def came_due(self, handlers: Sequence[Handler]) -> None:
+        self._sched.came_due(handlers)
 
     def next(self) -> Probe | Claim | None:
         return self._sched.next()
 
     def probed(self, probe: Probe, ready: set[int]) -> None:
-        self._sched.probed(probe, Found(frozenset(ready), None))
+        self._sched.probed(probe, Found(frozenset(ready)))
 
     def claimed(self, claim: Claim, doc_key: str | None) -> bool:
         return self._sched.claimed(claim, doc_key)
@@ -232,7 +232,8 @@ class Replica:
         self.spread = sharding.seed(rid)
         self.candidates: dict[str, sharding.Candidates] = {}
         self.base = 0.0
-        self.due_token = 0  # one wake at a due time at once: the latest asked replaces it
+        # One wake at a due time per collection at once: the latest asked replaces it.
+        self.due_tokens: dict[str, int] = {}
         self.deferred: int | None = None  # run_once: a tick waiting for the last one's end
         self.stopped = False
 
@@ -263,9 +264,9 @@ class Replica:
     def _jittered(self) -> bool:
         return self.s.idle == "new" and self.s.jitter
 
-    def _due(self, token: int) -> None:
-        if token == self.due_token and not self.stopped:
-            self.books.due()
+    def _due(self, collection: str, token: int) -> None:
+        if token == self.due_tokens.get(collection) and not self.stopped:
+            self.books.came_due([h for h in self.handlers if h.collection == collection])
             self.pump()
 
     def _refresh(self) -> None:
@@ -315,31 +316,30 @@ class Replica:
             return
         handlers = probe.handlers
 
-        def run(now: float) -> tuple[set[int], float | None]:
+        def run(now: float) -> tuple[set[int], dict[str, float]]:
             ready = {
                 i
                 for i, h in enumerate(handlers)
                 if self.docs.head(h.collection, h.phase or "", now)
             }
-            dues = [
-                self.docs.next_due(c, [h.phase or "" for h in handlers if h.collection == c], now)
-                for c in probe.collections
-            ]
-            known = [d for d in dues if d is not None]
-            return ready, min(known) if known else None
+            phases = {
+                c: [h.phase or "" for h in handlers if h.collection == c] for c in probe.collections
+            }
+            dues = {c: self.docs.next_due(c, phases[c], now) for c in probe.collections}
+            return ready, {c: d for c, d in dues.items() if d is not None}
 
-        ready, due = yield self.server.command("aggregate", run, "probe")
+        ready, dues = yield self.server.command("aggregate", run, "probe")
         (self.fleet.tally.useful if ready else self.fleet.tally.wasted)["probe"] += 1
         self.books.probed(probe, ready)
         live = len(self.fleet.replicas) if self.s.count_wakers else None
-        if (
-            self.s.wake_at_due
-            and due is not None
-            and 0 < due - self.sim.now < TICK
-            and scheduler.wakes_at_due(live, self.fleet.rng.random())
-        ):
-            self.due_token += 1
-            self.sim.at(due, self._due, self.due_token)
+        if not self.s.wake_at_due or not scheduler.wakes_at_due(live, self.fleet.rng.random()):
+            return
+        # As the engine does: each collection's earliest due time wakes its handlers' claims.
+        for collection, due in dues.items():
+            if 0 < due - self.sim.now < TICK:
+                token = self.due_tokens.get(collection, 0) + 1
+                self.due_tokens[collection] = token
+                self.sim.at(due, self._due, collection, token)
 
     def _probe_old(self, probe: Probe) -> Process:
         """A ``find`` per collection with several handlers; a single handler's collection

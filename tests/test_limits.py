@@ -262,7 +262,7 @@ def test_the_scheduler_carries_no_lease_into_a_limited_handler_and_wakes_it_on_a
     sched.tick()
     probe = sched.next()
     assert isinstance(probe, Probe)
-    sched.probed(probe, Found(frozenset({0}), None))  # work for the limited handler only
+    sched.probed(probe, Found(frozenset({0})))  # work for the limited handler only
     assert not sched.carry(limited, "doc"), "its next step needs a slot: claimed, not carried"
     assert sched.carry(free, "doc")
     claim = sched.next()

@@ -64,7 +64,7 @@ def _tick(sched: Scheduler, found: set[str] | None = None) -> Probe:
 def _found(probe: Probe, collections: set[str]) -> Found:
     """Every handler of ``collections`` has work."""
     ready = {n for n, h in enumerate(probe.handlers) if h.collection in collections}
-    return Found(frozenset(ready), None)
+    return Found(frozenset(ready))
 
 
 def test_a_tick_probes_every_collection_once_and_claims_nothing_before_its_answer() -> None:
@@ -94,24 +94,27 @@ def test_an_idle_tick_sends_one_probe_and_no_claim() -> None:
         assert sched.next() is None and sched.quiet
 
 
-def test_a_due_time_sends_a_probe_before_the_next_tick_and_keeps_the_budgets() -> None:
-    a = _handler("jobs", "A")
-    sched = _scheduler(a, budget=1)
-    claim = sched.next()
-    assert isinstance(claim, Claim)
-    assert sched.claimed(claim, "doc-1") is False
-    sched.finished(StepOutcome.RELOCKED)
-    nothing = sched.next()
-    assert isinstance(nothing, Claim)
-    sched.claimed(nothing, None)
+def test_a_due_time_wakes_its_handlers_claims_without_a_probe_and_keeps_the_budgets() -> None:
+    # A probe per due time made a replica probe as often as documents came due (a relock
+    # storm: 12 probes a second per replica on the wire server); now only the handlers
+    # that may claim what came due claim, and nothing is probed before the next tick.
+    a, b = _handler("jobs", "A"), _handler("jobs", "B")
+    sched = _scheduler(a, b, budget=1)
+    for _ in range(2):
+        claim = sched.next()
+        assert isinstance(claim, Claim)
+        sched.claimed(claim, None)
     assert sched.quiet
-    sched.due()
-    probe = sched.next()
-    assert isinstance(probe, Probe)
-    sched.probed(probe, _found(probe, {"jobs"}))
+    sched.came_due([a])
     again = sched.next()
-    assert isinstance(again, Claim)
-    assert sched.claimed(again, "doc-1") is True  # the same tick: its budget is spent
+    assert isinstance(again, Claim) and again.handler is a
+    assert sched.next() is None  # jobs.B stays idle, and no probe is sent
+    assert sched.claimed(again, "doc-1") is False
+    sched.finished(StepOutcome.RELOCKED)
+    sched.came_due([a])
+    once_more = sched.next()
+    assert isinstance(once_more, Claim)
+    assert sched.claimed(once_more, "doc-1") is True  # the same tick: its budget is spent
 
 
 def test_a_lone_handler_idles_when_its_claim_finds_nothing() -> None:
@@ -183,7 +186,7 @@ def test_a_probe_that_raced_with_a_new_tick_idles_no_one() -> None:
     probe = sched.next()
     assert isinstance(probe, Probe)
     sched.tick()  # the probe read before this tick began
-    sched.probed(probe, Found(frozenset(), None))
+    sched.probed(probe, Found(frozenset()))
     assert not sched.quiet
     again = sched.next()
     assert isinstance(again, Probe)  # the new tick's own look
@@ -200,7 +203,7 @@ def test_a_probe_that_raced_with_freed_work_idles_no_one() -> None:
     probe = sched.next()
     assert isinstance(probe, Probe)
     sched.finished(StepOutcome.ADVANCED)  # may have made work for jobs.A or jobs.B after the read
-    sched.probed(probe, Found(frozenset(), None))
+    sched.probed(probe, Found(frozenset()))
     found = {sched.next(), sched.next()}
     assert {x.handler.name for x in found if isinstance(x, Claim)} >= {"jobs.A", "jobs.B"}
 
@@ -315,7 +318,7 @@ def test_a_probe_tells_which_handlers_of_a_collection_have_work() -> None:
     sched.tick()
     probe = sched.next()
     assert isinstance(probe, Probe)
-    sched.probed(probe, Found(frozenset({probe.handlers.index(b)}), None))
+    sched.probed(probe, Found(frozenset({probe.handlers.index(b)})))
     claim = sched.next()
     assert isinstance(claim, Claim) and claim.handler is b
     assert sched.next() is None  # jobs.A has nothing: no claim in vain
@@ -340,10 +343,10 @@ def test_probes_slower_than_the_tick_never_hold_the_claims_back() -> None:
         assert isinstance(probe, Probe)
         sched.tick()  # the next tick comes before the answer
         sched.probed(probe, _found(probe, {"jobs"}))
-        again = sched.next()
-        assert isinstance(again, Probe)  # the new tick's own look...
         claim = sched.next()
-        assert isinstance(claim, Claim) and claim.handler is a  # ...and a claim meanwhile
+        assert isinstance(claim, Claim) and claim.handler is a  # what the answer found...
+        again = sched.next()
+        assert isinstance(again, Probe)  # ...and the new tick's own look meanwhile
         more = sched.next()  # jobs.A again once a claim of it took a document
         assert more is None or (isinstance(more, Claim) and more.handler is a)
         sched.claimed(claim, "doc-1")
@@ -353,3 +356,25 @@ def test_probes_slower_than_the_tick_never_hold_the_claims_back() -> None:
         sched.finished(StepOutcome.UNLOCKED)
         sched.tick()
         sched.probed(again, _found(again, {"jobs"}))
+        owed = sched.next()  # what that answer found is claimed before the next probe
+        assert isinstance(owed, Claim) and owed.handler is a
+        sched.claimed(owed, "doc-3")
+        sched.finished(StepOutcome.UNLOCKED)
+
+
+def test_a_replica_of_one_worker_claims_what_a_late_answer_found_before_probing_again() -> None:
+    # With one worker and probes slower than the tick, each answer found work, yet the
+    # worker's next action was the next tick's probe, never the claim: the replica ran no
+    # step at all while the others of its fleet worked.
+    a, b = _handler("jobs", "A"), _handler("jobs", "B")
+    sched = Scheduler([a, b], max_concurrency=1, budget=100)
+    sched.tick()
+    probe = sched.next()
+    assert isinstance(probe, Probe)
+    sched.tick()
+    sched.probed(probe, Found(frozenset({probe.handlers.index(a)})))
+    claim = sched.next()
+    assert isinstance(claim, Claim) and claim.handler is a
+    sched.claimed(claim, "doc-1")
+    sched.finished(StepOutcome.ADVANCED)
+    assert isinstance(sched.next(), Probe)  # the claim was made: the tick's probe now

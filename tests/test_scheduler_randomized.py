@@ -21,7 +21,9 @@ Promises checked (``n``: handlers registered):
   (tick, local submit, a step ending in a way that frees work) found nothing; until then it
   is not;
 - one claim at a time for a handler not known to have work (its last claim found nothing);
-- probing: a tick (or a due time a probe announced) is followed by one probe of every
+- a due time a probe announced wakes the handlers it names, and no probe: they are not
+  idle until a read that began after it finds nothing for them;
+- probing: a tick is followed by one probe of every
   handler, before any claim of a handler not known to have work (known: the latest probe
   answer found work for it, or its last claim came back with a document); while a probe
   is out only known handlers are claimed for; a probe's answer idles exactly the handlers
@@ -209,6 +211,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.idle: set[int] = set()
         self.hot: set[int] = set()  # handlers whose last claim came back with a document
         self.found: set[int] = set()  # handlers the latest probe answer found work for
+        self.owed = False  # an answer found work: a claim of it goes before the next probe
         self.probe_due = False  # a probe is owed before any claim
         self.claims: Counter[str] = Counter()  # claims per document this tick
         self.passed: Counter[int] = Counter()  # claims of others while eligible
@@ -265,6 +268,12 @@ class SchedulerMachine(RuleBasedStateMachine):
             and (index in self.hot or not self._claims_out(index))
         )
 
+    def _owed_now(self) -> bool:
+        """A claim is owed and may be made: a found handler, not idle, free to claim."""
+        return self.owed and any(
+            i not in self.idle and (i in self.hot or not self._claims_out(i)) for i in self.found
+        )
+
     def _work_may_appear(self) -> None:
         self.epoch += 1
         self.idle.clear()
@@ -292,11 +301,14 @@ class SchedulerMachine(RuleBasedStateMachine):
         self._work(data)
 
     @rule(data=st.data())
-    def due(self, data: st.DataObject) -> None:
-        """A due time a probe announced comes: a probe before the next claim."""
-        self.sched.due()
-        self.epoch += 1
-        self.probe_due = True
+    def came_due(self, data: st.DataObject) -> None:
+        """A due time a probe announced comes for some handlers: they may claim again,
+        with no probe of everything."""
+        woken = data.draw(st.sets(st.sampled_from(range(len(self.handlers)))), label="woken")
+        self.sched.came_due([self.handlers[i] for i in sorted(woken)])
+        if woken:
+            self.epoch += 1  # a read that began before it idles no one
+            self.idle -= woken
         self._work(data)
 
     @rule(data=st.data())
@@ -322,7 +334,10 @@ class SchedulerMachine(RuleBasedStateMachine):
     def _ask(self) -> bool:
         eligible = [i for i in range(len(self.handlers)) if self._eligible(i)]
         can_act = not self.stopping and self._busy() < self.slots and self.handlers
-        can_probe = self.probe_due and not self._probing()
+        owed = False
+        if self.probe_due and not self._probing() and can_act:
+            owed = self.owed = self._owed_now()
+        can_probe = self.probe_due and not self._probing() and not owed
         action = self.sched.next()
         if action is None:
             if can_act and (can_probe or eligible):
@@ -334,19 +349,24 @@ class SchedulerMachine(RuleBasedStateMachine):
             raise OverCapacity(f"{action} with {self._busy()} of {self.slots} slots in use")
         if isinstance(action, Probe):
             if not can_probe or set(action.handlers) != set(self.handlers):
-                raise ProbeMisplaced(f"probe of {action.handlers}; due: {self.probe_due}")
+                raise ProbeMisplaced(
+                    f"probe of {action.handlers}; due: {self.probe_due}, claim owed: {owed}"
+                )
             self.probe_due = False
         else:
             self._check_claim(action, eligible)
+            self.owed = False
         self.reads.append(Read(action, self.epoch))
         return True
 
     def _check_claim(self, claim: Claim, eligible: list[int]) -> None:
         index = self.handlers.index(claim.handler)
         name = claim.handler.name
-        if self.probe_due and not self._probing():
-            raise ProbeMisplaced(f"{name} claimed before the probe that is due")
-        if self._probing() and index not in self.hot and index not in self.found:
+        if (
+            (self.probe_due or self._probing())
+            and index not in self.hot
+            and index not in self.found
+        ):
             raise ProbeMisplaced(f"{name}, not known to have work, claimed before the answer")
         if index in self.idle:
             raise IdleClaimed(f"{name} is known to have nothing")
@@ -381,7 +401,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         ready = frozenset(
             n for n, h in enumerate(probe.handlers) if found is not None and h.collection in found
         )
-        self.sched.probed(probe, None if found is None else Found(ready, None))
+        self.sched.probed(probe, None if found is None else Found(ready))
         if found is None:
             return
         # those it asked about: a handler registered since was not
@@ -390,6 +410,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             if handler.collection in found:
                 self.idle.discard(index)
                 self.found.add(index)
+                self.owed = True
                 continue
             self.found.discard(index)
             if read.epoch == self.epoch:

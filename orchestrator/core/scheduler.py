@@ -58,18 +58,50 @@ class Probe:
 
 
 @dataclass(frozen=True)
+class Due:
+    """When a document of ``collection`` comes due if nobody writes (the server's time: a
+    relock's wait, a retry's backoff or a lease running out), and its ``phase`` when the
+    probe could read it as a string (None: any of the collection's handlers may be its)."""
+
+    collection: str
+    at: datetime
+    phase: str | None = None
+
+    def wakes(self, handler: Handler) -> bool:
+        """Whether ``handler`` may be the one to claim it: same collection, and its phase
+        (a handler bound to no phase, or a document whose phase is unknown, may be)."""
+        return handler.collection == self.collection and (
+            self.phase is None or handler.phase is None or handler.phase == self.phase
+        )
+
+
+@dataclass(frozen=True)
 class Found:
     """A probe's answer: the handlers (positions in the probe's ``handlers``) with a
-    document to claim now, and the earliest time (the server's) a document of the others
-    comes due if nobody writes (a relock's wait, a retry's backoff or a lease running
-    out), or None: none within the horizon."""
+    document to claim now, and for each collection the earliest time a document of the
+    others comes due (``dues``; none: none within the horizon)."""
 
     ready: frozenset[int]
-    next_due: datetime | None
+    dues: tuple[Due, ...] = ()
     pauses: list[Pause] | None = None
     """The operators' pauses, when the probe read them too (None: it did not)."""
     live: int | None = None
     """How many replicas are live, when the probe counted them (None: it did not)."""
+
+    @property
+    def next_due(self) -> datetime | None:
+        """The earliest of ``dues``, or None."""
+        return min((d.at for d in self.dues), default=None)
+
+    def earliest(self) -> list[Due]:
+        """Per collection, its earliest due time (a collection may come with a lease's
+        expiry and, while migrating, an in-house lease's), in time order."""
+        first: dict[str, Due] = {}
+        for due in self.dues:
+            known = first.get(due.collection)
+            if known is None or due.at < known.at:
+                first[due.collection] = due
+        return sorted(first.values(), key=lambda d: d.at)
 
 
 DUE_WAKERS = 2
@@ -127,6 +159,9 @@ class Scheduler:
         # claim while the next probe is out, so a probe slower than the tick (a saturated
         # server) cannot hold every claim back behind probes that each answer too late.
         self._found: set[int] = set()
+        # An answer that found work is owed a claim before the next probe: a replica of one
+        # worker, its probes slower than the tick, would otherwise only ever probe.
+        self._claim_owed = False
         self._generation = 0
         self._start = 0  # first handler of this tick: a new one each tick, for fairness
         self._cursor = 0
@@ -153,10 +188,18 @@ class Scheduler:
         self.due()
 
     def due(self) -> None:
-        """Work may have come due (a tick, or a due time a probe announced): probe again
-        before claiming."""
+        """Work may have come due (each tick): probe again before claiming."""
         self._probe_due = True
         self._generation += 1
+
+    def came_due(self, handlers: Sequence[Handler]) -> None:
+        """A due time a probe announced came for a document ``handlers`` may claim: they
+        claim now (one claim at a time each, until one finds nothing), with no probe of
+        everything; the others wait for what their own due times or the next tick say."""
+        known = [self._handlers.index(h) for h in handlers if h in self._handlers]
+        if known:
+            self._idle.difference_update(known)
+            self._generation += 1  # a claim that read before the due time idles no one
 
     def wake(self) -> None:
         """Work may have appeared (a local submit): look again before the next tick."""
@@ -207,6 +250,7 @@ class Scheduler:
             if position in found.ready:
                 self._idle.discard(index)
                 self._found.add(index)
+                self._claim_owed = True
                 continue
             self._found.discard(index)
             if fresh:
@@ -289,7 +333,7 @@ class Scheduler:
         stopping). While a probe is out, only handlers known to have work claim."""
         if self._stopping or self._busy >= self._max or not self._handlers:
             return None
-        if self._probe_due and not self._probing:
+        if self._probe_due and not self._probing and not self._owed_claim():
             self._probe_due = False
             members = [h for h in self._handlers if h.key not in self._paused]
             if members:
@@ -301,15 +345,34 @@ class Scheduler:
             handler = self._handlers[index]
             if index in self._idle or handler.key in self._paused:
                 continue
-            if self._probing and index not in self._found and index not in self._hot:
-                continue  # not known to have work: the probe out there will tell
+            if (self._probing or self._probe_due) and not self._known(index):
+                continue  # not known to have work: the probe (out there, or next) will tell
             if self._inflight[index] and index not in self._hot:
                 continue  # not known to have work: one claim at a time finds out
             self._cursor = (index + 1) % count  # round robin: the next worker tries the next
+            self._claim_owed = False
             self._busy += 1
             self._inflight[index] += 1
             return Claim(handler, self._generation)
         return None
+
+    def _known(self, index: int) -> bool:
+        """The handler is known to have work: the latest answer found some, or its last
+        claim took a document."""
+        return index in self._found or index in self._hot
+
+    def _owed_claim(self) -> bool:
+        """The latest answer found work that a claim may take now: that claim goes before
+        the next probe."""
+        if not self._claim_owed:
+            return False
+        self._claim_owed = any(
+            i not in self._idle
+            and self._handlers[i].key not in self._paused
+            and (not self._inflight[i] or i in self._hot)
+            for i in self._found
+        )
+        return self._claim_owed
 
     @property
     def stopping(self) -> bool:

@@ -14,7 +14,7 @@ from orchestrator.core import pauses
 from orchestrator.core.clock import as_utc
 from orchestrator.core.in_house import NO_IN_HOUSE, InHouse
 from orchestrator.core.queries import claims
-from orchestrator.core.scheduler import Found
+from orchestrator.core.scheduler import Due, Found
 
 UNKNOWN_STAGE_CODES = frozenset({16436, 40324})
 """The server's answer to an aggregation stage it does not know (``$unionWith`` before 4.4)."""
@@ -29,13 +29,13 @@ def unknown_stage(exc: OperationFailure) -> bool:
 def found(
     rows: Sequence[Mapping[str, Any]], with_pauses: bool = False, in_house: InHouse = NO_IN_HOUSE
 ) -> Found:
-    """A probe's answer (``claims.probe_pipeline``): the handlers with work now, the
-    earliest due time among the documents of the others (while migrating, an in-house
-    lease's comes as its ``lockedAt``), the operators' pauses (``with_pauses``) and how
-    many replicas are live, when it read them. A row that is none of those is skipped:
-    the probe only ever narrows what is claimed."""
+    """A probe's answer (``claims.probe_pipeline``): the handlers with work now, each
+    collection's earliest due time among the documents of the others (while migrating, an
+    in-house lease's comes as its ``lockedAt``) with that document's phase, the operators'
+    pauses (``with_pauses``) and how many replicas are live, when it read them. A row that
+    is none of those is skipped: the probe only ever narrows what is claimed."""
     ready: set[int] = set()
-    due: datetime | None = None
+    dues: list[Due] = []
     paused: list[Mapping[str, Any]] = []
     live: int | None = None
     for row in rows:
@@ -47,24 +47,35 @@ def found(
         if isinstance(number, int) and not isinstance(number, bool):
             ready.add(number)
         elif isinstance(when, datetime):
-            when = as_utc(when)
-            due = when if due is None or when < due else due
+            due = _due(row, as_utc(when))
+            if due is not None:
+                dues.append(due)
         elif isinstance(row.get(claims.PROBE_PAUSE), Mapping):
             paused.append(row[claims.PROBE_PAUSE])
         elif isinstance(row.get(claims.PROBE_LIVE), int):
             live = row[claims.PROBE_LIVE]
-    return Found(frozenset(ready), due, pauses.read_all(paused) if with_pauses else None, live)
+    return Found(
+        frozenset(ready), tuple(dues), pauses.read_all(paused) if with_pauses else None, live
+    )
+
+
+def _due(row: Mapping[str, Any], at: datetime) -> Due | None:
+    """A due-time answer, or None when it names no collection (nothing to wake)."""
+    collection, phase = row.get(claims.PROBE_COLLECTION), row.get(claims.PROBE_PHASE)
+    if not isinstance(collection, str):
+        return None
+    return Due(collection, at, phase if isinstance(phase, str) else None)
 
 
 def merged(answers: Sequence[Found], sizes: Sequence[int]) -> Found:
     """The answers of a probe read in parts (``claims.probe_chunks``) as one: each part's
-    handlers numbered after those of the parts before (``sizes``), the earliest due time,
+    handlers numbered after those of the parts before (``sizes``), every part's due times,
     the pauses and the live replicas of the first."""
     ready: set[int] = set()
     offset = 0
     for answer, size in zip(answers, sizes, strict=True):
         ready.update(offset + n for n in answer.ready)
         offset += size
-    dues = [a.next_due for a in answers if a.next_due is not None]
     first = answers[0]
-    return Found(frozenset(ready), min(dues) if dues else None, first.pauses, first.live)
+    dues = tuple(d for a in answers for d in a.dues)
+    return Found(frozenset(ready), dues, first.pauses, first.live)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import itertools
 import threading
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from enum import Enum
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
@@ -241,17 +241,18 @@ class Books(Generic[L]):
             self._sched.probed(probe, found)
             self._notify(more_work=found is None or bool(found.ready))
 
-    def due(self) -> None:
-        """A due time a probe announced has come (the timer's): probe again now, not at
-        the next tick."""
+    def came_due(self, handlers: Sequence[Handler]) -> None:
+        """A due time came (the timer's: a probe announced it, or a rate limit's next
+        slot) for work ``handlers`` may claim: they claim now, not at the next tick, and
+        nothing is probed."""
         with self.lock:
-            self._sched.due()
+            self._sched.came_due(handlers)
             self._notify(more_work=True, everyone=True)
 
     def due_in(self, seconds: float, job: Callable[[], object], name: str = "due") -> None:
-        """Call ``job`` (which calls ``due``) in ``seconds``, before the next tick, while
-        serving: one such wake at a time per ``name``, the latest asked replacing the one
-        before (a probe's due time, a rate limit's next slot)."""
+        """Call ``job`` (which calls ``came_due``) in ``seconds``, before the next tick,
+        while serving: one such wake at a time per ``name``, the latest asked replacing the
+        one before (a collection's due time, a rate limit's next slot)."""
         with self.lock:
             timer = self._timer if self._serving else None
         if timer is not None:  # outside the lock: the timer has its own

@@ -5,6 +5,7 @@ crew. A fake crew records both; no thread, loop or database runs."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, cast
@@ -97,7 +98,7 @@ def serving(*registered: Handler, slots: int = 2, budget: int = 3) -> tuple[Book
     assert books.serve(Timer())
     probe = books.next_action()
     assert isinstance(probe, Probe)
-    books.probed(probe, Found(frozenset(range(len(probe.handlers))), None))
+    books.probed(probe, Found(frozenset(range(len(probe.handlers)))))
     return books, crew
 
 
@@ -213,7 +214,7 @@ def test_a_paused_handler_is_neither_probed_nor_claimed_for() -> None:
     books.tick()
     probe = books.next_action()
     assert isinstance(probe, Probe) and probe.handlers == (mail,)
-    books.probed(probe, Found(frozenset({0}), None))
+    books.probed(probe, Found(frozenset({0})))
     assert claim(books).handler is mail
 
 
@@ -334,13 +335,13 @@ def test_a_probe_s_count_of_live_replicas_is_kept_until_the_next_one_counts() ->
     books.tick()
     probe = books.next_action()
     assert isinstance(probe, Probe)
-    books.probed(probe, Found(frozenset(), None, live=5))
+    books.probed(probe, Found(frozenset(), live=5))
     assert books.live == 5
     assert crew.last()[0] is False  # nothing ready: no worker has work
-    books.due()
+    books.tick()
     probe = books.next_action()
     assert isinstance(probe, Probe)
-    books.probed(probe, Found(frozenset({0}), None))  # this one did not count
+    books.probed(probe, Found(frozenset({0})))  # this one did not count
     assert books.live == 5
     assert crew.last()[0] is True
 
@@ -373,26 +374,31 @@ def test_a_freed_slot_of_a_global_limit_wakes_a_worker_only_for_a_limited_handle
 def test_a_due_time_is_scheduled_on_the_timer_only_while_serving_the_latest_replacing() -> None:
     (jobs,) = handlers(("jobs", {"phase": "Running"}))
     books, _ = books_of(jobs)
-    books.due_in(0.5, books.due)  # not serving: no timer to ask
+    wake = functools.partial(books.came_due, (jobs,))
+    books.due_in(0.5, wake)  # not serving: no timer to ask
     timer = Timer()
     before = datetime.now(UTC)
     books.serve(timer)
-    books.due_in(0.5, books.due)
-    books.due_in(0.25, books.due, name="limits")
+    books.due_in(0.5, wake)
+    books.due_in(0.25, wake, name="limits")
     assert set(timer.jobs) == {"due", "limits"}
     job = timer.jobs["due"]
     assert job["trigger"] == "date" and job["replace_existing"] is True
     assert job["run_date"] > before
-    assert job["job"] == books.due
+    assert job["job"] is wake
 
 
-def test_a_due_time_come_probes_again_and_wakes_everyone() -> None:
-    (jobs,) = handlers(("jobs", {"phase": "Running"}))
-    books, crew = serving(jobs, slots=1)
-    books.claimed(claim(books), None)
-    books.due()
+def test_a_due_time_come_sends_its_handlers_claiming_without_a_probe() -> None:
+    jobs, other = handlers(("jobs", {"phase": "Running"}), ("jobs", {"phase": "Waiting"}))
+    books, crew = serving(jobs, other, slots=2)
+    for _ in range(2):
+        books.claimed(claim(books), None)
+    assert books.next_action() is None  # both idle
+    books.came_due([other])
     assert crew.last() == (True, True)
-    assert isinstance(books.next_action(), Probe)
+    action = books.next_action()
+    assert isinstance(action, Claim) and action.handler is other
+    assert books.next_action() is None  # jobs.Running stays idle: nothing came due for it
 
 
 # -- a step's end ---------------------------------------------------------------------------
@@ -659,7 +665,7 @@ def test_run_once_s_tick_is_over_only_when_its_workers_have_left() -> None:
     books.begin_once()
     probe = books.next_action()
     assert isinstance(probe, Probe)
-    books.probed(probe, Found(frozenset(), None))
+    books.probed(probe, Found(frozenset()))
     assert not books.once_over()
 
     books.submitted()

@@ -185,6 +185,15 @@ PROBE_DUE = "due"
 """The field holding the next due time of a collection's documents in a probe's answers."""
 
 
+PROBE_COLLECTION = "c"
+"""The field naming, in a probe's due-time answers, the collection the time is of."""
+
+
+PROBE_PHASE = "p"
+"""The field holding, in a probe's due-time answers, the phase of the document that comes
+due then: only handlers that may claim it are woken at that time."""
+
+
 PROBE_HELD_AT = "heldAt"
 """The field holding, in a probe's answers (while migrating), the earliest ``lockedAt`` of
 a collection's documents in-house leases hold: they come due at its ``InHouse.expiry``."""
@@ -234,7 +243,8 @@ def probe_pipeline(
     collection that adds the others' with ``$unionWith`` (MongoDB 4.4). It answers one
     document ``{h: n}`` for each handler (numbered across ``groups`` in order) that could
     claim now, and for each collection the earliest document its handlers could claim
-    later, ``{due: lockedUntil}``. Each branch is an index scan of ``CLAIM_INDEX`` limited
+    later, ``{due: lockedUntil, c: collection, p: phase}`` (so that time wakes only the
+    handlers that may claim it). Each branch is an index scan of ``CLAIM_INDEX`` limited
     to one document, so an idle fleet costs one small read per replica per tick, whatever
     its handlers and collections, and no handler claims in vain. ``pauses``: (the pauses
     collection, at most how many): the operators' pauses come with it, ``{pause: doc}``,
@@ -258,7 +268,7 @@ def probe_pipeline(
             {"$match": due_filter(matches, now, horizon)},
             {"$sort": {"lockedUntil": 1}},
             {"$limit": 1},
-            {"$project": {"_id": 0, PROBE_DUE: "$lockedUntil"}},
+            {"$project": {"_id": 0, PROBE_DUE: "$lockedUntil", **_due_of(name)}},
         ]
         branches.append((name, due))
         if in_house.migrating:
@@ -266,7 +276,7 @@ def probe_pipeline(
                 {"$match": in_house_due_filter(matches, now, horizon, in_house)},
                 {"$sort": {"lockedAt": 1}},
                 {"$limit": 1},
-                {"$project": {"_id": 0, PROBE_HELD_AT: "$lockedAt"}},
+                {"$project": {"_id": 0, PROBE_HELD_AT: "$lockedAt", **_due_of(name)}},
             ]
             branches.append((name, held))
     if pauses is not None:
@@ -277,6 +287,11 @@ def probe_pipeline(
         branches.append((replicas, live))
     (_, stages), *rest = branches
     return [*stages, *({"$unionWith": {"coll": c, "pipeline": b}} for c, b in rest)]
+
+
+def _due_of(collection: str) -> dict[str, Any]:
+    """What a due-time answer says besides the time: its collection, its document's phase."""
+    return {PROBE_COLLECTION: {"$literal": collection}, PROBE_PHASE: "$phase"}
 
 
 def peek_projection(shard_key: Iterable[str]) -> dict[str, Any]:

@@ -235,7 +235,7 @@ class Claimer:
         read per collection from then on, without the due time or the pauses.
         """
         if not groups:
-            return Found(frozenset(), None)
+            return Found(frozenset())
         if not self._no_union:
             with driver_errors("probe"):
                 try:
@@ -257,7 +257,7 @@ class Claimer:
             if doc is not None:  # one of them: each claims to find out which
                 ready.update(range(first, first + len(matches)))
             first += len(matches)
-        return Found(frozenset(ready), None)
+        return Found(frozenset(ready))
 
     def _probe_at_once(
         self,

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
@@ -399,9 +399,10 @@ class Orchestrator:
         self._watch_for_failover()
         self._books.tick()
 
-    def _come_due(self) -> None:
-        """A due time a probe announced has come: look now rather than at the next tick."""
-        self._books.due()
+    def _come_due(self, handlers: Sequence[Handler]) -> None:
+        """A due time came for work ``handlers`` may claim (a probe announced it, or a
+        rate limit's next slot): they claim now rather than at the next tick."""
+        self._books.came_due(handlers)
 
     def request_stop(self) -> None:
         """Stop claiming now, without waiting (safe from a signal handler; in the async

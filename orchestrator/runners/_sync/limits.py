@@ -9,10 +9,11 @@ async code; the sync engine's ``Limits`` is generated from it (``scripts/synchro
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 
 from orchestrator.core.errors import StoreError
@@ -38,7 +39,9 @@ class Limits:
     more while the time read is ahead: a slot given back is free at once, so a take finds
     it."""
 
-    def __init__(self, parts: ReplicaParts, *, on_due: Callable[[], object]) -> None:
+    def __init__(
+        self, parts: ReplicaParts, *, on_due: Callable[[Sequence[Handler]], object]
+    ) -> None:
         self._store = parts.store
         self._clock = parts.clock
         self._settings = parts.settings
@@ -157,7 +160,8 @@ class Limits:
             self._not_before[(handler.key, limit)] = RateWait.of(free_at, judged)
         delay = (free_at - judged).total_seconds()
         if 0 < delay < self._settings.tick:
-            self._books.due_in(delay, self._on_due, f"limit {handler.key}")
+            wake = functools.partial(self._on_due, (handler,))
+            self._books.due_in(delay, wake, f"limit {handler.key}")
 
     def give_back_broken(
         self,

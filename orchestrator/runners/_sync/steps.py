@@ -11,9 +11,10 @@ and ``orchestrator.core.scheduler``'s; the state it changes is the books'.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 
 from pydantic import ValidationError
@@ -24,6 +25,7 @@ from orchestrator.core.errors import LeaseLost, StoreError
 from orchestrator.core.lease_values import Outcome
 from orchestrator.core.outcomes import StepOutcome
 from orchestrator.core.pauses import Pause
+from orchestrator.core.registry import Handler
 from orchestrator.core.scheduler import Action, Claim, Found, Probe
 from orchestrator.core.steps import StepTimeout, describe
 from orchestrator.core.validation import explain
@@ -52,7 +54,7 @@ class Steps:
         local: Clock,
         crew: Workers,
         calls: HandlerCalls,
-        on_due: Callable[[], object],
+        on_due: Callable[[Sequence[Handler]], object],
         reading_pauses: Callable[[], Callable[[list[Pause]], None]],
     ) -> None:
         self._engine = engine  # what a step's context names (``IN_STEP``)
@@ -132,21 +134,27 @@ class Steps:
             for collection in probe.collections:
                 self._report.probed(collection, probe.members(collection), None, took)
             return
-        if found.next_due is not None and scheduler.wakes_at_due(found.live, random.random()):
-            self._wake_when_due(found.next_due)
+        if found.dues and scheduler.wakes_at_due(found.live, random.random()):
+            self._wake_when_due(probe, found)
         for collection in probe.collections:
             members = probe.members(collection)
             ready = any(probe.handlers.index(h) in found.ready for h in members)
             self._report.probed(collection, members, ready, took)
 
-    def _wake_when_due(self, due: datetime) -> None:
-        """Probe again when the earliest document the probe saw comes due, if that is
-        before the next tick: an idle replica asks once per tick, yet a short wait ends
-        on time (a few replicas of a fleet do, ``scheduler.wakes_at_due``, not all of
-        them at once). Judged as the probe judged it (``_judgement_time``)."""
-        delay = (due - self._judgement_time()).total_seconds()
-        if 0 < delay < self._settings.tick:
-            self._books.due_in(delay, self._on_due)
+    def _wake_when_due(self, probe: Probe, found: Found) -> None:
+        """When each collection's earliest document the probe saw comes due, if that is
+        before the next tick, the handlers that may claim it claim (no probe of
+        everything): an idle replica probes once per tick, yet a short wait ends on time,
+        and many waits ending between two ticks cost claims of what came due, not a probe
+        each (a few replicas of a fleet wake, ``scheduler.wakes_at_due``, not all of them
+        at once). Judged as the probe judged it (``_judgement_time``)."""
+        now = self._judgement_time()
+        for due in found.earliest():
+            delay = (due.at - now).total_seconds()
+            handlers = tuple(h for h in probe.members(due.collection) if due.wakes(h))
+            if 0 < delay < self._settings.tick and handlers:
+                wake = functools.partial(self._on_due, handlers)
+                self._books.due_in(delay, wake, f"due {due.collection}")
 
     def _claim_and_run(self, claim: Claim) -> bool:
         try:
