@@ -11,7 +11,8 @@ the real-server figure (7).
 (``bench/contention.py``: its options with ``--help``); ``uv run python -m bench
 instructions`` counts CPU instructions per step under callgrind (``bench/instructions.py``);
 ``uv run python -m bench scale`` is the fleet model (``bench/scale.py``), which writes
-``docs/scale.md``.
+``docs/scale.md``; ``MONGODB_URI=... uv run python -m bench relocks`` counts what replicas
+send while many documents relock on spread-out waits (``bench/relocks.py``).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench import contention, figures, instructions, report, scale
+from bench import contention, figures, instructions, relocks, report, scale
 
 
 def run(size_name: str) -> dict[str, Any]:
@@ -125,6 +126,8 @@ def main(argv: list[str] | None = None) -> int:
         return instructions.main(given[1:])
     if given[:1] == ["scale"]:
         return scale.main(given[1:])
+    if given[:1] == ["relocks"]:
+        return relocks.main(given[1:])
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     parser.add_argument("--size", choices=sorted(figures.SIZES), default="full")
     parser.add_argument(

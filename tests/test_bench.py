@@ -5,6 +5,7 @@ Speed is never asserted here: only that every figure is produced, with sane stru
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from collections.abc import Iterator
@@ -15,7 +16,7 @@ from typing import Any
 import pytest
 from pymongo import MongoClient
 
-from bench import figures, instructions, report
+from bench import figures, instructions, relocks, report
 from bench.__main__ import main
 from orchestrator import Settings
 from tests.conftest import MONGODB_URI
@@ -161,3 +162,21 @@ def test_the_instruction_count_reads_callgrinds_total_and_its_target_runs() -> N
     for side in instructions.SIDES:  # what runs under valgrind, run here without it
         assert instructions.target(side, 2, True) == 2 * instructions.STEPS_PER_DOC
         assert instructions.target(side, 2, False) == 0
+
+
+def test_the_relock_figure_needs_a_server_and_says_so_in_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("MONGODB_URI", raising=False)
+    assert main(["relocks"]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
+
+
+@pytest.mark.mongodb
+@pytest.mark.skipif(not MONGODB_URI, reason="MONGODB_URI is not set")
+def test_the_relock_figure_counts_each_replica_s_commands_by_kind() -> None:
+    result = asyncio.run(relocks.run(str(MONGODB_URI), documents=5, seconds=1.0, replicas=2))
+    assert result["documents"] == 5 and len(result["replicas"]) == 2
+    for row in result["replicas"]:
+        assert row["all_per_second"] == pytest.approx(sum(row["per_second"].values()))
+        assert row["probes_per_tick"] == row["per_second"].get("aggregate", 0.0) * relocks.TICK
