@@ -27,7 +27,7 @@ from typing import Any
 
 from pymongo import AsyncMongoClient, monitoring
 
-from orchestrator import AsyncOrchestrator, Lease, Outcome
+from orchestrator import AsyncLease, AsyncOrchestrator, Outcome
 
 RELOCKS = 4
 """How many times each document relocks before it advances."""
@@ -64,14 +64,14 @@ def _replica(uri: str, db: str, name: str, seed: int) -> tuple[AsyncOrchestrator
     draw = random.Random(seed)
 
     @orch.phase(COLLECTION, "Waiting")
-    async def wait(lease: Lease[Any]) -> Outcome:
+    async def wait(lease: AsyncLease[Any]) -> Outcome:
         relocks = int(lease.doc.get("relocks", 0))
         if relocks >= RELOCKS:
             return await lease.advance("Ready")
         return await lease.relock(draw.uniform(*WAITS))
 
     @orch.phase(COLLECTION, "Ready")
-    async def ready(lease: Lease[Any]) -> Outcome:
+    async def ready(lease: AsyncLease[Any]) -> Outcome:
         return await lease.advance("Done")
 
     return orch, counts
