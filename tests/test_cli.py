@@ -449,8 +449,9 @@ async def test_retry_refuses_a_live_lease_unless_forced(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     """A replica is inside the step: retry says so and does nothing; --force takes the
-    lease (the holder's later writes then fail with LeaseLost)."""
-    replica = await replicas("pod-2")
+    lease (the holder's later writes then fail with LeaseLost). One worker: the retry frees
+    the document in its phase, and another worker of the replica may claim it at once."""
+    replica = await replicas("pod-2", max_concurrency=1)
     box = hold(replica)
     publish(connected, replica.orch)
     await replica.submit("jobs", {"_id": "job-1", "phase": "Running"})
