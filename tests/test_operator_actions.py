@@ -32,6 +32,7 @@ from orchestrator.operations import (
 )
 from orchestrator.testing import FakeClock
 from orchestrator.testing.faults import Faults
+from tests.cli_kit import publish
 from tests.conftest import MakeEither
 from tests.engines import hold, wait
 
@@ -373,7 +374,9 @@ async def test_retry_and_cancel_go_only_to_phases_a_live_replica_handles(
     ops = Operations(db)
     with pytest.raises(UnhandledPhase, match=r"'Chargin'.*no replica is live"):
         ops.retry("jobs", ops.document("jobs", "j"), "Chargin")
-    await replica.start()
+    # Live by its record, not started: a started replica would claim what the test sends
+    # to Charging (and fail it) before the test reads it.
+    publish(db, replica.orch)
     with pytest.raises(UnhandledPhase, match=r"'Chargin'.*they handle: Charging"):
         ops.retry("jobs", ops.document("jobs", "j"), "Chargin")
     with pytest.raises(UnhandledPhase, match="Bogus"):
