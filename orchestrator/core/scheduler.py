@@ -343,12 +343,10 @@ class Scheduler:
         for step in range(count):
             index = (self._cursor + step) % count
             handler = self._handlers[index]
-            if index in self._idle or handler.key in self._paused:
+            if not self._may_claim(index):
                 continue
             if (self._probing or self._probe_due) and not self._known(index):
                 continue  # not known to have work: the probe (out there, or next) will tell
-            if self._inflight[index] and index not in self._hot:
-                continue  # not known to have work: one claim at a time finds out
             self._cursor = (index + 1) % count  # round robin: the next worker tries the next
             self._claim_owed = False
             self._busy += 1
@@ -366,13 +364,15 @@ class Scheduler:
         the next probe."""
         if not self._claim_owed:
             return False
-        self._claim_owed = any(
-            i not in self._idle
-            and self._handlers[i].key not in self._paused
-            and (not self._inflight[i] or i in self._hot)
-            for i in self._found
-        )
+        self._claim_owed = any(self._may_claim(i) for i in self._found)
         return self._claim_owed
+
+    def _may_claim(self, index: int) -> bool:
+        """The handler may be claimed for now, probes aside: not idle, not paused, and
+        not known to lack work with a claim of it already out (one at a time finds out)."""
+        if index in self._idle or self._handlers[index].key in self._paused:
+            return False
+        return not self._inflight[index] or index in self._hot
 
     @property
     def stopping(self) -> bool:
