@@ -478,7 +478,9 @@ def _drain(
 def commands_per_step(size: Size, replicas_n: int = 3) -> dict[str, Any]:
     """Every command the library sends (claims, carried writes, releases, probes, the
     clock's ``hello``; not the submits), per completed step, while ``replicas_n`` replicas
-    drain workflows of 3 and of 5 steps; beside it, the classic pattern's."""
+    drain workflows of 3 and of 5 steps; beside it, the classic pattern's. Then the same
+    workflows submitted one at a time by a started replica with workers free (an API
+    server's requests): each first step is lent its lease by the submit, with no claim."""
     docs = min(size.batch_docs, 300)
     rows = []
     for length in (3, 5):
@@ -489,7 +491,48 @@ def commands_per_step(size: Size, replicas_n: int = 3) -> dict[str, Any]:
             row[side] = sum(counts.values()) / (docs * length)
             row[f"{side}_by_kind"] = counts
         rows.append(row)
-    return {"rows": rows}
+    submitted = []
+    for length in (3, 5):
+        phases = [f"S{n}" for n in range(1, length + 1)]
+        counts = _submitted_here("work", phases, docs)
+        submitted.append(
+            {
+                "documents": docs,
+                "steps": length,
+                "orchestrator": sum(counts.values()) / (docs * length),
+                "orchestrator_by_kind": counts,
+            }
+        )
+    return {"rows": rows, "submitted_here": submitted}
+
+
+def _submitted_here(collection: str, phases: Sequence[str], docs: int) -> dict[str, int]:
+    """The commands a started replica sends, by kind, running ``docs`` workflows through
+    ``phases``, each submitted (with no ``_id``: a plain insert, not counted) once the one
+    before finished, so a worker is free for it: its ticks' probes, the clock's ``hello``
+    and the steps' writes (and claims, if any were needed)."""
+    clock = FakeClock()
+    db = fresh(clock)
+    tally = Tally()
+    orch = replica(db, clock, "pod-0", clock_refresh=1e6)
+    register(orch, finishing(chain(collection, phases), tally))
+    orch.ensure_indexes()
+    orch.measure_clock()
+    orch.start()
+    db.meter.reset()
+    try:
+        for n in range(docs):
+            orch.submit(collection, {"n": n, "phase": phases[0]})
+            deadline = time.monotonic() + 10
+            while tally.count <= n:  # a bench's wait on real work, not a test's
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"workflow {n} did not finish within 10 s")
+                time.sleep(0.0005)
+    finally:
+        orch.stop()
+    counts, _seconds = db.meter.snapshot()
+    counts.pop("insert_one", None)
+    return counts
 
 
 # -- 5: idle cost -----------------------------------------------------------------------------

@@ -152,6 +152,11 @@ def _check_idle_and_commands(results: dict[str, Any]) -> None:
         sent = kinds["find_one_and_update"] + kinds["update_one"]
         assert docs + steps <= sent <= docs + steps + 10
         assert row["baseline"] >= 2
+    for row in results["commands"]["submitted_here"]:
+        docs, steps = row["documents"], row["documents"] * row["steps"]
+        kinds = row["orchestrator_by_kind"]
+        # Submitted with a worker free: no claim, one write per step (the last releases).
+        assert (kinds["find_one_and_update"], kinds["update_one"]) == (steps - docs, docs)
 
 
 def test_the_instruction_count_reads_callgrinds_total_and_its_target_runs() -> None:

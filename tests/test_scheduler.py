@@ -3,11 +3,13 @@ it what happened and checks what it decides."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 
+from orchestrator.core.limits import limits_of
 from orchestrator.core.outcomes import StepOutcome
 from orchestrator.core.registry import Handler
 from orchestrator.core.scheduler import (
@@ -378,3 +380,40 @@ def test_a_replica_of_one_worker_claims_what_a_late_answer_found_before_probing_
     sched.claimed(claim, "doc-1")
     sched.finished(StepOutcome.ADVANCED)
     assert isinstance(sched.next(), Probe)  # the claim was made: the tick's probe now
+
+
+def test_a_submit_is_lent_a_free_slot_only_when_no_work_of_its_handler_is_known() -> None:
+    """A local submit may create its document leased to a free slot: not when every slot
+    is taken, nor when its handler is known to have work waiting (that goes first, as a
+    claim would take it), nor for a paused or limited handler, nor while stopping."""
+    idle, other = _handler("jobs", "A"), _handler("jobs", "B")
+    sched = _scheduler(idle, other, slots=2)
+    sched.probed(Probe.of([idle, other], 99), Found(frozenset({1})))  # B has work, A none
+    assert sched.lend(other) is False
+    assert sched.lend(idle) is True
+    assert sched.busy == 1
+    assert sched.lend(idle) is True
+    assert sched.lend(idle) is False  # both slots taken
+    sched.unlent()
+    assert sched.busy == 1
+    sched.pause(frozenset({idle.key}))
+    assert sched.lend(idle) is False
+    sched.pause(frozenset())
+    limited = replace(idle, key="limited", limits=limits_of(1, None))
+    sched.register([idle, other, limited])
+    assert sched.lend(limited) is False
+    sched.stop()
+    assert sched.lend(idle) is False
+    assert sched.lend(_handler("jobs", "Elsewhere")) is False  # not this replica's
+
+
+def test_a_lent_slot_given_back_lets_idle_handlers_look_again() -> None:
+    """The document was not created leased (its key existed): the slot is free and the
+    handlers claim again, since the document may be theirs."""
+    handler = _handler("jobs", "A")
+    sched = Scheduler([handler], max_concurrency=1, budget=100)
+    _tick(sched, found=set())
+    assert sched.next() is None  # idle: nothing found
+    assert sched.lend(handler) is True
+    sched.unlent()
+    assert isinstance(sched.next(), Claim)

@@ -313,6 +313,27 @@ class Scheduler:
         self._claims[key] += 1
         return True
 
+    def lend(self, handler: Handler) -> bool:
+        """May a local submit create its document already leased to ``handler``'s next
+        step here, so that it runs with no claim? Only with a slot free now, for a handler
+        this replica claims for (not stopping, not paused, no cluster-wide limit: each of
+        its steps takes a slot with its claim), and none of its work known to wait: what
+        waits goes first, as a claim would take it. A yes takes the slot, as a claim does;
+        ``unlent`` gives it back if the document was not created so."""
+        if self._stopping or handler.limits or handler not in self._handlers:
+            return False
+        index = self._handlers.index(handler)
+        if handler.key in self._paused or self._busy >= self._max or self._known(index):
+            return False
+        self._busy += 1
+        return True
+
+    def unlent(self) -> None:
+        """The slot ``lend`` took is free again: the document was not created leased here
+        (one of its unique key existed). Work may have appeared, as at any submit."""
+        self._busy -= 1
+        self.wake()
+
     def finished(self, outcome: StepOutcome, *, carried: bool = False, wakes: bool = True) -> None:
         """A step ended (or a claimed lease was handed back without running); ``carried``:
         its lease went on into the next step, which keeps the slot and frees no work for

@@ -76,9 +76,9 @@ def could_take(handlers: Sequence[Handler], collection: str, phase: str) -> bool
 
 
 def started(stats: Mapping[str, int]) -> int:
-    """Steps a replica started (from its ``stats()``): those it claimed, and those a
-    release carried its lease on into."""
-    return stats.get("claimed", 0) + stats.get("carried", 0)
+    """Steps a replica started (from its ``stats()``): those it claimed, those a release
+    carried its lease on into, and those whose document its submit created leased."""
+    return stats.get("claimed", 0) + stats.get("carried", 0) + stats.get("lent", 0)
 
 
 def hand_back_reason(*, stopping: bool, expired: bool) -> str | None:

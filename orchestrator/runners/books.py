@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import itertools
 import threading
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from enum import Enum
@@ -67,6 +67,7 @@ class Books(Generic[L]):
         self._sched = Scheduler([], max_concurrency=max_concurrency, budget=budget)
         self._crew: Crew | None = None
         self._running: dict[str, Step[L]] = {}
+        self._lent: deque[Step[L]] = deque()  # on the books, waiting for a free worker
         self._workers = 0  # workers that will take another action
         self._serving = False  # workers stay for the next tick (start() until stop())
         self._stats: Counter[str] = Counter()
@@ -178,12 +179,46 @@ class Books(Generic[L]):
             self._sched.wake()
             self._notify(more_work=True, everyone=True)
 
+    def lend(self, collection: str, phase: object) -> Handler | None:
+        """The handler to whose next step a local submit may create its document, due now
+        in ``phase``, already leased (``Scheduler.lend``: a free slot here is taken for
+        it), or None: created free, to be claimed. Only while serving: a replica driven by
+        ``run_once`` has no worker between its calls to run it."""
+        with self.lock:
+            if not self._serving or not isinstance(phase, str):
+                return None
+            handler = steps.carry_target(self._sched.handlers, collection, phase)
+            if handler is None or not self._sched.lend(handler):
+                return None
+            return handler
+
+    def lent(self, step: Step[L]) -> None:
+        """A submit created its document leased to ``step`` (or may have: its answer was
+        lost): on the books from now on, so the heartbeat keeps its lease alive, and run by
+        the next free worker, whose slot ``lend`` took."""
+        with self.lock:
+            self._stats["lent"] += 1
+            self._running[step.lease.token] = step
+            self._lent.append(step)
+            self._notify(more_work=True)
+
+    def unlent(self) -> None:
+        """The document ``lend`` reserved a slot for was not created leased here: the slot
+        is free again, and idle workers look (it may be theirs to claim)."""
+        with self.lock:
+            self._sched.unlent()
+            self._notify(more_work=True, everyone=True)
+
     # -- workers ------------------------------------------------------------------------
 
-    def next_action(self) -> Action | Leave | None:
-        """A free worker's next action, ``LEAVE`` when it is not needed any more (the
-        replica does not serve and the tick is over), or None: wait for news. The caller
-        holds the lock (the crew's wait)."""
+    def next_action(self) -> Action | Step[L] | Leave | None:
+        """A free worker's next action (a step a submit lent it first: its slot is taken),
+        ``LEAVE`` when it is not needed any more (the replica does not serve and the tick
+        is over), or None: wait for news. The caller holds the lock (the crew's wait)."""
+        while self._lent:
+            step = self._lent.popleft()
+            if not step.abandoned:  # step_timeout took it back while it waited: not run
+                return step
         action = self._sched.next()
         if action is not None:
             return action

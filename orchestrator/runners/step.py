@@ -22,7 +22,9 @@ class Step(Generic[L]):
     of its claim, ``latency`` how long its document had been due (when known), ``wait``
     the wait its outcome set (a relock's, a retry's), ``abandoned`` that step_timeout took
     it back, ``task`` the async engine's task running it (which step_timeout cancels),
-    ``superseded`` that an error's record found the step's own outcome landed first.
+    ``superseded`` that an error's record found the step's own outcome landed first,
+    ``confirmed`` False that its lease may never have been written (a submit's that lost
+    its answer): a fenced renewal confirms it before the step runs.
     """
 
     lease: L
@@ -33,6 +35,7 @@ class Step(Generic[L]):
     abandoned: bool = False
     task: asyncio.Task[None] | None = None
     superseded: bool = False
+    confirmed: bool = True
 
 
 IN_STEP: ContextVar[object | None] = ContextVar("orchestrator_in_step", default=None)

@@ -168,7 +168,7 @@ class AsyncWorkers:
             self._settled.set()
             self._settled = asyncio.Event()
 
-    async def next_action(self) -> Action | None:
+    async def next_action(self) -> Action | Step[Any] | None:
         """The worker's next action, waiting for news meanwhile; None: it leaves."""
         while True:
             with self._books.lock:
@@ -280,7 +280,7 @@ class Workers:
         elif more_work:
             self._changed.notify()
 
-    def next_action(self) -> Action | None:
+    def next_action(self) -> Action | Step[Any] | None:
         with self._books.lock:
             while True:
                 got = self._books.next_action()

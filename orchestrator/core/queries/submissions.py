@@ -41,6 +41,15 @@ def new_document(
     return fresh
 
 
+def leased(doc: Mapping[str, Any], lease: Mapping[str, Any]) -> dict[str, Any]:
+    """A new document created already leased (``lease``: ``claims.claim_update``, whose
+    fields it takes), with its ``_id`` chosen here when it has none, so the lease's fenced
+    writes can name it even when the insert's answer is lost."""
+    created = {**doc, **lease["$set"]}
+    created.setdefault("_id", bson.ObjectId())
+    return created
+
+
 def unique_filter(doc: Mapping[str, Any], keys: Iterable[str]) -> dict[str, Any]:
     """The identity of ``doc`` by its unique keys; every key must be present."""
     missing = [k for k in keys if k not in doc or doc[k] is None]

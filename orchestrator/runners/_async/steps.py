@@ -15,11 +15,13 @@ import logging
 import random
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
+from typing import Any
 
 from pydantic import ValidationError
 
 from orchestrator.core import history, scheduler, steps
 from orchestrator.core.clock import Clock
+from orchestrator.core.documents import Document
 from orchestrator.core.errors import LeaseLost, StoreError
 from orchestrator.core.lease_values import Outcome
 from orchestrator.core.outcomes import StepOutcome
@@ -87,9 +89,19 @@ class AsyncSteps:
 
     # -- one worker action --------------------------------------------------------------
 
-    async def act(self, action: Action) -> bool:
-        """Carry out one action of the scheduler's; False when the worker's step was taken
-        back by step_timeout (its worker is replaced)."""
+    async def insert(
+        self, collection: str, fields: dict[str, Any], unique: Sequence[str], *, due_now: bool
+    ) -> Document:
+        """A submit's document, created leased to a free worker here when it may be
+        (``AsyncClaims.insert``)."""
+        return await self._claims.insert(collection, fields, unique, due_now=due_now)
+
+    async def act(self, action: Action | Step[Held]) -> bool:
+        """Carry out one action of the scheduler's, or run a step a submit lent this
+        worker (its lease was written with the clock measured); False when the worker's
+        step was taken back by step_timeout (its worker is replaced)."""
+        if isinstance(action, Step):
+            return await self._run_on(action, self._books.stopping)
         try:
             await self.measure_if_due()
         except Exception as exc:
@@ -164,6 +176,11 @@ class AsyncSteps:
         stopping = self._books.claimed(claim, step)
         if step is None:
             return True
+        return await self._run_on(step, stopping)
+
+    async def _run_on(self, step: Step[Held], stopping: bool) -> bool:
+        """Run ``step``, then each step its release carried its lease on into; False when
+        step_timeout took one back (its worker is replaced)."""
         while True:
             self._report.claimed(step)
             outcome = await self._run(step, stopping)
@@ -261,7 +278,7 @@ class AsyncSteps:
             if stopping and outcome is StepOutcome.RELEASED:
                 self._books.released_on_stop(f"{lease.collection}/{lease.id}")
             return outcome
-        unrenewed = await self._renew_to_start(lease)
+        unrenewed = await self._renew_to_start(lease, confirm=not step.confirmed)
         if unrenewed is not None:
             return unrenewed
         inside = IN_STEP.set(self._engine)
@@ -270,26 +287,33 @@ class AsyncSteps:
         finally:
             IN_STEP.reset(inside)
 
-    async def _renew_to_start(self, lease: Held) -> StepOutcome | None:
+    async def _renew_to_start(self, lease: Held, *, confirm: bool) -> StepOutcome | None:
         """A lease past half its time when its step starts is renewed first: a lease carried
         on by the step before, whose handler worked on after its outcome, would otherwise
         start the step on a lease about to expire, and another replica would take it over on
         schedule while it runs. So every step starts with at least half a lock timeout, as
-        a fresh claim's does, and the heartbeat keeps it from there. None: it runs; else
-        the outcome of a lease that could not be renewed (not run)."""
-        decision = scheduler.heartbeat(
-            self._clock.now(),
-            claimed_at=lease.claimed_at,
-            locked_at=lease.locked_at,
-            lock_timeout=self._settings.lock_timeout,
-            step_timeout=None,
-            extend=True,
+        a fresh claim's does, and the heartbeat keeps it from there. ``confirm``: renewed
+        whatever its age, the fenced write telling whether it was ever written (a submit's
+        whose answer was lost). None: it runs; else the outcome of a lease that could not
+        be renewed (not run)."""
+        decision = (
+            "extend"
+            if confirm
+            else scheduler.heartbeat(
+                self._clock.now(),
+                claimed_at=lease.claimed_at,
+                locked_at=lease.locked_at,
+                lock_timeout=self._settings.lock_timeout,
+                step_timeout=None,
+                extend=True,
+            )
         )
         if decision == "extend":
             try:
                 await lease.extend()
             except LeaseLost as exc:
-                self._report.lost(f"could not renew a lease before its step: {exc}", lease)
+                why = "its submit, whose answer was lost, did not write it" if confirm else f"{exc}"
+                self._report.lost(f"could not renew a lease before its step: {why}", lease)
                 return StepOutcome.LOST
             except StoreError as exc:
                 return await self._hand_back(lease, f"its lease could not be renewed: {exc}")

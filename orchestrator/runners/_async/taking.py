@@ -1,6 +1,7 @@
 """How a replica takes a step's lease: by a claim (its handler's limits' slots first, a
-dead replica's expired lease taken over and said so), or by the release of the step before,
-which carried its lease on into the next step in the same write.
+dead replica's expired lease taken over and said so), by the release of the step before,
+which carried its lease on into the next step in the same write, or by its own submit,
+which created the document already leased to a free worker.
 
 Written once, as async code; the sync engine's ``Claims`` is generated from it
 (``scripts/synchro.py``). The claim's query is ``orchestrator.core.queries.claims``'s.
@@ -10,17 +11,18 @@ from __future__ import annotations
 
 import logging
 import secrets
+from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
 from orchestrator.core import audit, steps
 from orchestrator.core.clock import Clock
-from orchestrator.core.documents import id_json_or_text
+from orchestrator.core.documents import Document, id_json_or_text
 from orchestrator.core.errors import ShardKeyRequired, StoreError
 from orchestrator.core.lease import LeaseCore
 from orchestrator.core.lease_values import Grant
 from orchestrator.core.limits import Slot
-from orchestrator.core.queries import claims
+from orchestrator.core.queries import claims, submissions
 from orchestrator.core.registry import Handler
 from orchestrator.mongo._async.lease import AsyncLease
 from orchestrator.runners._async.limits import AsyncLimits
@@ -121,6 +123,52 @@ class AsyncClaims:
             return None
         latency = steps.claim_latency(now, due[0] if due else None)
         return Step(lease, self._books.next_number(), self._local.monotonic(), latency)
+
+    async def insert(
+        self, collection: str, fields: dict[str, Any], unique: Sequence[str], *, due_now: bool
+    ) -> Document:
+        """Create a submitted document (``AsyncStore.insert``). Due now, with a worker here
+        free for its handler (``Books.lend``), it is created already leased to that worker,
+        whose step then runs with no claim: a workflow of n steps costs n writes. Its lease
+        is a claim's (this replica's token, ``lock_timeout`` from now, on the books at
+        once: the heartbeat keeps it), so a replica that dies after the insert leaves a
+        lease to expire as any other. An insert whose answer was lost (an error, a
+        cancellation) may have landed: its lease goes to the worker unconfirmed, and a
+        fenced renewal tells before the step runs (a document never created is nothing to
+        run; one created does not wait out a lease nobody holds)."""
+        migrating = self._settings.in_house.migrating  # old pods judge leases their own way
+        handler = (
+            None if migrating or not due_now else self._books.lend(collection, fields["phase"])
+        )
+        if handler is None:
+            stored = await self._store.insert(collection, fields, unique)
+            if due_now:  # idle workers look at once; a later start, at its time
+                self._books.submitted()
+            return stored
+        token = secrets.token_hex(8)
+        now = self._clock.now()
+        until = now + timedelta(seconds=self._settings.lock_timeout)
+        leased = submissions.leased(
+            fields, claims.claim_update(now, until, token, self._settings.replica_id)
+        )
+        try:
+            stored = await self._store.insert(collection, leased, unique)
+        except BaseException:
+            self._lend(handler, leased, token, now, confirmed=False)
+            raise
+        if stored.get("lockToken") == token:
+            self._lend(handler, stored, token, now, confirmed=True)
+        else:  # one of its unique keys existed: that document is as it was
+            self._books.unlent()
+        return stored
+
+    def _lend(
+        self, handler: Handler, doc: dict[str, Any], token: str, now: datetime, *, confirmed: bool
+    ) -> None:
+        lease = self._lease(handler, self._grant(doc, token, now))
+        step = Step(lease, self._books.next_number(), self._local.monotonic(), 0.0)
+        step.confirmed = confirmed
+        self._books.lent(step)
 
     def carried(self, step: Step[Held]) -> Step[Held] | None:
         """The next step ``step``'s release carried its lease on into (one write instead of

@@ -192,7 +192,10 @@ class Orchestrator:
         priority: int = 0,
     ) -> Document:
         """Create a document in its first phase, unlocked; with ``unique`` keys, idempotent:
-        concurrent submits of one key create one document and all return it.
+        concurrent submits of one key create one document and all return it. On a started
+        replica with a worker free for its first phase's handler (and nothing of that
+        handler's waiting), it is created already leased to that worker, whose step starts
+        at once with no claim (the document returned shows that lease).
 
         ``unique`` defaults to the keys the model declares (``Resource.unique``; for a
         collection name, those of the model registered on it), else to ``_id`` when the
@@ -217,14 +220,12 @@ class Orchestrator:
         trace = self._report.submitting(new.collection, new.fields)
         now = self.clock.now()
         until = starts.start_time(start, now, self.settings.max_wait)
-        stored = self._store.insert(
+        return self._steps.insert(
             new.collection,
             submissions.new_document(new.fields, now, trace, until=until, priority=rank),
             new.keys,
+            due_now=until == EPOCH,
         )
-        if until == EPOCH:  # due now: idle workers look at once; a later start, at its time
-            self._books.submitted()
-        return stored
 
     def ensure_indexes(self) -> None:
         """The claim index on every registered collection, the unique keys of submit, and
