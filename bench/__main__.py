@@ -12,7 +12,9 @@ the real-server figure (7).
 instructions`` counts CPU instructions per step under callgrind (``bench/instructions.py``);
 ``uv run python -m bench scale`` is the fleet model (``bench/scale.py``), which writes
 ``docs/scale.md``; ``MONGODB_URI=... uv run python -m bench relocks`` counts what replicas
-send while many documents relock on spread-out waits (``bench/relocks.py``).
+send while many documents relock on spread-out waits (``bench/relocks.py``);
+``MONGODB_URI=... uv run python -m bench server-time`` is the server's time per command kind
+and the history's document size (``bench/server_time.py``).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench import contention, figures, instructions, relocks, report, scale
+from bench import contention, figures, instructions, relocks, report, scale, server_time
 
 
 def run(size_name: str) -> dict[str, Any]:
@@ -128,6 +130,8 @@ def main(argv: list[str] | None = None) -> int:
         return scale.main(given[1:])
     if given[:1] == ["relocks"]:
         return relocks.main(given[1:])
+    if given[:1] == ["server-time"]:
+        return server_time.main(given[1:])
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     parser.add_argument("--size", choices=sorted(figures.SIZES), default="full")
     parser.add_argument(

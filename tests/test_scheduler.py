@@ -229,7 +229,7 @@ def test_freed_work_and_local_submits_wake_idle_handlers() -> None:
     assert isinstance(claim, Claim)
     sched.claimed(claim, None)
     assert sched.next() is None
-    sched.wake()
+    sched.came_due([a])  # a local submit of a document it may claim
     assert isinstance(sched.next(), Claim)
 
 
@@ -407,13 +407,13 @@ def test_a_submit_is_lent_a_free_slot_only_when_no_work_of_its_handler_is_known(
     assert sched.lend(_handler("jobs", "Elsewhere")) is False  # not this replica's
 
 
-def test_a_lent_slot_given_back_lets_idle_handlers_look_again() -> None:
-    """The document was not created leased (its key existed): the slot is free and the
-    handlers claim again, since the document may be theirs."""
+def test_a_lent_slot_given_back_is_free_for_a_claim() -> None:
+    """The document was not created leased (its key existed): the slot is free again."""
     handler = _handler("jobs", "A")
     sched = Scheduler([handler], max_concurrency=1, budget=100)
     _tick(sched, found=set())
-    assert sched.next() is None  # idle: nothing found
     assert sched.lend(handler) is True
+    assert sched.next() is None  # the one slot is the lent step's
     sched.unlent()
+    sched.came_due([handler])
     assert isinstance(sched.next(), Claim)

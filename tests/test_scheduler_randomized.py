@@ -302,20 +302,13 @@ class SchedulerMachine(RuleBasedStateMachine):
 
     @rule(data=st.data())
     def came_due(self, data: st.DataObject) -> None:
-        """A due time a probe announced comes for some handlers: they may claim again,
-        with no probe of everything."""
+        """A due time a probe announced, or a local submit, comes for some handlers: they
+        may claim again, with no probe of everything."""
         woken = data.draw(st.sets(st.sampled_from(range(len(self.handlers)))), label="woken")
         self.sched.came_due([self.handlers[i] for i in sorted(woken)])
         if woken:
             self.epoch += 1  # a read that began before it idles no one
             self.idle -= woken
-        self._work(data)
-
-    @rule(data=st.data())
-    def wake(self, data: st.DataObject) -> None:
-        """A local submit."""
-        self.sched.wake()
-        self._work_may_appear()
         self._work(data)
 
     def _work(self, data: st.DataObject, minimum: int = 0) -> None:

@@ -193,19 +193,14 @@ class Scheduler:
         self._generation += 1
 
     def came_due(self, handlers: Sequence[Handler]) -> None:
-        """A due time a probe announced came for a document ``handlers`` may claim: they
-        claim now (one claim at a time each, until one finds nothing), with no probe of
-        everything; the others wait for what their own due times or the next tick say."""
+        """A document ``handlers`` may claim is due now (a due time a probe announced came,
+        or a local submit): they claim now (one claim at a time each, until one finds
+        nothing), with no probe of everything; the others wait for what their own due
+        times or the next tick say."""
         known = [self._handlers.index(h) for h in handlers if h in self._handlers]
         if known:
             self._idle.difference_update(known)
             self._generation += 1  # a claim that read before the due time idles no one
-
-    def wake(self) -> None:
-        """Work may have appeared (a local submit): look again before the next tick."""
-        self._idle.clear()
-        self._limited.clear()
-        self._generation += 1
 
     def stop(self) -> None:
         """Claim nothing more; steps already running finish (or are left to expire)."""
@@ -330,9 +325,8 @@ class Scheduler:
 
     def unlent(self) -> None:
         """The slot ``lend`` took is free again: the document was not created leased here
-        (one of its unique key existed). Work may have appeared, as at any submit."""
+        (one of its unique key existed)."""
         self._busy -= 1
-        self.wake()
 
     def finished(self, outcome: StepOutcome, *, carried: bool = False, wakes: bool = True) -> None:
         """A step ended (or a claimed lease was handed back without running); ``carried``:

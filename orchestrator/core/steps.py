@@ -64,15 +64,28 @@ def carry_target(handlers: Sequence[Handler], collection: str, phase: str) -> Ha
     return None
 
 
+def takers(handlers: Sequence[Handler], collection: str, phase: object) -> list[Handler]:
+    """Those of ``handlers`` that might claim a document of ``collection`` free in
+    ``phase`` (any of the collection's, when the phase is not a string): a document
+    released or submitted into a phase none of them selects (the end of a workflow, a
+    phase another service handles) wakes no idle worker of this replica to claim in vain,
+    and one submitted in its first phase wakes that phase's handler, not every handler."""
+    return [
+        handler
+        for handler in handlers
+        if handler.collection == collection
+        and not (
+            isinstance(phase, str)
+            and isinstance(pinned := handler.match.get("phase"), str)
+            and pinned != phase
+        )
+    ]
+
+
 def could_take(handlers: Sequence[Handler], collection: str, phase: str) -> bool:
     """Whether one of ``handlers`` might claim a document of ``collection`` left free in
-    ``phase``: a release into a phase none of them selects (the end of a workflow, a
-    phase another service handles) wakes no idle worker of this replica to claim in vain."""
-    for handler in handlers:
-        pinned = handler.match.get("phase")
-        if handler.collection == collection and not (isinstance(pinned, str) and pinned != phase):
-            return True
-    return False
+    ``phase`` (``takers``)."""
+    return bool(takers(handlers, collection, phase))
 
 
 def started(stats: Mapping[str, int]) -> int:

@@ -173,11 +173,15 @@ class Books(Generic[L]):
         with self.lock:
             self._stats[name] += by
 
-    def submitted(self) -> None:
-        """A document was created: idle workers look again at once, not at the next tick."""
+    def submitted(self, collection: str, phase: object) -> None:
+        """A document due now was submitted here (or found there at a submit): the idle
+        handlers that may claim it look at once, not at the next tick; the others, which
+        would claim in vain, stay idle."""
         with self.lock:
-            self._sched.wake()
-            self._notify(more_work=True, everyone=True)
+            woken = steps.takers(self._sched.handlers, collection, phase)
+            self._sched.came_due(woken)
+            if woken:
+                self._notify(more_work=True, everyone=len(woken) > 1)
 
     def lend(self, collection: str, phase: object) -> Handler | None:
         """The handler to whose next step a local submit may create its document, due now
@@ -202,12 +206,13 @@ class Books(Generic[L]):
             self._lent.append(step)
             self._notify(more_work=True)
 
-    def unlent(self) -> None:
-        """The document ``lend`` reserved a slot for was not created leased here: the slot
-        is free again, and idle workers look (it may be theirs to claim)."""
+    def unlent(self, collection: str, phase: object) -> None:
+        """The document ``lend`` reserved a slot for was not created leased here (one of
+        its unique keys existed, in ``phase``): the slot is free again, and the handlers
+        that may claim that document look."""
         with self.lock:
             self._sched.unlent()
-            self._notify(more_work=True, everyone=True)
+            self.submitted(collection, phase)
 
     # -- workers ------------------------------------------------------------------------
 

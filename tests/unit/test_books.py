@@ -312,7 +312,7 @@ def test_a_claim_that_broke_or_could_not_start_frees_its_slot() -> None:
     books, _ = serving(jobs, slots=1)
     books.claim_broke(claim(books))
     assert books.idle()
-    books.submitted()
+    books.submitted("jobs", "Running")
     books.action_failed(claim(books))
     assert books.idle()
     assert books.stats()["claim_errors"] == 1
@@ -351,9 +351,71 @@ def test_a_submit_sends_idle_workers_claiming_at_once_without_a_probe() -> None:
     books, crew = serving(jobs, slots=1)
     books.claimed(claim(books), None)
     assert books.next_action() is None  # idle until something happens
-    books.submitted()
-    assert crew.last() == (True, True)
+    books.submitted("jobs", "Running")
+    assert crew.last() == (True, False)
     assert claim(books).handler is jobs
+
+
+def test_a_submit_wakes_only_the_handlers_that_may_claim_its_document() -> None:
+    first, second, mail = handlers(
+        ("jobs", {"phase": "First"}), ("jobs", {"phase": "Second"}), ("mail", {"phase": "First"})
+    )
+    books, _ = serving(first, second, mail, slots=3)
+    for action in by_handler(books, 3).values():
+        books.claimed(action, None)  # every handler idle
+    books.submitted("jobs", "First")
+    assert claims_now(books) == [first]  # not Second's, not mail's: no claim in vain
+
+
+def test_a_lent_step_runs_before_any_claim_in_the_slot_its_lend_took() -> None:
+    (jobs,) = handlers(("jobs", {"phase": "Running"}))
+    books, crew = serving(jobs, slots=1)
+    books.claimed(claim(books), None)  # idle: nothing found
+    assert books.lend("jobs", "Running") is jobs
+    assert books.lend("jobs", "Running") is None  # the one slot is taken
+    lent = step(1)
+    books.lent(lent)
+    assert crew.last()[0] is True
+    assert books.running() == [lent]  # on the books: the heartbeat keeps its lease
+    assert books.next_action() is lent
+    assert books.next_action() is None
+    books.finished(lent, StepOutcome.ADVANCED)
+    assert books.idle()
+    assert books.stats()["lent"] == 1
+
+
+def test_nothing_is_lent_into_a_phase_no_plain_handler_selects_or_off_duty() -> None:
+    jobs, filtered = handlers(
+        ("jobs", {"phase": "Running"}), ("jobs", {"phase": "Filtered", "kind": "x"})
+    )
+    books, _ = books_of(jobs, filtered, slots=2)
+    assert books.lend("jobs", "Running") is None  # not serving: run_once has no worker then
+    books, _ = serving(jobs, filtered, slots=2)
+    assert books.lend("jobs", "Filtered") is None  # the server's to judge
+    assert books.lend("jobs", "Elsewhere") is None
+    books.request_stop()
+    assert books.lend("jobs", "Running") is None
+
+
+def test_a_lend_given_back_frees_its_slot_and_wakes_the_existing_document_s_handler() -> None:
+    (jobs,) = handlers(("jobs", {"phase": "Running"}))
+    books, _ = serving(jobs, slots=1)
+    books.claimed(claim(books), None)
+    assert books.lend("jobs", "Running") is jobs
+    books.unlent("jobs", "Running")  # its key existed, in Running
+    assert books.idle()
+    assert claim(books).handler is jobs
+
+
+def test_a_lent_step_timed_out_while_it_waited_is_not_run() -> None:
+    (jobs,) = handlers(("jobs", {"phase": "Running"}))
+    books, _ = serving(jobs, slots=1)
+    books.claimed(claim(books), None)
+    assert books.lend("jobs", "Running") is jobs
+    lent = step(1)
+    books.lent(lent)
+    assert books.timed_out(lent, lambda _step: False)
+    assert books.next_action() is not lent
 
 
 def test_a_freed_slot_of_a_global_limit_wakes_a_worker_only_for_a_limited_handler() -> None:
@@ -668,7 +730,7 @@ def test_run_once_s_tick_is_over_only_when_its_workers_have_left() -> None:
     books.probed(probe, Found(frozenset()))
     assert not books.once_over()
 
-    books.submitted()
+    books.submitted("jobs", "A")
     assert not books.once_over()
     books.claimed(claim(books), None)
     assert books.next_action() is LEAVE

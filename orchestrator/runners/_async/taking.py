@@ -142,8 +142,8 @@ class AsyncClaims:
         )
         if handler is None:
             stored = await self._store.insert(collection, fields, unique)
-            if due_now:  # idle workers look at once; a later start, at its time
-                self._books.submitted()
+            if due_now:  # its idle handlers look at once; a later start, at its time
+                self._books.submitted(collection, stored.get("phase"))
             return stored
         token = secrets.token_hex(8)
         now = self._clock.now()
@@ -159,7 +159,7 @@ class AsyncClaims:
         if stored.get("lockToken") == token:
             self._lend(handler, stored, token, now, confirmed=True)
         else:  # one of its unique keys existed: that document is as it was
-            self._books.unlent()
+            self._books.unlent(collection, stored.get("phase"))
         return stored
 
     def _lend(

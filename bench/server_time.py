@@ -1,0 +1,236 @@
+"""``MONGODB_URI=... uv run python -m bench server-time [--workflows 60] [--finished 0,300]
+[--out FILE.json]``: where the server's time goes, per command kind, and how large the
+history makes a document.
+
+One ``AsyncOrchestrator`` with one worker runs ``--workflows`` workflows of 3 steps (each
+step inserts a ledger entry, as an application's would, and advances), each submitted
+once the one before finished, in a collection that also holds ``--finished`` documents
+in a finished phase (each row one such count: what the server scans grows with them on a
+server that plans no query). One worker and one client: the server answers one command
+at a time, so a command's latency is its time on the server plus a round trip (``ping``
+measures the round trip alone). Every command is classified by what it is:
+
+- submit: the insert of a new document (an upsert on its unique keys);
+- claim: the sorted ``findAndModify`` that takes a free document;
+- carry: a step's outcome that carries its lease on into the next step;
+- release: a step's outcome that frees the document (the last step of a workflow);
+- extend: a heartbeat's (or a step start's) renewal;
+- probe: the tick's ``aggregate``;
+- record: the replica's record;
+- other: anything else the library sent (the clock's ``hello``, indexes).
+
+Then the document size: one document with ``history`` (20) entries whose errors carry
+tracebacks of 4,000 characters, as ``bson.encode`` measures it, and the same with none:
+every write rewrites the whole document on MongoDB's storage engine too.
+
+Nothing is asserted: the figures are the server's and the machine's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import bson
+from pymongo import AsyncMongoClient, monitoring
+
+from orchestrator import AsyncLease, AsyncOrchestrator, Outcome
+from orchestrator.core import history
+from orchestrator.core.names import REPLICAS_COLLECTION
+
+COLLECTION = "work"
+NEXT = {"S1": "S2", "S2": "S3", "S3": "Done"}
+KINDS = ("submit", "claim", "carry", "release", "extend", "probe", "record", "other")
+TRACEBACK = 4000
+"""Characters of each history entry's traceback in the document-size figure."""
+
+
+def kind(name: str, command: Mapping[str, Any]) -> str | None:
+    """What a command the library sent is (``KINDS``), or None: the application's own
+    (the ledger)."""
+    target = command.get(name)
+    if target == "ledger":
+        return None
+    if target == REPLICAS_COLLECTION:
+        return "record"
+    if name == "findAndModify":
+        return _found_and_modified(command)
+    if name == "update":
+        return _updated(command)
+    return {"aggregate": "probe", "insert": "submit"}.get(name, "other")
+
+
+def _found_and_modified(command: Mapping[str, Any]) -> str:
+    if command.get("upsert"):
+        return "submit"
+    if "sort" in command:
+        return "claim"
+    return "carry" if "lockToken" in command.get("query", {}) else "other"
+
+
+def _updated(command: Mapping[str, Any]) -> str:
+    for update in command.get("updates", []):
+        change = update.get("u", {})
+        if "lockToken" in change.get("$unset", {}):
+            return "release"
+        if set(change.get("$set", {})) <= {"lockedUntil", "lockedAt"}:
+            return "extend"
+    return "other"
+
+
+class _Commands(monitoring.CommandListener):
+    """Each command's kind and latency, while ``on``."""
+
+    def __init__(self) -> None:
+        self.on = False
+        self._kinds: dict[int, str] = {}
+        self.micros: dict[str, list[int]] = defaultdict(list)
+
+    def started(self, event: monitoring.CommandStartedEvent) -> None:
+        found = kind(event.command_name, event.command) if self.on else None
+        if found is not None:
+            self._kinds[event.request_id] = found
+
+    def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
+        found = self._kinds.pop(event.request_id, None)
+        if found is not None:
+            self.micros[found].append(event.duration_micros)
+
+    def failed(self, event: monitoring.CommandFailedEvent) -> None:
+        self._kinds.pop(event.request_id, None)
+
+
+async def _row(uri: str, workflows: int, finished: int) -> dict[str, Any]:
+    listener = _Commands()
+    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(uri, event_listeners=[listener])
+    db = client[f"bench_server_time_{os.getpid()}_{finished}"]
+    orch = AsyncOrchestrator(db, replica_id="bench", max_concurrency=1)
+    done = asyncio.Event()
+
+    for phase, following in NEXT.items():
+
+        async def step(lease: AsyncLease[Any], following: str = following) -> Outcome:
+            await db.ledger.insert_one({"job": lease.doc["n"], "step": lease.phase})
+            outcome = await lease.advance(following)
+            if following == "Done":
+                done.set()
+            return outcome
+
+        orch.phase(COLLECTION, phase)(step)
+    if finished:
+        await db[COLLECTION].insert_many([{"n": -1 - n, "phase": "Done"} for n in range(finished)])
+    await orch.start()
+    pings = []
+    for _ in range(20):
+        began = time.perf_counter()
+        await db.command("ping")
+        pings.append(time.perf_counter() - began)
+    listener.on = True
+    began = time.perf_counter()
+    for n in range(workflows):
+        done.clear()
+        await orch.submit(COLLECTION, {"n": n, "phase": "S1"})
+        await done.wait()
+    seconds = time.perf_counter() - began
+    listener.on = False
+    await orch.stop()
+    await client.drop_database(db.name)
+    await client.close()
+    steps = workflows * len(NEXT)
+    kinds: dict[str, dict[str, Any]] = {}
+    for name in KINDS:
+        times = listener.micros.get(name, [])
+        kinds[name] = {
+            "count": len(times),
+            "mean_ms": statistics.fmean(times) / 1000 if times else None,
+            "ms_per_step": sum(times) / 1000 / steps,
+        }
+    return {
+        "finished": finished,
+        "workflows": workflows,
+        "steps_per_s": steps / seconds,
+        "ping_ms": statistics.median(pings) * 1000,
+        "commands_per_step": sum(k["count"] for k in kinds.values()) / steps,
+        "ms_per_step": sum(k["ms_per_step"] for k in kinds.values()),
+        "kinds": kinds,
+    }
+
+
+def document_sizes(entries: int = 20) -> dict[str, int]:
+    """Bytes of a document with ``entries`` history entries whose errors carry a
+    traceback of ``TRACEBACK`` characters, and of the same document with none."""
+    bare: dict[str, Any] = {"_id": "doc", "phase": "S1", "n": 1, "lockedUntil": None}
+    entry = {
+        "kind": "step",
+        "at": None,
+        "took": 0.5,
+        "by": "replica-1",
+        "outcome": "failed",
+        "phase": "S1",
+        "error": "RuntimeError: " + "x" * TRACEBACK,
+    }
+    full = {**bare, history.HISTORY_FIELD: [dict(entry) for _ in range(entries)]}
+    return {"without_history": len(bson.encode(bare)), "with_history": len(bson.encode(full))}
+
+
+def markdown(rows: Sequence[Mapping[str, Any]], sizes: Mapping[str, int]) -> str:
+    lines = [
+        "| finished docs | kind | commands | mean ms | ms per step |",
+        "|---:|---|---:|---:|---:|",
+    ]
+    for row in rows:
+        for name, stats in row["kinds"].items():
+            if not stats["count"]:
+                continue
+            lines.append(
+                f"| {row['finished']} | {name} | {stats['count']} | {stats['mean_ms']:.2f} | "
+                f"{stats['ms_per_step']:.2f} |"
+            )
+        lines.append(
+            f"| {row['finished']} | **all** | {row['commands_per_step']:.2f}/step | "
+            f"ping {row['ping_ms']:.2f} | **{row['ms_per_step']:.2f}** "
+            f"({row['steps_per_s']:.1f} steps/s) |"
+        )
+    lines.append("")
+    lines.append(
+        f"A document with 20 history entries of {TRACEBACK}-character tracebacks: "
+        f"{sizes['with_history']} bytes; without history: {sizes['without_history']} bytes."
+    )
+    return "\n".join(lines) + "\n"
+
+
+def _counts(text: str) -> list[int]:
+    try:
+        counts = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected counts like 0,300, not {text!r}") from None
+    if not counts or any(c < 0 for c in counts):
+        raise argparse.ArgumentTypeError(f"expected counts >= 0, not {text!r}")
+    return counts
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench server-time", description=__doc__)
+    parser.add_argument("--workflows", type=int, default=60)
+    parser.add_argument("--finished", type=_counts, default=[0, 300])
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args(argv)
+    uri = os.environ.get("MONGODB_URI")
+    if not uri:
+        print("bench server-time: set MONGODB_URI to the server to measure", file=sys.stderr)
+        return 2
+    rows = [asyncio.run(_row(uri, args.workflows, finished)) for finished in args.finished]
+    sizes = document_sizes()
+    if args.out is not None:
+        args.out.write_text(json.dumps({"rows": rows, "sizes": sizes}, indent=2) + "\n")
+    sys.stdout.write(markdown(rows, sizes))
+    return 0
