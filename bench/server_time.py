@@ -109,7 +109,7 @@ class _Commands(monitoring.CommandListener):
         self._kinds.pop(event.request_id, None)
 
 
-async def _row(uri: str, workflows: int, finished: int) -> dict[str, Any]:
+async def measure(uri: str, workflows: int, finished: int) -> dict[str, Any]:
     listener = _Commands()
     client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(uri, event_listeners=[listener])
     db = client[f"bench_server_time_{os.getpid()}_{finished}"]
@@ -228,7 +228,7 @@ def main(argv: list[str]) -> int:
     if not uri:
         print("bench server-time: set MONGODB_URI to the server to measure", file=sys.stderr)
         return 2
-    rows = [asyncio.run(_row(uri, args.workflows, finished)) for finished in args.finished]
+    rows = [asyncio.run(measure(uri, args.workflows, finished)) for finished in args.finished]
     sizes = document_sizes()
     if args.out is not None:
         args.out.write_text(json.dumps({"rows": rows, "sizes": sizes}, indent=2) + "\n")

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from pymongo import MongoClient
 
-from bench import figures, instructions, relocks, report
+from bench import figures, instructions, relocks, report, server_time
 from bench.__main__ import main
 from orchestrator import Settings
 from tests.conftest import MONGODB_URI
@@ -185,3 +185,26 @@ def test_the_relock_figure_counts_each_replica_s_commands_by_kind() -> None:
     for row in result["replicas"]:
         assert row["all_per_second"] == pytest.approx(sum(row["per_second"].values()))
         assert row["probes_per_tick"] == row["per_second"].get("aggregate", 0.0) * relocks.TICK
+
+
+def test_the_server_time_figure_needs_a_server_and_says_so_in_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("MONGODB_URI", raising=False)
+    assert main(["server-time"]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
+
+
+@pytest.mark.mongodb
+@pytest.mark.skipif(not MONGODB_URI, reason="MONGODB_URI is not set")
+def test_the_server_time_figure_times_every_command_of_a_workflow_by_kind() -> None:
+    """Workflows submitted one at a time to a replica with a free worker: a submit, no
+    claim, two carrying writes and a release each; every command is classified."""
+    row = asyncio.run(server_time.measure(str(MONGODB_URI), workflows=3, finished=5))
+    counts = {name: stats["count"] for name, stats in row["kinds"].items()}
+    assert (counts["submit"], counts["claim"], counts["carry"], counts["release"]) == (3, 0, 6, 3)
+    assert row["ms_per_step"] == pytest.approx(
+        sum(stats["ms_per_step"] for stats in row["kinds"].values())
+    )
+    sizes = server_time.document_sizes()
+    assert sizes["with_history"] > 20 * server_time.TRACEBACK > sizes["without_history"]
