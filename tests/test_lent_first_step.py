@@ -6,14 +6,18 @@ is confirmed by a fenced renewal before its step runs."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from typing import Any
 
+import anyio
+import anyio.to_thread
 import pytest
 from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.database import Database
 
-from orchestrator import StoreError
+from orchestrator import AsyncOrchestrator, StoreError
+from orchestrator.mongo import AsyncStore
 from orchestrator.testing import FakeClock, async_view, memory_database
 from orchestrator.testing.faults import Faults, ReplicaCrashed
 from tests.conftest import MakeEither
@@ -160,3 +164,66 @@ async def test_a_replica_dead_after_the_insert_leaves_a_lease_another_takes_over
     counts = await survivor.run_once()
     assert (counts["taken_over"], counts["advanced"]) == (1, 3)
     assert done.is_set()
+
+
+async def test_submits_of_one_key_racing_on_started_replicas_run_its_workflow_once(
+    replicas: MakeEither, db: Database[Any]
+) -> None:
+    """Sixteen submits of one key from four started replicas: one document, created by one
+    of them (leased or not), whose workflow runs once; every slot a lend took comes back."""
+    fleet = [await replicas(f"pod-{n}", **QUIET) for n in range(4)]
+    done = threading.Event()
+    ran: list[str] = []
+    for replica in fleet:
+        workflow(replica, done, ran)
+        await replica.start()
+    barrier = threading.Barrier(16)
+
+    async def submit(n: int) -> Any:
+        await anyio.to_thread.run_sync(barrier.wait)
+        return await fleet[n % 4].submit("jobs", {"name": "one", "phase": "A"}, unique="name")
+
+    async with anyio.create_task_group() as group:
+        for n in range(16):
+            group.start_soon(submit, n)
+    assert await wait(done)
+    for replica in fleet:
+        report = await replica.stop()
+        assert report.still_running == []
+        assert replica.orch._books.idle()
+    assert db.jobs.count_documents({"name": "one"}) == 1
+    assert sorted(ran) == sorted(f"{db.jobs.find_one()['_id']}:{p}" for p in NEXT)  # type: ignore[index]
+
+
+async def test_a_submit_cancelled_after_its_insert_landed_still_runs_its_step(
+    clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The request that submitted was cancelled while the insert's answer was on its way
+    (a client that hung up): the document exists, leased to this replica, and its step
+    runs once its lease is confirmed, with no wait for the lease to expire."""
+    db = memory_database(clock=clock)
+    orch = AsyncOrchestrator(async_view(db), replica_id="pod-1", clock=clock, **QUIET)
+    replica = Replica(orch)
+    done = threading.Event()
+    workflow(replica, done)
+    landed = asyncio.Event()
+    real_insert = AsyncStore.insert
+
+    async def insert_then_hang(self: AsyncStore, *args: Any) -> Any:
+        await real_insert(self, *args)
+        landed.set()
+        await asyncio.Event().wait()  # the answer never comes back
+
+    monkeypatch.setattr(AsyncStore, "insert", insert_then_hang)
+    await orch.start()
+    try:
+        request = asyncio.create_task(orch.submit("jobs", {"_id": "job-1", "phase": "A"}))
+        await landed.wait()
+        request.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await request
+        assert await wait(done)
+    finally:
+        await orch.stop()
+    assert db.jobs.find_one({"_id": "job-1"})["phase"] == "Done"  # type: ignore[index]
+    assert (orch.stats()["lent"], orch.stats()["extended"]) == (1, 1)
