@@ -7,6 +7,7 @@ is confirmed by a fenced renewal before its step runs."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from typing import Any
 
@@ -153,17 +154,21 @@ async def test_a_replica_dead_after_the_insert_leaves_a_lease_another_takes_over
     workflow(dying, threading.Event())
     await dying.measure_clock()
     await dying.start()
-    faults.crash_next("find_one_and_update", applied=True)
-    with pytest.raises(ReplicaCrashed):
-        await dying.submit("jobs", {"_id": "job-1", "phase": "A"})
-    survivor = await replicas("pod-2")
-    done = threading.Event()
-    workflow(survivor, done)
-    assert (await survivor.run_once()).get("advanced", 0) == 0  # held: not expired yet
-    clock.advance(3601)
-    counts = await survivor.run_once()
-    assert (counts["taken_over"], counts["advanced"]) == (1, 3)
-    assert done.is_set()
+    try:
+        faults.crash_next("find_one_and_update", applied=True)
+        with pytest.raises(ReplicaCrashed):
+            await dying.submit("jobs", {"_id": "job-1", "phase": "A"})
+        survivor = await replicas("pod-2")
+        done = threading.Event()
+        workflow(survivor, done)
+        assert (await survivor.run_once()).get("advanced", 0) == 0  # held: not expired yet
+        clock.advance(3601)
+        counts = await survivor.run_once()
+        assert (counts["taken_over"], counts["advanced"]) == (1, 3)
+        assert done.is_set()
+    finally:
+        with contextlib.suppress(ReplicaCrashed):  # its every operation fails: it is dead
+            await dying.stop(timeout=0)
 
 
 async def test_submits_of_one_key_racing_on_started_replicas_run_its_workflow_once(

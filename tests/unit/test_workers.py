@@ -279,7 +279,7 @@ async def test_an_idle_worker_waits_for_news_and_takes_the_action_it_brings() ->
     waiting = asyncio.create_task(crew.next_action())
     await asyncio.wait_for(asked.wait(), HANG_GUARD)
     assert not waiting.done()
-    books.submitted()
+    books.submitted("jobs", "Running")
     assert isinstance(await asyncio.wait_for(waiting, HANG_GUARD), Claim)
 
 
@@ -556,7 +556,7 @@ def test_an_idle_worker_thread_waits_for_news_and_takes_the_action_it_brings() -
     waiting = threading.Thread(target=lambda: got.append(crew.next_action()))
     waiting.start()
     assert asked.wait(HANG_GUARD)
-    books.submitted()  # under the lock, which the waiting thread gave up to wait
+    books.submitted("jobs", "Running")  # under the lock, which the waiting thread gave up to wait
     waiting.join(HANG_GUARD)
     assert not waiting.is_alive()
     assert len(got) == 1 and isinstance(got[0], Claim)
