@@ -20,13 +20,13 @@ import asyncio
 import json
 import os
 import random
-import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from pymongo import AsyncMongoClient, monitoring
 
+from bench import server_uri
 from orchestrator import AsyncLease, AsyncOrchestrator, Outcome
 
 RELOCKS = 4
@@ -118,9 +118,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--replicas", type=int, default=2)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
-    uri = os.environ.get("MONGODB_URI")
-    if not uri:
-        print("bench relocks: set MONGODB_URI to the server to measure", file=sys.stderr)
+    uri = server_uri("relocks")
+    if uri is None:
         return 2
     result = asyncio.run(run(uri, args.documents, args.seconds, args.replicas))
     text = json.dumps(result, indent=2)

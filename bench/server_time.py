@@ -43,6 +43,7 @@ from typing import Any
 import bson
 from pymongo import AsyncMongoClient, monitoring
 
+from bench import server_uri
 from orchestrator import AsyncLease, AsyncOrchestrator, Outcome
 from orchestrator.core import history
 from orchestrator.core.names import REPLICAS_COLLECTION
@@ -224,9 +225,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--finished", type=_counts, default=[0, 300])
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
-    uri = os.environ.get("MONGODB_URI")
-    if not uri:
-        print("bench server-time: set MONGODB_URI to the server to measure", file=sys.stderr)
+    uri = server_uri("server-time")
+    if uri is None:
         return 2
     rows = [asyncio.run(measure(uri, args.workflows, finished)) for finished in args.finished]
     sizes = document_sizes()

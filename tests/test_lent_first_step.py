@@ -45,6 +45,26 @@ def workflow(replica: Replica, done: threading.Event, ran: list[str] | None = No
             return outcome
 
 
+async def faulty(
+    mode: str, **options: Any
+) -> tuple[Replica, Faults, Any, threading.Event, list[str]]:
+    """A started replica of ``mode`` on an in-memory database behind ``Faults``, running
+    the workflow: the replica, its faults, the database (unwrapped), the workflow's
+    ``done`` and the steps it ran."""
+    clock = FakeClock()
+    db = memory_database(clock=clock)
+    faults = Faults()
+    replica = new_replica(
+        mode, 0, faults.wrap(db), faults.wrap(async_view(db)), clock, "pod-1", **QUIET, **options
+    )
+    done = threading.Event()
+    ran: list[str] = []
+    workflow(replica, done, ran)
+    await replica.measure_clock()
+    await replica.start()
+    return replica, faults, db, done, ran
+
+
 async def test_a_submit_with_a_free_worker_runs_its_workflow_without_a_claim(
     replicas: MakeEither,
 ) -> None:
@@ -87,17 +107,7 @@ async def test_a_submit_of_an_existing_key_lends_nothing_and_leaves_it_as_it_was
 async def test_a_submit_whose_answer_was_lost_after_it_landed_runs_once_its_lease_is_confirmed(
     mode: str,
 ) -> None:
-    clock = FakeClock()
-    db = memory_database(clock=clock)
-    faults = Faults()
-    replica = new_replica(
-        mode, 0, faults.wrap(db), faults.wrap(async_view(db)), clock, "pod-1", **QUIET
-    )
-    done = threading.Event()
-    ran: list[str] = []
-    workflow(replica, done, ran)
-    await replica.measure_clock()
-    await replica.start()
+    replica, faults, db, done, ran = await faulty(mode)
     try:
         faults.fail_next("find_one_and_update", applied=True)
         with pytest.raises(StoreError):
@@ -113,24 +123,7 @@ async def test_a_submit_whose_answer_was_lost_after_it_landed_runs_once_its_leas
 
 @pytest.mark.parametrize("mode", ["threaded", "async"])
 async def test_a_submit_lost_before_it_landed_runs_nothing_and_frees_its_slot(mode: str) -> None:
-    clock = FakeClock()
-    db = memory_database(clock=clock)
-    faults = Faults()
-    replica = new_replica(
-        mode,
-        0,
-        faults.wrap(db),
-        faults.wrap(async_view(db)),
-        clock,
-        "pod-1",
-        **QUIET,
-        max_concurrency=1,
-    )
-    done = threading.Event()
-    ran: list[str] = []
-    workflow(replica, done, ran)
-    await replica.measure_clock()
-    await replica.start()
+    replica, faults, db, done, ran = await faulty(mode, max_concurrency=1)
     try:
         faults.fail_next("find_one_and_update")
         with pytest.raises(StoreError):
