@@ -298,9 +298,7 @@ class Scheduler:
         cluster-wide limit (each of its steps takes a slot with its claim), or when the
         document used its budget for the tick (it is released then, and waits if claimed
         again). A yes counts as a claim of the document; its slot stays taken."""
-        if self._stopping or handler.key in self._paused or handler not in self._handlers:
-            return False
-        if handler.limits:
+        if not self._takes_on(handler):
             return False
         key = (handler.collection, doc_key)
         if self._claims[key] >= self._budget:
@@ -315,13 +313,23 @@ class Scheduler:
         its steps takes a slot with its claim), and none of its work known to wait: what
         waits goes first, as a claim would take it. A yes takes the slot, as a claim does;
         ``unlent`` gives it back if the document was not created so."""
-        if self._stopping or handler.limits or handler not in self._handlers:
+        if not self._takes_on(handler) or self._busy >= self._max:
             return False
-        index = self._handlers.index(handler)
-        if handler.key in self._paused or self._busy >= self._max or self._known(index):
+        if self._known(self._handlers.index(handler)):
             return False
         self._busy += 1
         return True
+
+    def _takes_on(self, handler: Handler) -> bool:
+        """Whether a step of ``handler`` may start here without a claim (a carry, a lent
+        submit): it is this replica's, not paused, under no cluster-wide limit (each of
+        its steps takes a slot with its claim), and the replica is not stopping."""
+        return not (
+            self._stopping
+            or handler.limits
+            or handler.key in self._paused
+            or handler not in self._handlers
+        )
 
     def unlent(self) -> None:
         """The slot ``lend`` took is free again: the document was not created leased here
