@@ -169,11 +169,12 @@ def test_the_instruction_count_reads_callgrinds_total_and_its_target_runs() -> N
         assert instructions.target(side, 2, False) == 0
 
 
-def test_the_relock_figure_needs_a_server_and_says_so_in_one_line(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize("figure", ["relocks", "server-time"])
+def test_a_server_figure_needs_a_server_and_says_so_in_one_line(
+    figure: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.delenv("MONGODB_URI", raising=False)
-    assert main(["relocks"]) == 2
+    assert main([figure]) == 2
     assert capsys.readouterr().err.count("\n") == 1
 
 
@@ -185,14 +186,6 @@ def test_the_relock_figure_counts_each_replica_s_commands_by_kind() -> None:
     for row in result["replicas"]:
         assert row["all_per_second"] == pytest.approx(sum(row["per_second"].values()))
         assert row["probes_per_tick"] == row["per_second"].get("aggregate", 0.0) * relocks.TICK
-
-
-def test_the_server_time_figure_needs_a_server_and_says_so_in_one_line(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    monkeypatch.delenv("MONGODB_URI", raising=False)
-    assert main(["server-time"]) == 2
-    assert capsys.readouterr().err.count("\n") == 1
 
 
 @pytest.mark.mongodb
