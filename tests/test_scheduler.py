@@ -64,8 +64,13 @@ def _tick(sched: Scheduler, found: set[str] | None = None) -> Probe:
 
 
 def _found(probe: Probe, collections: set[str]) -> Found:
-    """Every handler of ``collections`` has work."""
-    ready = {n for n, h in enumerate(probe.handlers) if h.collection in collections}
+    """Every handler of ``collections`` has work: those the probe asked about (as a store
+    answers: never a handler ``known`` to have work)."""
+    ready = {
+        n
+        for n, h in enumerate(probe.handlers)
+        if h.collection in collections and n not in probe.known
+    }
     return Found(frozenset(ready))
 
 
@@ -324,6 +329,30 @@ def test_a_probe_tells_which_handlers_of_a_collection_have_work() -> None:
     claim = sched.next()
     assert isinstance(claim, Claim) and claim.handler is b
     assert sched.next() is None  # jobs.A has nothing: no claim in vain
+
+
+def test_a_busy_replicas_probe_asks_only_about_handlers_not_known_to_have_work() -> None:
+    # Under load every handler's claims keep taking documents: a tick's probe asking each
+    # of them again was the wire server's costliest read per step (a scan per handler on a
+    # server that plans no query), and told nothing their claims did not.
+    a, b = _handler("jobs", "A"), _handler("jobs", "B")
+    sched = Scheduler([a, b], max_concurrency=4, budget=100)
+    sched.tick()
+    first = sched.next()
+    assert isinstance(first, Probe) and first.known == frozenset()
+    sched.probed(first, Found(frozenset({first.handlers.index(a)})))
+    claim = sched.next()
+    assert isinstance(claim, Claim) and claim.handler is a
+    sched.claimed(claim, "doc-1")
+    sched.tick()
+    probe = sched.next()
+    assert isinstance(probe, Probe) and probe.known == {probe.handlers.index(a)}
+    assert probe.asked("jobs") == (b,)
+    during = sched.next()  # jobs.A claims while the probe is out
+    assert isinstance(during, Claim) and during.handler is a
+    sched.claimed(during, None)  # ...and finds nothing: idle, though the probe never asked
+    sched.probed(probe, Found(frozenset()))
+    assert sched.next() is None
 
 
 def test_a_few_replicas_of_a_fleet_wake_at_a_due_time_not_all() -> None:

@@ -211,7 +211,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.idle: set[int] = set()
         self.hot: set[int] = set()  # handlers whose last claim came back with a document
         self.found: set[int] = set()  # handlers the latest probe answer found work for
-        self.owed = False  # an answer found work: a claim of it goes before the next probe
+        self.owed = False  # an answer found work (or work was known): a claim goes first
         self.probe_due = False  # a probe is owed before any claim
         self.claims: Counter[str] = Counter()  # claims per document this tick
         self.passed: Counter[int] = Counter()  # claims of others while eligible
@@ -269,9 +269,10 @@ class SchedulerMachine(RuleBasedStateMachine):
         )
 
     def _owed_now(self) -> bool:
-        """A claim is owed and may be made: a found handler, not idle, free to claim."""
+        """A claim is owed and may be made: a found or hot handler, not idle, free to claim."""
         return self.owed and any(
-            i not in self.idle and (i in self.hot or not self._claims_out(i)) for i in self.found
+            i not in self.idle and (i in self.hot or not self._claims_out(i))
+            for i in self.found | self.hot
         )
 
     def _work_may_appear(self) -> None:
@@ -345,6 +346,12 @@ class SchedulerMachine(RuleBasedStateMachine):
                 raise ProbeMisplaced(
                     f"probe of {action.handlers}; due: {self.probe_due}, claim owed: {owed}"
                 )
+            known = {self.handlers.index(action.handlers[n]) for n in action.known}
+            if known != self.hot | self.found:
+                raise ProbeMisplaced(
+                    f"the probe takes {sorted(known)} as known to have work, "
+                    f"not {sorted(self.hot | self.found)}"
+                )
             self.probe_due = False
         else:
             self._check_claim(action, eligible)
@@ -392,13 +399,19 @@ class SchedulerMachine(RuleBasedStateMachine):
 
     def _probe_returns(self, read: Read, probe: Probe, found: set[str] | None) -> None:
         ready = frozenset(
-            n for n, h in enumerate(probe.handlers) if found is not None and h.collection in found
+            n
+            for n, h in enumerate(probe.handlers)
+            if found is not None and h.collection in found and n not in probe.known
         )
         self.sched.probed(probe, None if found is None else Found(ready))
         if found is None:
             return
-        # those it asked about: a handler registered since was not
-        for handler in probe.handlers:
+        if probe.known:
+            self.owed = True  # known work is claimed before the next probe, as found work is
+        # those it asked about: a handler registered since, or known to have work, was not
+        for position, handler in enumerate(probe.handlers):
+            if position in probe.known:
+                continue
             index = self.handlers.index(handler)
             if handler.collection in found:
                 self.idle.discard(index)

@@ -408,6 +408,37 @@ async def test_one_probe_covers_every_collection_and_says_when_work_comes_due(
     assert counted.live == 1 and counted.pauses is None
 
 
+async def test_a_probe_asks_nothing_of_handlers_known_to_have_work_but_their_due_times(
+    backend: Backend, clock: FakeClock
+) -> None:
+    """A busy replica's handlers whose claims keep taking documents are not asked again:
+    never in the answer, though their documents are there; when their documents come due
+    is still read, and so are the pauses and the live replicas."""
+    store = backend.open()
+    now = clock.now()
+    soon = now + timedelta(seconds=3)
+    await seed(
+        store,
+        "jobs",
+        {"_id": 1, "phase": "A", "lockedUntil": EPOCH},
+        {"_id": 2, "phase": "B", "lockedUntil": EPOCH},
+        {"_id": 3, "phase": "A", "lockedUntil": soon},
+    )
+    await seed(store, "mail", {"_id": 4, "phase": "M", "lockedUntil": EPOCH})
+    await seed(store, "pod.records", {"_id": "r1", "expiresAt": soon})
+    groups = [
+        ("jobs", [({"phase": "A"}, None), ({"phase": "B"}, None)]),
+        ("mail", [({"phase": "M"}, None)]),
+    ]
+    asked = await store.probe(groups, now, HORIZON, None, "pod.records", known=frozenset({0}))
+    assert asked.ready == {1, 2} and asked.next_due == as_utc(bson_time(soon))
+    assert asked.live == 1
+    every = frozenset({0, 1, 2})
+    none_asked = await store.probe(groups, now, HORIZON, None, "pod.records", known=every)
+    assert none_asked.ready == frozenset()
+    assert none_asked.next_due == as_utc(bson_time(soon)) and none_asked.live == 1
+
+
 # -- the slots of cluster-wide limits ----------------------------------------------------------
 
 SLOTS = "orchestrator.slots"
@@ -924,6 +955,7 @@ def test_a_server_without_union_with_is_probed_per_collection_from_then_on() -> 
     db["jobs"].insert_one({"_id": 1, "phase": "A", "lockedUntil": EPOCH})
     store = Store(db)
     refused = []
+    read: list[str] = []
     original = store.collection
 
     class NoUnion:
@@ -933,6 +965,10 @@ def test_a_server_without_union_with_is_probed_per_collection_from_then_on() -> 
         def aggregate(self, pipeline: Any) -> Any:
             refused.append(pipeline)
             raise OperationFailure("Unrecognized pipeline stage name: '$unionWith'", 40324)
+
+        def find_one(self, *args: Any, **kwargs: Any) -> Any:
+            read.append(self._coll.name)
+            return self._coll.find_one(*args, **kwargs)
 
         def __getattr__(self, name: str) -> Any:
             return getattr(self._coll, name)
@@ -944,6 +980,9 @@ def test_a_server_without_union_with_is_probed_per_collection_from_then_on() -> 
         answer = store.probe(groups, now, HORIZON)
         assert answer.ready == {0} and answer.next_due is None
     assert len(refused) == 1
+    read.clear()  # a collection whose handlers are all known to have work is not read
+    assert store.probe(groups, now, HORIZON, known=frozenset({0})).ready == frozenset()
+    assert read == ["mail"]
 
 
 async def test_a_probe_of_hundreds_of_handlers_is_read_in_parts_numbered_as_one(

@@ -13,7 +13,7 @@ free, so a slot freed by a finished step is used at once, whatever else is runni
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Literal
@@ -35,6 +35,11 @@ class Probe:
 
     handlers: tuple[Handler, ...]
     generation: int
+    known: frozenset[int] = frozenset()
+    """Positions in ``handlers`` of those known to have work (the latest answer found
+    some, or their last claim took a document): not asked, since their claims go on while
+    the probe is out and find out sooner; the due times still cover them. A busy replica's
+    probe so reads what it does not know, not every handler's work again."""
 
     @property
     def collections(self) -> tuple[str, ...]:
@@ -44,17 +49,26 @@ class Probe:
         """The handlers probed on ``collection``, in ``handlers``' order."""
         return tuple(h for h in self.handlers if h.collection == collection)
 
+    def asked(self, collection: str) -> tuple[Handler, ...]:
+        """``members`` whose work the probe asks about (none ``known``)."""
+        return tuple(
+            h
+            for n, h in enumerate(self.handlers)
+            if h.collection == collection and n not in self.known
+        )
+
     def groups(self) -> list[tuple[str, Matches]]:
         """Per collection, the (match, exclusion) pairs of its handlers (what the store's
         probe reads); ``handlers`` is in that order."""
         return [(c, [(h.match, h.exclusion) for h in self.members(c)]) for c in self.collections]
 
     @staticmethod
-    def of(handlers: Sequence[Handler], generation: int) -> Probe:
-        """The probe of ``handlers``, ordered by collection as ``groups`` numbers them."""
+    def of(handlers: Sequence[Handler], generation: int, known: Collection[Handler] = ()) -> Probe:
+        """The probe of ``handlers``, ordered by collection as ``groups`` numbers them;
+        ``known``: those of them known to have work."""
         collections = dict.fromkeys(h.collection for h in handlers)
         ordered = tuple(h for c in collections for h in handlers if h.collection == c)
-        return Probe(ordered, generation)
+        return Probe(ordered, generation, frozenset(n for n, h in enumerate(ordered) if h in known))
 
 
 @dataclass(frozen=True)
@@ -139,9 +153,11 @@ class Scheduler:
 
     A tick starts with one probe of every collection; only handlers whose collection has
     work then claim. Handlers known to have work (the latest answer found some, or their
-    last claim took a document) go on claiming while a probe is out. A local submit or a
-    released document (``wake``, ``finished``) sends claims at once, without a probe:
-    work is known to be there.
+    last claim took a document) go on claiming while a probe is out, and the probe does
+    not ask about them (only their due times): a busy replica's tick reads little more
+    than the pauses and the next due time. A local submit or a released document
+    (``wake``, ``finished``) sends claims at once, without a probe: work is known to be
+    there.
     """
 
     def __init__(self, handlers: Sequence[Handler], *, max_concurrency: int, budget: int) -> None:
@@ -159,8 +175,9 @@ class Scheduler:
         # claim while the next probe is out, so a probe slower than the tick (a saturated
         # server) cannot hold every claim back behind probes that each answer too late.
         self._found: set[int] = set()
-        # An answer that found work is owed a claim before the next probe: a replica of one
-        # worker, its probes slower than the tick, would otherwise only ever probe.
+        # An answer that found work (or did not ask, work being known) is owed a claim
+        # before the next probe: a replica of one worker, its probes slower than the tick,
+        # would otherwise only ever probe.
         self._claim_owed = False
         self._generation = 0
         self._start = 0  # first handler of this tick: a new one each tick, for fairness
@@ -238,9 +255,11 @@ class Scheduler:
         # An answer that raced with a tick or freed work idles no one (work may have come
         # since its read), but the work it found is still there for a claim to take.
         fresh = probe.generation == self._generation
+        if probe.known:
+            self._claim_owed = True
         for position, handler in enumerate(probe.handlers):
-            if handler not in self._handlers:
-                continue
+            if position in probe.known or handler not in self._handlers:
+                continue  # not asked: its claims tell
             index = self._handlers.index(handler)
             if position in found.ready:
                 self._idle.discard(index)
@@ -361,7 +380,8 @@ class Scheduler:
             members = [h for h in self._handlers if h.key not in self._paused]
             if members:
                 self._probing = True
-                return Probe.of(members, self._generation)
+                known = [h for i, h in enumerate(self._handlers) if self._known(i)]
+                return Probe.of(members, self._generation, known)
         count = len(self._handlers)
         for step in range(count):
             index = (self._cursor + step) % count
@@ -383,11 +403,11 @@ class Scheduler:
         return index in self._found or index in self._hot
 
     def _owed_claim(self) -> bool:
-        """The latest answer found work that a claim may take now: that claim goes before
-        the next probe."""
+        """The latest answer found work (or work was known) that a claim may take now:
+        that claim goes before the next probe."""
         if not self._claim_owed:
             return False
-        self._claim_owed = any(self._may_claim(i) for i in self._found)
+        self._claim_owed = any(self._may_claim(i) for i in self._found | self._hot)
         return self._claim_owed
 
     def _may_claim(self, index: int) -> bool:

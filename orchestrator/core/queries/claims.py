@@ -238,6 +238,7 @@ def probe_pipeline(
     pauses: tuple[str, int] | None = None,
     replicas: str | None = None,
     in_house: InHouse = NO_IN_HOUSE,
+    known: frozenset[int] = frozenset(),
 ) -> list[dict[str, Any]]:
     """One read for every handler of every collection: an aggregation over the first
     collection that adds the others' with ``$unionWith`` (MongoDB 4.4). It answers one
@@ -252,11 +253,15 @@ def probe_pipeline(
     many replicas are live, ``{live: n}`` (how many would wake at a due time).
     ``in_house`` (while migrating): in-house leases hold documents too
     (``claim_filter``), and each collection's earliest one comes as
-    ``{heldAt: lockedAt}`` (``in_house_due_filter``)."""
+    ``{heldAt: lockedAt}`` (``in_house_due_filter``). ``known``: the numbers of handlers
+    known to have work, not asked (their due times still are)."""
     branches: list[tuple[str, list[dict[str, Any]]]] = []
     number = 0
     for name, matches in groups:
         for match, exclusion in matches:
+            if number in known:
+                number += 1
+                continue
             branch: list[dict[str, Any]] = [
                 {"$match": claim_filter(match, now, horizon, exclusion, in_house)},
                 {"$limit": 1},

@@ -222,11 +222,14 @@ class AsyncClaimer:
         horizon: float,
         pauses_collection: str | None = None,
         replicas_collection: str | None = None,
+        *,
+        known: frozenset[int] = frozenset(),
     ) -> Found:
         """One read: which handlers (numbered across ``groups`` in order) could claim a
         document now, and when the next one comes due (a lease or a wait running out) if
         nobody writes; with ``pauses_collection``, the operators' pauses too; with
-        ``replicas_collection``, how many replicas are live.
+        ``replicas_collection``, how many replicas are live. ``known``: handlers known to
+        have work, not asked.
 
         An idle replica asks this once per tick for all its collections (one
         aggregation joined by ``$unionWith``) instead of a claim per handler, so idling
@@ -239,7 +242,7 @@ class AsyncClaimer:
             with driver_errors("probe"):
                 try:
                     return await self._probe_at_once(
-                        groups, now, horizon, pauses_collection, replicas_collection
+                        groups, now, horizon, pauses_collection, replicas_collection, known=known
                     )
                 except OperationFailure as exc:
                     if not probe_answers.unknown_stage(exc):
@@ -248,14 +251,18 @@ class AsyncClaimer:
         ready: set[int] = set()
         first = 0
         for name, matches in groups:
+            numbers = range(first, first + len(matches))
+            first += len(matches)
+            asked = [m for n, m in zip(numbers, matches, strict=True) if n not in known]
+            if not asked:
+                continue
             with driver_errors(f"probe {name}"):
                 doc = await self._store.collection(name).find_one(
-                    claims.probe_filter(matches, now, horizon, self._in_house),
+                    claims.probe_filter(asked, now, horizon, self._in_house),
                     claims.PROBE_PROJECTION,
                 )
             if doc is not None:  # one of them: each claims to find out which
-                ready.update(range(first, first + len(matches)))
-            first += len(matches)
+                ready.update(n for n in numbers if n not in known)
         return Found(frozenset(ready))
 
     async def _probe_at_once(
@@ -265,14 +272,18 @@ class AsyncClaimer:
         horizon: float,
         pauses_collection: str | None,
         replicas_collection: str | None,
+        *,
+        known: frozenset[int],
     ) -> Found:
         """``probe`` in one aggregation (one per ``PROBE_BRANCHES`` handlers), the pauses
         and the live replicas read with the first."""
         read = None if pauses_collection is None else (pauses_collection, pauses.MAX_PAUSES)
         answers: list[Found] = []
         chunks = claims.probe_chunks(groups)
+        offset = 0
         for chunk in chunks:
             first = not answers
+            size = sum(len(m) for _, m in chunk)
             pipeline = claims.probe_pipeline(
                 chunk,
                 now,
@@ -280,7 +291,9 @@ class AsyncClaimer:
                 pauses=read if first else None,
                 replicas=replicas_collection if first else None,
                 in_house=self._in_house,
+                known=frozenset(n - offset for n in known if offset <= n < offset + size),
             )
+            offset += size
             cursor = await self._store.collection(chunk[0][0]).aggregate(pipeline)
             rows = await cursor.to_list()
             answers.append(probe_answers.found(rows, first and read is not None, self._in_house))

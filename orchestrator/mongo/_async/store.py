@@ -191,11 +191,13 @@ class AsyncStore:
         horizon: float,
         pauses_collection: str | None = None,
         replicas_collection: str | None = None,
+        *,
+        known: frozenset[int] = frozenset(),
     ) -> Found:
         """One read: which handlers could claim now, and when the next document comes due
         (``AsyncClaimer.probe``)."""
         return await self._claimer.probe(
-            groups, now, horizon, pauses_collection, replicas_collection
+            groups, now, horizon, pauses_collection, replicas_collection, known=known
         )
 
     async def carry(

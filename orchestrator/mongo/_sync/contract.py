@@ -60,6 +60,8 @@ class LeaseStore(Protocol):
         horizon: float,
         pauses_collection: str | None = None,
         replicas_collection: str | None = None,
+        *,
+        known: frozenset[int] = frozenset(),
     ) -> Found:
         """For (collection, its handlers' (match, exclusion) pairs) groups: the handlers
         (numbered across the groups in order) that would claim a document now (where the
@@ -68,7 +70,10 @@ class LeaseStore(Protocol):
         server cannot say), and with ``pauses_collection`` the operators' pauses (None
         when it cannot read them with the rest), with ``replicas_collection`` how many
         replicas are live (None when it cannot count them); one read if the server can
-        (``$unionWith``), else one per collection; never a write."""
+        (``$unionWith``), else one per collection; never a write. ``known``: handlers
+        (numbered so) known to have work: not asked, never in the answer's ready; their
+        documents' due times are (a collection all of whose handlers are known costs no
+        read of its own where the server cannot join them)."""
 
     def carry(
         self, name: str, query: Mapping[str, Any], update: Mapping[str, Any]

@@ -192,10 +192,14 @@ class Store:
         horizon: float,
         pauses_collection: str | None = None,
         replicas_collection: str | None = None,
+        *,
+        known: frozenset[int] = frozenset(),
     ) -> Found:
         """One read: which handlers could claim now, and when the next document comes due
         (``AsyncClaimer.probe``)."""
-        return self._claimer.probe(groups, now, horizon, pauses_collection, replicas_collection)
+        return self._claimer.probe(
+            groups, now, horizon, pauses_collection, replicas_collection, known=known
+        )
 
     def carry(
         self, name: str, query: Mapping[str, Any], update: Mapping[str, Any]

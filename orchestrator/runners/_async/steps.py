@@ -133,6 +133,7 @@ class AsyncSteps:
                 self._settings.horizon,
                 self._settings.pauses_collection,
                 self._settings.replicas_collection,
+                known=probe.known,
             )
             if found.pauses is not None:
                 pauses_found(found.pauses)  # before its answer: no paused handler claims
@@ -141,16 +142,17 @@ class AsyncSteps:
         finally:
             self._books.probed(probe, found)
         took = self._local.monotonic() - started
-        if found is None:
-            for collection in probe.collections:
-                self._report.probed(collection, probe.members(collection), None, took)
-            return
-        if found.dues and scheduler.wakes_at_due(found.live, random.random()):
+        if found is not None and found.dues and scheduler.wakes_at_due(found.live, random.random()):
             self._wake_when_due(probe, found)
         for collection in probe.collections:
-            members = probe.members(collection)
-            ready = any(probe.handlers.index(h) in found.ready for h in members)
-            self._report.probed(collection, members, ready, took)
+            asked = probe.asked(collection)
+            if asked:  # a collection whose handlers all have work was asked its due time only
+                ready = (
+                    None
+                    if found is None
+                    else any(probe.handlers.index(h) in found.ready for h in asked)
+                )
+                self._report.probed(collection, asked, ready, took)
 
     def _wake_when_due(self, probe: Probe, found: Found) -> None:
         """When each collection's earliest document the probe saw comes due, if that is
