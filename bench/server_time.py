@@ -23,6 +23,11 @@ Then the document size: one document with ``history`` (20) entries whose errors 
 tracebacks of 4,000 characters, as ``bson.encode`` measures it, and the same with none:
 every write rewrites the whole document on MongoDB's storage engine too.
 
+Last, what the carrying write replaced (``replaced``): on one document among ``--finished``
+finished ones, with 0, 2 and 20 step entries in its history, the server's median time of
+a carry (an advance that takes the lease on into the next step) against the release and
+the claim of the next step it does the work of, each built by the library's own queries.
+
 Nothing is asserted: the figures are the server's and the machine's.
 """
 
@@ -37,16 +42,20 @@ import sys
 import time
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import bson
-from pymongo import AsyncMongoClient, monitoring
+from pymongo import AsyncMongoClient, MongoClient, ReturnDocument, WriteConcern, monitoring
 
 from bench import server_uri
 from orchestrator import AsyncLease, AsyncOrchestrator, Outcome
 from orchestrator.core import history
+from orchestrator.core.clock import bson_time
 from orchestrator.core.names import REPLICAS_COLLECTION
+from orchestrator.core.queries import claims, lease_writes
+from orchestrator.core.resource import EPOCH
 
 COLLECTION = "work"
 NEXT = {"S1": "S2", "S2": "S3", "S3": "Done"}
@@ -183,6 +192,93 @@ def document_sizes(entries: int = 20) -> dict[str, int]:
     return {"without_history": len(bson.encode(bare)), "with_history": len(bson.encode(full))}
 
 
+HISTORIES = (0, 2, 20)
+"""Step entries in the document's history in each row of ``replaced``."""
+
+
+def replaced(
+    uri: str, finished: int = 300, histories: Sequence[int] = HISTORIES, rounds: int = 60
+) -> list[dict[str, Any]]:
+    """Per history length: the median milliseconds of a carry, and of the release and the
+    claim it replaced, each on a document reset to a held lease before it (as a step's
+    write finds it), beside ``finished`` documents in a finished phase."""
+    client: MongoClient[dict[str, Any]] = MongoClient(uri)
+    db = client[f"bench_replaced_{os.getpid()}"]
+    work = db.get_collection("work", write_concern=WriteConcern(w="majority", wtimeout=10_000))
+    work.create_index(claims.CLAIM_INDEX)
+    now = bson_time(datetime.now(UTC))
+    until = now + timedelta(seconds=30)
+    if finished:
+        work.insert_many([{"n": n, "phase": "Done", "lockedUntil": EPOCH} for n in range(finished)])
+    entry = history.step_entry(
+        replica="bench", claimed_at=now, now=now, outcome="advanced", phase="S1", to="S2"
+    )
+
+    def advance() -> dict[str, Any]:
+        update = lease_writes.stamp_release(lease_writes.advance_update("S2", now, {}), "t0")
+        return history.merge(update, history.push(entry, history.DEFAULT_HISTORY, []))
+
+    def carry() -> None:
+        update = lease_writes.carry_update(advance(), now, until, "t1", "bench")
+        found = work.find_one_and_update(
+            lease_writes.fenced("doc", "t0", "S1"),
+            update,
+            projection=history.CLAIM_PROJECTION,
+            return_document=ReturnDocument.AFTER,
+        )
+        if found is None:
+            raise RuntimeError("the carry matched nothing: the figure would time a miss")
+
+    def release() -> None:
+        if not work.update_one(lease_writes.fenced("doc", "t0", "S1"), advance()).matched_count:
+            raise RuntimeError("the release matched nothing: the figure would time a miss")
+
+    def claim() -> None:
+        found = work.find_one_and_update(
+            claims.claim_filter({"phase": "S2"}, now, 3600),
+            claims.claim_update(now, until, "t1", "bench"),
+            sort=claims.CLAIM_SORT,
+            projection=history.CLAIM_PROJECTION,
+        )
+        if found is None:
+            raise RuntimeError("the claim found nothing: the figure would time a miss")
+
+    def timed(command: Any, held: Mapping[str, Any], *, released: bool = False) -> float:
+        times = []
+        for _ in range(rounds):
+            work.replace_one({"_id": "doc"}, held, upsert=True)
+            if released:
+                release()
+            began = time.perf_counter()
+            command()
+            times.append(time.perf_counter() - began)
+        return statistics.median(times) * 1000
+
+    rows = []
+    for entries in histories:
+        held = {
+            "_id": "doc",
+            "phase": "S1",
+            "lockedUntil": until,
+            "lockToken": "t0",
+            "lockedBy": "bench",
+            "lockedAt": now,
+            "updatedAt": now,
+            history.HISTORY_FIELD: [dict(entry) for _ in range(entries)],
+        }
+        rows.append(
+            {
+                "entries": entries,
+                "carry_ms": timed(carry, held),
+                "release_ms": timed(release, held),
+                "claim_ms": timed(claim, held, released=True),
+            }
+        )
+    client.drop_database(db.name)
+    client.close()
+    return rows
+
+
 def markdown(rows: Sequence[Mapping[str, Any]], sizes: Mapping[str, int]) -> str:
     lines = [
         "| finished docs | kind | commands | mean ms | ms per step |",
@@ -209,6 +305,20 @@ def markdown(rows: Sequence[Mapping[str, Any]], sizes: Mapping[str, int]) -> str
     return "\n".join(lines) + "\n"
 
 
+def replaced_markdown(rows: Sequence[Mapping[str, Any]]) -> str:
+    lines = [
+        "| history entries | carry ms | release ms | claim ms | carry / (release + claim) |",
+        "|---:|---:|---:|---:|---:|",
+    ]
+    for row in rows:
+        pair = row["release_ms"] + row["claim_ms"]
+        lines.append(
+            f"| {row['entries']} | {row['carry_ms']:.2f} | {row['release_ms']:.2f} | "
+            f"{row['claim_ms']:.2f} | {row['carry_ms'] / pair:.2f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def _counts(text: str) -> list[int]:
     try:
         counts = [int(part) for part in text.split(",")]
@@ -230,7 +340,9 @@ def main(argv: list[str]) -> int:
         return 2
     rows = [asyncio.run(measure(uri, args.workflows, finished)) for finished in args.finished]
     sizes = document_sizes()
+    pairs = replaced(uri, max(args.finished))
     if args.out is not None:
-        args.out.write_text(json.dumps({"rows": rows, "sizes": sizes}, indent=2) + "\n")
-    sys.stdout.write(markdown(rows, sizes))
+        result = {"rows": rows, "sizes": sizes, "replaced": pairs}
+        args.out.write_text(json.dumps(result, indent=2) + "\n")
+    sys.stdout.write(markdown(rows, sizes) + "\n" + replaced_markdown(pairs))
     return 0

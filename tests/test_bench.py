@@ -201,3 +201,14 @@ def test_the_server_time_figure_times_every_command_of_a_workflow_by_kind() -> N
     )
     sizes = server_time.document_sizes()
     assert sizes["with_history"] > 20 * server_time.TRACEBACK > sizes["without_history"]
+
+
+@pytest.mark.mongodb
+@pytest.mark.skipif(not MONGODB_URI, reason="MONGODB_URI is not set")
+def test_the_server_time_figure_times_a_carry_beside_the_release_and_claim_it_replaced() -> None:
+    # Each command raises if it matched nothing: a figure timing misses would mislead.
+    rows = server_time.replaced(str(MONGODB_URI), finished=5, histories=(0, 3), rounds=2)
+    assert [row["entries"] for row in rows] == [0, 3]
+    for row in rows:
+        assert min(row["carry_ms"], row["release_ms"], row["claim_ms"]) > 0
+    assert server_time.replaced_markdown(rows).count("\n") == 4
