@@ -336,7 +336,6 @@ class LeaseCore(Generic[R]):
         failing = action in _RECORDS
         lighter: tuple[dict[str, Any], ...] = ()
         if keep and (error is not None or not failing):
-            lighter = ({op: dict(fields) for op, fields in update.items()},)
             entry = history.step_entry(
                 replica=self.settings.replica_id,
                 claimed_at=self.claimed_at,
@@ -348,7 +347,8 @@ class LeaseCore(Generic[R]):
                 taken_from=self.taken_from,
             )
             current = self.doc.get(history.HISTORY_FIELD, history.ABSENT)
-            history.merge(update, history.push(entry, keep, current))
+            lighter = (update,)
+            update = history.merge(update, history.push(entry, keep, current))
         phase_change = next_phase is not SAME
         return Write(update, action, now, until, phase_change, next_phase, lighter)
 
