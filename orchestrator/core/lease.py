@@ -560,6 +560,8 @@ def _int(value: Any) -> int:
 
 
 def _plain(value: Any) -> Any:
+    if type(value) in submissions.SCALARS:  # no model, told without the ABC check
+        return value
     if isinstance(value, BaseModel):
         return value.model_dump(by_alias=True, exclude_none=True)
     return value

@@ -94,7 +94,14 @@ def _check_storable(fields: Mapping[str, Any]) -> None:
         )
 
 
+SCALARS = frozenset({str, int, float, bool, type(None)})
+"""Types whose values hold nothing nested (exactly these: no subclass), told at once,
+without ``isinstance``'s check through an abstract class (``Mapping``, a model)."""
+
+
 def _check_nested(value: Any, path: str) -> None:
+    if type(value) in SCALARS:
+        return
     if isinstance(value, Mapping):
         for key, inner in value.items():
             if isinstance(key, str) and key.startswith("$"):
