@@ -78,6 +78,9 @@ def merge(update: Mapping[str, Any], clause: Mapping[str, Any]) -> dict[str, Any
     return merged
 
 
+_STEP = EntryKind.STEP.value
+
+
 def step_entry(  # noqa: PLR0913  one keyword per stored field of a step's entry
     *,
     replica: str,
@@ -93,7 +96,7 @@ def step_entry(  # noqa: PLR0913  one keyword per stored field of a step's entry
     clock, ``phase`` the phase it was claimed in, ``to`` the one it left the document in;
     ``taken_from``: the replica whose expired lease this step's claim took over."""
     entry: dict[str, Any] = {
-        "kind": EntryKind.STEP.value,
+        "kind": _STEP,
         "at": bson_time(claimed_at),
         "took": round(max((now - claimed_at).total_seconds(), 0.0), 3),
         "by": replica,

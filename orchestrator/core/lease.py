@@ -340,7 +340,7 @@ class LeaseCore(Generic[R]):
                 replica=self.settings.replica_id,
                 claimed_at=self.claimed_at,
                 now=now,
-                outcome=outcome.value,
+                outcome=str(outcome),  # its value: a StrEnum's str, without Enum's property
                 phase=self.doc.get("phase"),
                 to=self.doc.get("phase") if next_phase is SAME else next_phase,
                 error=error,

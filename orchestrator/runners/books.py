@@ -354,7 +354,8 @@ class Books(Generic[L]):
         with self.lock:
             if step.abandoned:
                 return False
-            self._stats[outcome.value] += 1  # plain names: stats() prints and serialises as before
+            # Plain names (str of a StrEnum: its value): stats() prints and serialises as before.
+            self._stats[str(outcome)] += 1
             del self._running[step.lease.token]
             if carried is None:
                 self._sched.finished(outcome, wakes=self._frees_work_here(step, outcome))
