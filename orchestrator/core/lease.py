@@ -157,8 +157,9 @@ class LeaseCore(Generic[R]):
 
     @property
     def holds_slots(self) -> bool:
-        """Whether this step still holds a slot of its handler's global limit."""
-        return bool(self.held_slots())
+        """Whether this step still holds a slot of its handler's global limit (most
+        handlers have no limit: no slot to look through)."""
+        return bool(self.slots) and bool(self.held_slots())
 
     def held_slots(self) -> list[Slot]:
         """The slots this step still holds that follow its lease (a global limit's): renewed
