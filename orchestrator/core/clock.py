@@ -21,10 +21,16 @@ UTC_EPOCH = _NAIVE_EPOCH.replace(tzinfo=UTC)
 
 
 def bson_time(value: datetime) -> datetime:
-    """Naive UTC with millisecond precision: what the server will hand back."""
+    """Naive UTC with millisecond precision: what the server will hand back. One
+    ``replace`` at most (every write stamps several): none for a value already so."""
     if value.tzinfo is not None:
-        value = value.astimezone(UTC).replace(tzinfo=None)
-    return value.replace(microsecond=value.microsecond // 1000 * 1000)
+        value = value.astimezone(UTC)
+        micro = value.microsecond
+        return value.replace(tzinfo=None, microsecond=micro - micro % 1000)
+    micro = value.microsecond
+    if micro % 1000:
+        return value.replace(microsecond=micro - micro % 1000)
+    return value
 
 
 def as_utc(value: datetime) -> datetime:

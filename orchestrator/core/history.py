@@ -67,12 +67,18 @@ def push(entry: Mapping[str, Any], keep: int, current: Any) -> dict[str, Any]:
     return {"$push": {HISTORY_FIELD: {"$each": [dict(entry)], "$slice": -keep}}}
 
 
-def merge(update: dict[str, Any], clause: Mapping[str, Any]) -> dict[str, Any]:
-    """``update`` with ``clause``'s operators added (their fields never overlap: the
-    history field is the history's alone). Changed in place, and returned."""
+def merge(update: Mapping[str, Any], clause: Mapping[str, Any]) -> dict[str, Any]:
+    """A new update: ``update`` with ``clause``'s operators added (their fields never
+    overlap: the history field is the history's alone). ``update`` is left as it was, so
+    it stays the write without the entry; the operators' fields the clause does not
+    touch are shared with it, not copied."""
+    merged = dict(update)
     for operator, fields in clause.items():
-        update.setdefault(operator, {}).update(fields)
-    return update
+        merged[operator] = {**update.get(operator, {}), **fields}
+    return merged
+
+
+_STEP = EntryKind.STEP.value
 
 
 def step_entry(  # noqa: PLR0913  one keyword per stored field of a step's entry
@@ -90,7 +96,7 @@ def step_entry(  # noqa: PLR0913  one keyword per stored field of a step's entry
     clock, ``phase`` the phase it was claimed in, ``to`` the one it left the document in;
     ``taken_from``: the replica whose expired lease this step's claim took over."""
     entry: dict[str, Any] = {
-        "kind": EntryKind.STEP.value,
+        "kind": _STEP,
         "at": bson_time(claimed_at),
         "took": round(max((now - claimed_at).total_seconds(), 0.0), 3),
         "by": replica,

@@ -157,8 +157,9 @@ class LeaseCore(Generic[R]):
 
     @property
     def holds_slots(self) -> bool:
-        """Whether this step still holds a slot of its handler's global limit."""
-        return bool(self.held_slots())
+        """Whether this step still holds a slot of its handler's global limit (most
+        handlers have no limit: no slot to look through)."""
+        return bool(self.slots) and bool(self.held_slots())
 
     def held_slots(self) -> list[Slot]:
         """The slots this step still holds that follow its lease (a global limit's): renewed
@@ -170,9 +171,10 @@ class LeaseCore(Generic[R]):
 
     def unlock_write(self, fields: dict[str, Any]) -> tuple[Write, Outcome]:
         data = self._fields(fields)
-        until, wait = self._free_until()
+        now = self._clock.now()
+        until, wait = self._free_until(now)
         update = lease_writes.unlock_update(data, until)
-        write = self._releasing(update, LeaseWrite.UNLOCK, until, StepOutcome.UNLOCKED)
+        write = self._releasing(update, LeaseWrite.UNLOCK, now, until, StepOutcome.UNLOCKED)
         return write, Outcome(StepOutcome.UNLOCKED, self.phase, wait, self.token)
 
     def relock_write(self, wait: float | None, fields: dict[str, Any]) -> tuple[Write, Outcome]:
@@ -188,7 +190,7 @@ class LeaseCore(Generic[R]):
         wait = self._bounded(float(wait))
         until = now + timedelta(seconds=wait)
         update = lease_writes.relock_update(until, data)
-        write = self._releasing(update, LeaseWrite.RELOCK, until, StepOutcome.RELOCKED)
+        write = self._releasing(update, LeaseWrite.RELOCK, now, until, StepOutcome.RELOCKED)
         return write, Outcome(StepOutcome.RELOCKED, self.phase, wait, self.token)
 
     def advance_write(self, phase: str, fields: dict[str, Any]) -> tuple[Write, Outcome]:
@@ -199,22 +201,24 @@ class LeaseCore(Generic[R]):
                 f"{self.handler.name} may advance to {list(self.handler.to)}, not {phase!r}"
             )
         data = self._fields(fields)
-        until, wait = self._free_until()
-        update = lease_writes.advance_update(phase, self._clock.now(), data, until)
+        now = self._clock.now()
+        until, wait = self._free_until(now)
+        update = lease_writes.advance_update(phase, now, data, until)
         write = self._releasing(
             update,
             LeaseWrite.ADVANCE,
+            now,
             until,
             StepOutcome.ADVANCED,
-            phase_change=True,
             next_phase=phase,
         )
         return write, Outcome(StepOutcome.ADVANCED, phase, wait, self.token)
 
     def release_write(self) -> tuple[Write, Outcome]:
-        until, wait = self._free_until()
+        now = self._clock.now()
+        until, wait = self._free_until(now)
         update = lease_writes.release_update(until)
-        write = self._releasing(update, LeaseWrite.RELEASE, until, StepOutcome.RELEASED)
+        write = self._releasing(update, LeaseWrite.RELEASE, now, until, StepOutcome.RELEASED)
         return write, Outcome(StepOutcome.RELEASED, self.phase, wait, self.token)
 
     def remove_outcome(self) -> Outcome:
@@ -255,13 +259,13 @@ class LeaseCore(Generic[R]):
         build: Callable[[dict[str, Any]], dict[str, Any]]
         if final:
             failed = self.handler.failed_phase
-            until, _ = self._free_until()
+            until, _ = self._free_until(now)
             name = self.handler.key
 
             def build(record: dict[str, Any]) -> dict[str, Any]:
                 return lease_writes.fail_update(failed, attempts, record, now, name, until=until)
 
-            action, phase_change, next_phase = LeaseWrite.FAIL, True, failed
+            action, next_phase = LeaseWrite.FAIL, failed
             outcome = Outcome(StepOutcome.FAILED, failed, None, self.token)
         else:
             until = now + timedelta(seconds=wait)
@@ -269,15 +273,15 @@ class LeaseCore(Generic[R]):
             def build(record: dict[str, Any]) -> dict[str, Any]:
                 return lease_writes.retry_update(attempts, record, until)
 
-            action, phase_change, next_phase = LeaseWrite.RETRY, False, SAME
+            action, next_phase = LeaseWrite.RETRY, SAME
             outcome = Outcome(StepOutcome.RETRYING, self.phase, wait, self.token)
         forms = tuple(
             self._releasing(
                 u,
                 action,
+                now,
                 until,
                 outcome.action,
-                phase_change=phase_change,
                 next_phase=next_phase,
                 error=record,
             )
@@ -287,9 +291,9 @@ class LeaseCore(Generic[R]):
         last = self._releasing(
             unrecorded,
             action,
+            now,
             until,
             outcome.action,
-            phase_change=phase_change,
             next_phase=next_phase,
         )
         return ErrorWrite((*forms, last), outcome)
@@ -303,53 +307,59 @@ class LeaseCore(Generic[R]):
         if self._release is None:
             return ErrorWrite((), self.outcome)
         until = self._release.until
-        error = lease_writes.error_record(kind, message, self._clock.now(), self.phase)
+        now = self._clock.now()
+        error = lease_writes.error_record(kind, message, now, self.phase)
         updates = _record_forms(error, lease_writes.note_update)
-        forms = tuple(Write(u, LeaseWrite.NOTE, until) for u, _ in updates)
+        forms = tuple(Write(u, LeaseWrite.NOTE, now, until) for u, _ in updates)
         return ErrorWrite(forms, self.outcome)
 
     def _releasing(
         self,
         update: dict[str, Any],
         action: LeaseWrite,
+        now: datetime,
         until: datetime,
         outcome: StepOutcome,
         *,
-        phase_change: bool = False,
         next_phase: Any = SAME,
         error: dict[str, Any] | None = None,
     ) -> Write:
-        """A write that releases this lease. It leaves the lease's token as ``lastToken``:
-        the fence of an error recorded after it (``released_fence``), which no other
-        step's release can match; and it carries the step's history entry (``error``:
-        the record it stores, whose absence on a failed attempt means the document is at
-        its size limit, where nothing more is added), with the same write without it as
-        its lighter form: a document at 16 MiB still takes the outcome."""
+        """A write that releases this lease, planned at ``now``; one that names its
+        ``next_phase`` changes the phase, fenced on the claimed one. It leaves the lease's
+        token as ``lastToken``: the fence of an error recorded after it
+        (``released_fence``), which no other step's release can match; and it carries the
+        step's history entry (``error``: the record it stores, whose absence on a failed
+        attempt means the document is at its size limit, where nothing more is added),
+        with the same write without it as its lighter form: a document at 16 MiB still
+        takes the outcome."""
         update = lease_writes.stamp_release(update, self.token)
         keep = self.settings.history
         failing = action in _RECORDS
         lighter: tuple[dict[str, Any], ...] = ()
         if keep and (error is not None or not failing):
-            lighter = ({op: dict(fields) for op, fields in update.items()},)
             entry = history.step_entry(
                 replica=self.settings.replica_id,
                 claimed_at=self.claimed_at,
-                now=self._clock.now(),
-                outcome=outcome.value,
+                now=now,
+                outcome=str(outcome),  # its value: a StrEnum's str, without Enum's property
                 phase=self.doc.get("phase"),
                 to=self.doc.get("phase") if next_phase is SAME else next_phase,
                 error=error,
                 taken_from=self.taken_from,
             )
             current = self.doc.get(history.HISTORY_FIELD, history.ABSENT)
-            history.merge(update, history.push(entry, keep, current))
-        return Write(update, action, until, phase_change, next_phase, lighter)
+            lighter = (update,)
+            update = history.merge(update, history.push(entry, keep, current))
+        phase_change = next_phase is not SAME
+        return Write(update, action, now, until, phase_change, next_phase, lighter)
 
     def carry_plan(self, write: Write) -> Carry | None:
         """The lease carried on into the next step by ``write`` (an unlock or an advance that
         frees the document at once), when this replica's carrier has a handler for the
         phase it leaves the document in; None: the write releases. Fenced on the phase
-        whatever the outcome, so an outside writer's change of phase wins."""
+        whatever the outcome, so an outside writer's change of phase wins. Its lease starts
+        when ``write`` was planned (``Write.at``): the lease plans it and asks for its carry
+        under one hold of its lock, with no wait between."""
         if self.carrier is None or write.action not in _CARRIES or write.until != EPOCH:
             return None
         phase = self._phase_after(write)
@@ -358,7 +368,7 @@ class LeaseCore(Generic[R]):
         handler = self.carrier(self, phase)
         if handler is None:
             return None
-        now = self._clock.now()
+        now = write.at
         until = now + timedelta(seconds=self.settings.lock_timeout)
         token = secrets.token_hex(8)
         update = lease_writes.carry_update(
@@ -474,13 +484,13 @@ class LeaseCore(Generic[R]):
 
     # -- pure helpers --------------------------------------------------------------------
 
-    def _free_until(self) -> tuple[datetime, float | None]:
+    def _free_until(self, now: datetime) -> tuple[datetime, float | None]:
         """Released at once, unless this document used its claims for the tick: then it
-        waits the relock floor, so no outcome can make a handler spin."""
+        waits the relock floor from ``now``, so no outcome can make a handler spin."""
         if not self.throttled:
             return EPOCH, None
         wait = self.settings.relock_floor
-        return self._clock.now() + timedelta(seconds=wait), wait
+        return now + timedelta(seconds=wait), wait
 
     def _policy_wait(self, name: str, policy: Any, now: datetime, count: int) -> float:
         """The policy's wait, checked: a policy that raises or answers NaN, None, a negative
@@ -551,6 +561,8 @@ def _int(value: Any) -> int:
 
 
 def _plain(value: Any) -> Any:
+    if type(value) in submissions.SCALARS:  # no model, told without the ABC check
+        return value
     if isinstance(value, BaseModel):
         return value.model_dump(by_alias=True, exclude_none=True)
     return value

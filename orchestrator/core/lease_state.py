@@ -33,7 +33,15 @@ __all__ = [
 ]
 
 
-class LeaseState(Enum):
+class _Keyed(Enum):
+    """A member hashes as it compares, by identity: ``Enum.__hash__`` hashes its name in
+    Python, and every write of a lease looks its state up in the tables below a few
+    times (``fire``, ``refusal``, ``HOLDING``...)."""
+
+    __hash__ = object.__hash__
+
+
+class LeaseState(_Keyed):
     """Where a lease is in its life."""
 
     HELD = "held"
@@ -67,7 +75,7 @@ class LeaseState(Enum):
     """As ``LOST``, after a release that carried the lease on: the engine hands that back."""
 
 
-class LeaseEvent(Enum):
+class LeaseEvent(_Keyed):
     """What happened to a lease: a write of it landed, or found it gone."""
 
     EXTENDED = "extended"
@@ -128,7 +136,7 @@ TRANSITIONS: dict[LeaseState, dict[LeaseEvent, LeaseState]] = {
 }
 
 
-class Ask(Enum):
+class Ask(_Keyed):
     """What a write asks of the lease's state, before it is sent."""
 
     WRITE = "write"

@@ -40,11 +40,14 @@ SAME: Any = object()
 @dataclass(frozen=True)
 class Write:
     """One releasing write: its update, and what the lease becomes once it lands.
-    ``lighter``: the same outcome stored with less (no history entry), each tried in turn
-    when the server refuses the one before as taking the document past 16 MiB."""
+    ``at``: when it was planned, by the server clock's estimate (its history entry's time,
+    and a lease it carries on starts then). ``lighter``: the same outcome stored with less
+    (no history entry), each tried in turn when the server refuses the one before as
+    taking the document past 16 MiB."""
 
     update: dict[str, Any]
     action: LeaseWrite
+    at: datetime
     until: datetime
     phase_change: bool = False
     next_phase: Any = SAME

@@ -354,11 +354,13 @@ class Books(Generic[L]):
         with self.lock:
             if step.abandoned:
                 return False
-            self._stats[outcome.value] += 1  # plain names: stats() prints and serialises as before
+            # Plain names (str of a StrEnum: its value): stats() prints and serialises as before.
+            self._stats[str(outcome)] += 1
             del self._running[step.lease.token]
-            wakes = self._frees_work_here(step, outcome)
-            self._sched.finished(outcome, carried=carried is not None, wakes=wakes)
-            if carried is not None:
+            if carried is None:
+                self._sched.finished(outcome, wakes=self._frees_work_here(step, outcome))
+            else:  # it keeps its slot and frees nothing: whom it would wake is not asked
+                self._sched.finished(outcome, carried=True)
                 self._stats["carried"] += 1
                 self._running[carried.lease.token] = carried
             self._notify(more_work=False)  # its worker takes the next action itself

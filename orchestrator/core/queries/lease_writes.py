@@ -64,13 +64,16 @@ def carry_update(
     """A step's releasing ``update`` (an unlock or an advance) that takes the lease on for
     the next step instead of letting it go: the same outcome, the history entry and
     ``lastToken`` included, with a fresh ``token`` until ``until``, as a claim would have
-    written it. One write where a release and a claim made two."""
-    carried = {op: dict(fields) for op, fields in update.items()}
-    carried.setdefault("$set", {}).update(claim_update(now, until, token, replica)["$set"])
-    unset = carried.get("$unset", {})
-    unset.pop("lockToken", None)
-    if "$unset" in carried and not unset:
-        del carried["$unset"]
+    written it. One write where a release and a claim made two. ``update`` is left as it
+    was; the operators' fields the carry does not change are shared with it."""
+    carried = dict(update)
+    carried["$set"] = {**update.get("$set", {}), **claim_update(now, until, token, replica)["$set"]}
+    if "$unset" in update:
+        unset = {k: v for k, v in update["$unset"].items() if k != "lockToken"}
+        if unset:
+            carried["$unset"] = unset
+        else:
+            del carried["$unset"]
     return carried
 
 

@@ -58,14 +58,20 @@ def unique_filter(doc: Mapping[str, Any], keys: Iterable[str]) -> dict[str, Any]
     return {k: doc[k] for k in keys}
 
 
+_MANAGED = frozenset({"phase", "_id", "updatedAt"})
+"""Managed by the orchestrator beside the lease's fields, dotted paths into them too."""
+_LEASE_MANAGED = LEASE_FIELDS | _MANAGED
+
+
 def check_fields(fields: Mapping[str, Any], *, reserved: frozenset[str] = LEASE_FIELDS) -> None:
     """Refuse field names that would corrupt the lease or be read as update operators."""
+    managed = _LEASE_MANAGED if reserved is LEASE_FIELDS else reserved | _MANAGED
     for key, value in fields.items():
         if not isinstance(key, str) or not key:
             raise ConfigError(f"field names must be non-empty strings, got {key!r}")
         if key.startswith("$") or "\x00" in key:
             raise ConfigError(f"field name {key!r} is not allowed: it starts with '$'")
-        if key in reserved or key.split(".", 1)[0] in reserved | {"phase", "_id", "updatedAt"}:
+        if key in reserved or key.split(".", 1)[0] in managed:
             raise ConfigError(f"field {key!r} is managed by the orchestrator")
         _check_nested(value, key)
     _check_storable(fields)
@@ -88,7 +94,14 @@ def _check_storable(fields: Mapping[str, Any]) -> None:
         )
 
 
+SCALARS = frozenset({str, int, float, bool, type(None)})
+"""Types whose values hold nothing nested (exactly these: no subclass), told at once,
+without ``isinstance``'s check through an abstract class (``Mapping``, a model)."""
+
+
 def _check_nested(value: Any, path: str) -> None:
+    if type(value) in SCALARS:
+        return
     if isinstance(value, Mapping):
         for key, inner in value.items():
             if isinstance(key, str) and key.startswith("$"):

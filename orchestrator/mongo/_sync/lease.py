@@ -168,12 +168,14 @@ class Lease(Generic[R]):
 
     def unlock(self, **fields: Any) -> Outcome:
         """Step done, more to do: release now so the next step can be claimed at once."""
-        return self._write(*self._core.unlock_write(fields))
+        with self._lock:
+            return self._write(*self._core.unlock_write(fields))
 
     def relock(self, wait: float | None = None, **fields: Any) -> Outcome:
         """Waiting on something outside: release, claimable again after ``wait`` seconds
         (by default the handler's relock policy; never less than the floor of one tick)."""
-        return self._write(*self._core.relock_write(wait, fields))
+        with self._lock:
+            return self._write(*self._core.relock_write(wait, fields))
 
     def advance(self, phase: str, **fields: Any) -> Outcome:
         """Enter ``phase`` (setting ``fields`` with it) and release at once.
@@ -182,7 +184,8 @@ class Lease(Generic[R]):
         cancelling, say) changed the phase meanwhile, the advance raises ``LeaseLost``, the
         lease is released, and the document stays in the phase the outside writer chose.
         """
-        return self._write(*self._core.advance_write(phase, fields))
+        with self._lock:
+            return self._write(*self._core.advance_write(phase, fields))
 
     def remove(self) -> Outcome:
         """Delete the document (the end of its life), fenced like ``advance``: on the
@@ -318,29 +321,31 @@ class Lease(Generic[R]):
 
     def release(self) -> Outcome:
         """Hand back a lease whose step never ran (subject to the budget, like any release)."""
-        return self._write(*self._core.release_write())
+        with self._lock:
+            return self._write(*self._core.release_write())
 
     # -- internals -------------------------------------------------------------------------
 
     def _write(self, write: Write, outcome: Outcome) -> Outcome:
-        """A releasing write by the handler, serialised with the heartbeat's extends. An
+        """A releasing write by the handler, planned and written under one hold of the lock
+        (the caller's), which serialises it with the heartbeat's extends: so the lease it
+        may carry on starts when it was planned (``Write.at``), with no wait between. An
         unlock or advance into work this replica does next carries the lease on in the
         same write (``LeaseCore.carry_plan``); if that finds the document changed from
         outside (or the lease lost), or the server refuses it as too large, the plain
         write decides, as it would have alone."""
         core = self._core
-        with self._lock:
-            core.check(write.action)
-            carry = core.carry_plan(write)
-            if carry is not None:
-                try:
-                    doc = self._store.carry(core.collection, carry.fence, carry.update)
-                except DocumentTooLarge:  # the next claim does not fit: release, lighter
-                    doc = None
-                if doc is not None:
-                    carry.doc = doc
-                    return core.carried_on(write, outcome, carry)
-            return self._apply(write, outcome)
+        core.check(write.action)
+        carry = core.carry_plan(write)
+        if carry is not None:
+            try:
+                doc = self._store.carry(core.collection, carry.fence, carry.update)
+            except DocumentTooLarge:  # the next claim does not fit: release, lighter
+                doc = None
+            if doc is not None:
+                carry.doc = doc
+                return core.carried_on(write, outcome, carry)
+        return self._apply(write, outcome)
 
     def _apply(self, write: Write, outcome: Outcome) -> Outcome:
         """Carry ``write`` out, fenced as the lease's state says (the caller holds the lock

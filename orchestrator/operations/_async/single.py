@@ -176,10 +176,7 @@ class AsyncSingleActions:
             query = guard
             if shape is not None:
                 current = history.ABSENT if shape is history.LIST_SHAPE else None
-                written = history.merge(
-                    {k: dict(v) for k, v in update.items()},
-                    history.push(entry, live.keep, current),
-                )
+                written = history.merge(update, history.push(entry, live.keep, current))
                 query = {"$and": [guard, shape]}
             after = await self._reads.reports.operator_update(collection, query, written)
             if after is not None:

@@ -274,13 +274,14 @@ class AsyncSteps:
     async def _step(self, step: Step[Held], stopping: bool) -> StepOutcome:
         """A claimed lease's step: run it, or hand the lease back unstarted."""
         lease = step.lease
-        why = steps.hand_back_reason(stopping=stopping, expired=lease.expired(self._clock.now()))
+        now = self._clock.now()
+        why = steps.hand_back_reason(stopping=stopping, expired=lease.expired(now))
         if why is not None:
             outcome = await self._hand_back(lease, why)
             if stopping and outcome is StepOutcome.RELEASED:
                 self._books.released_on_stop(f"{lease.collection}/{lease.id}")
             return outcome
-        unrenewed = await self._renew_to_start(lease, confirm=not step.confirmed)
+        unrenewed = await self._renew_to_start(lease, now, confirm=not step.confirmed)
         if unrenewed is not None:
             return unrenewed
         inside = IN_STEP.set(self._engine)
@@ -289,7 +290,9 @@ class AsyncSteps:
         finally:
             IN_STEP.reset(inside)
 
-    async def _renew_to_start(self, lease: Held, *, confirm: bool) -> StepOutcome | None:
+    async def _renew_to_start(
+        self, lease: Held, now: datetime, *, confirm: bool
+    ) -> StepOutcome | None:
         """A lease past half its time when its step starts is renewed first: a lease carried
         on by the step before, whose handler worked on after its outcome, would otherwise
         start the step on a lease about to expire, and another replica would take it over on
@@ -297,12 +300,13 @@ class AsyncSteps:
         a fresh claim's does, and the heartbeat keeps it from there. ``confirm``: renewed
         whatever its age, the fenced write telling whether it was ever written (a submit's
         whose answer was lost). None: it runs; else the outcome of a lease that could not
-        be renewed (not run)."""
+        be renewed (not run). ``now``: the server clock's time as the step starts (no await
+        since it was read)."""
         decision = (
             "extend"
             if confirm
             else scheduler.heartbeat(
-                self._clock.now(),
+                now,
                 claimed_at=lease.claimed_at,
                 locked_at=lease.locked_at,
                 lock_timeout=self._settings.lock_timeout,
