@@ -279,11 +279,12 @@ class AsyncClaimer:
         and the live replicas read with the first."""
         read = None if pauses_collection is None else (pauses_collection, pauses.MAX_PAUSES)
         answers: list[Found] = []
-        chunks = claims.probe_chunks(groups)
+        sizes: list[int] = []
         offset = 0
-        for chunk in chunks:
+        for chunk in claims.probe_chunks(groups):
             first = not answers
             size = sum(len(m) for _, m in chunk)
+            sizes.append(size)
             pipeline = claims.probe_pipeline(
                 chunk,
                 now,
@@ -297,6 +298,4 @@ class AsyncClaimer:
             cursor = await self._store.collection(chunk[0][0]).aggregate(pipeline)
             rows = await cursor.to_list()
             answers.append(probe_answers.found(rows, first and read is not None, self._in_house))
-        return probe_answers.merged(
-            answers, [sum(len(m) for _, m in c) for c in claims.probe_chunks(groups)]
-        )
+        return probe_answers.merged(answers, sizes)
