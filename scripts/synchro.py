@@ -56,6 +56,7 @@ REPLACEMENTS = {
     "AsyncReads": "Reads",
     "AsyncSingleActions": "SingleActions",
     "AsyncBulkActions": "BulkActions",
+    "AsyncSchedules": "Schedules",
     "_async": "_sync",  # orchestrator.<package>._async.* -> orchestrator.<package>._sync.*
     "connect_async": "connect",
     "check_reachable_async": "check_reachable",

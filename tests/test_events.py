@@ -23,6 +23,7 @@ from orchestrator import (
     LeaseLostEvent,
     Listener,
     Orchestrator,
+    ScheduleFiredEvent,
     StepClaimedEvent,
     StepFinishedEvent,
     StepOutcome,
@@ -191,7 +192,7 @@ class Broken(Listener):
         raise RuntimeError("a bug in a listener")
 
     submitting = step_claimed = step_finished = attempt_failed = lease_lost = _raise
-    lease_extended = clock_measured = idle_probe = _raise
+    lease_extended = clock_measured = idle_probe = schedule_fired = _raise
 
 
 async def test_a_listener_that_raises_never_breaks_a_step(
@@ -288,6 +289,9 @@ SAMPLES: dict[str, Event] = {
     "lease_extended": LeaseExtendedEvent(*STEP, 4.0),
     "clock_measured": ClockMeasuredEvent("pod-1", 0.25, 0.01, True),
     "idle_probe": IdleProbeEvent("pod-1", "jobs", ("jobs.Running",), False, 0.02),
+    "schedule_fired": ScheduleFiredEvent(
+        "pod-1", "nightly", datetime(2026, 1, 1, tzinfo=UTC), "started", 0.2, "nightly@x"
+    ),
 }
 
 
@@ -320,6 +324,9 @@ class ByMethod(Listener):
 
     def idle_probe(self, event: IdleProbeEvent) -> None:
         self.calls.append(("idle_probe", event))
+
+    def schedule_fired(self, event: ScheduleFiredEvent) -> None:
+        self.calls.append(("schedule_fired", event))
 
 
 def test_every_event_type_has_a_sample_and_a_listener_method() -> None:

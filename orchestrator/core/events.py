@@ -21,6 +21,7 @@ import logging
 import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, get_type_hints
 
 from orchestrator.core.errors import ConfigError
@@ -37,6 +38,7 @@ __all__ = [
     "LeaseLostEvent",
     "Listener",
     "Listeners",
+    "ScheduleFiredEvent",
     "StepClaimedEvent",
     "StepFinishedEvent",
     "SubmittingEvent",
@@ -239,6 +241,26 @@ class IdleProbeEvent:
         listener.idle_probe(self)
 
 
+@dataclass(frozen=True, slots=True)
+class ScheduleFiredEvent:
+    """A schedule's fire time was dealt with: ``result`` one of ``schedules.FireResult``
+    (started, skipped, buffered, declined, coalesced, missed, failed); ``lag`` seconds
+    from the fire time to the start (None unless started); ``run`` the document started;
+    ``count`` fire times it stands for (a missed range); ``error`` why it failed."""
+
+    replica: str
+    schedule: str
+    fire: datetime
+    result: str
+    lag: float | None = None
+    run: str | None = None
+    count: int = 1
+    error: str | None = None
+
+    def deliver(self, listener: Listener) -> None:
+        listener.schedule_fired(self)
+
+
 class Listener:
     """Receives a replica's events: subclass it and override the methods you need (the
     others do nothing). Called synchronously where the work happens, from worker threads
@@ -269,6 +291,9 @@ class Listener:
     def idle_probe(self, event: IdleProbeEvent) -> None:
         """An idle replica probed a collection for work."""
 
+    def schedule_fired(self, event: ScheduleFiredEvent) -> None:
+        """A schedule's fire time started a document, or was skipped, missed, failed..."""
+
 
 Event = (
     SubmittingEvent
@@ -279,6 +304,7 @@ Event = (
     | LeaseExtendedEvent
     | ClockMeasuredEvent
     | IdleProbeEvent
+    | ScheduleFiredEvent
 )
 """Every event a replica emits. Each one's ``deliver`` calls its ``Listener`` method, so a
 misspelt or mistyped method fails the type check, not a listener at run time."""

@@ -16,6 +16,10 @@ says otherwise."""
 SLOTS_COLLECTION = "orchestrator.slots"
 """Where limited handlers' slots are kept unless ``Settings.slots_collection`` says otherwise."""
 
+SCHEDULES_COLLECTION = "orchestrator.schedules"
+"""Where each schedule's document is kept (its spec, next fire, counts) unless
+``Settings.schedules_collection`` says otherwise."""
+
 CLAIM_INDEX_NAME = "orchestrator_claim_until"
 """The claim's index (``claims.CLAIM_INDEX``) on each handled collection."""
 

@@ -28,6 +28,7 @@ from orchestrator.core.names import (
     AUDIT_COLLECTION,
     PAUSES_COLLECTION,
     REPLICAS_COLLECTION,
+    SCHEDULES_COLLECTION,
     SLOTS_COLLECTION,
 )
 from orchestrator.core.validation import explain
@@ -194,6 +195,13 @@ class Settings(BaseModel):
         " kept (one small document per unit of each limit); every replica of a deployment"
         " must name the same one.",
     )
+    schedules_collection: str = Field(
+        SCHEDULES_COLLECTION,
+        min_length=1,
+        max_length=120,
+        description="Where each schedule (@orch.schedule) keeps its document: its spec, its"
+        " next fire, its counts; every replica of a deployment must name the same one.",
+    )
     claim_strategy: Literal["auto", "sorted", "peek"] = Field(
         "auto",
         description="How a claim finds its document: sorted (one findAndModify takes the"
@@ -215,7 +223,11 @@ class Settings(BaseModel):
     retry_policy: BackoffPolicy = Field(default_factory=ExponentialBackoff)
 
     @field_validator(
-        "replicas_collection", "pauses_collection", "audit_collection", "slots_collection"
+        "replicas_collection",
+        "pauses_collection",
+        "audit_collection",
+        "slots_collection",
+        "schedules_collection",
     )
     @classmethod
     def _collection_name(cls, value: str) -> str:

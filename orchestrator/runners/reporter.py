@@ -15,6 +15,7 @@ from orchestrator.core.events import (
     LeaseExtendedEvent,
     LeaseLostEvent,
     Listeners,
+    ScheduleFiredEvent,
     StepClaimedEvent,
     StepFinishedEvent,
     SubmittingEvent,
@@ -153,6 +154,28 @@ class Reporter:
         if self.events.active:
             names = tuple(h.name for h in handlers)
             self.events.emit(IdleProbeEvent(self.replica, collection, names, found, took))
+
+    def schedule_fired(self, event: ScheduleFiredEvent) -> None:
+        """A fire time dealt with: logged (a failure as a warning), and told listeners."""
+        level = logging.WARNING if event.error else logging.INFO
+        message = f"schedule {event.schedule}: fire {event.fire} {event.result}"
+        if event.error:
+            message += f": {event.error}"
+        logger.log(
+            level,
+            message,
+            extra={
+                **self.base,
+                "schedule": event.schedule,
+                "fire": str(event.fire),
+                "outcome": f"schedule-{event.result}",
+                "lag": event.lag,
+                "doc_id": event.run,
+                "count": event.count,
+            },
+        )
+        if self.events.active:
+            self.events.emit(event)
 
     def clock_measured(self, clock: ServerClock, round_trip: float) -> None:
         if self.events.active:

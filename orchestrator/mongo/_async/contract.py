@@ -92,6 +92,15 @@ class AsyncLeaseStore(Protocol):
         """Create ``doc`` unless one with the same ``unique`` keys exists; the document
         stored. Concurrent calls with one key make one document."""
 
+    async def find_ids(self, name: str, query: Mapping[str, Any], most: int) -> list[Any]:
+        """The ``_id`` of at most ``most`` documents ``query`` selects (a schedule's runs)."""
+
+    async def write_many(
+        self, name: str, query: Mapping[str, Any], update: Mapping[str, Any]
+    ) -> int:
+        """An update of every document ``query`` selects (a schedule cancelling its previous
+        runs); how many it changed. A lost reply may leave it applied."""
+
     async def ensure_claim_index(self, name: str) -> str:
         """The index serving the claim (an equivalent one under any name, or a new one);
         its name."""

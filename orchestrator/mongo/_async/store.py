@@ -234,6 +234,22 @@ class AsyncStore:
             result = await self.collection(name).delete_one(dict(query))
         return result.deleted_count > 0
 
+    async def find_ids(self, name: str, query: Mapping[str, Any], most: int) -> list[Any]:
+        """The ``_id`` of at most ``most`` documents ``query`` selects."""
+        with driver_errors(f"read from {name}"):
+            docs = await self.collection(name).find(dict(query), {"_id": 1}).limit(most).to_list()
+        return [doc["_id"] for doc in docs]
+
+    async def write_many(
+        self, name: str, query: Mapping[str, Any], update: Mapping[str, Any]
+    ) -> int:
+        """An update of every document ``query`` selects; how many it changed."""
+        with driver_errors(f"update {name}"):
+            result = await self.collection(name).update_many(
+                dict(query), self._in_house.update(update)
+            )
+        return result.modified_count
+
     # -- documents ----------------------------------------------------------------------
 
     async def insert(self, name: str, doc: Document, unique: Sequence[str]) -> Document:

@@ -38,6 +38,7 @@ from orchestrator.mongo.connection import database_kind
 from orchestrator.runners._sync.controls import PauseWatch
 from orchestrator.runners._sync.parts import ReplicaParts
 from orchestrator.runners._sync.replica import ReplicaRecorder
+from orchestrator.runners._sync.schedules import FireFunc, Schedules
 from orchestrator.runners._sync.steps import Steps
 from orchestrator.runners.books import Books
 from orchestrator.runners.calls import HandlerCalls
@@ -145,6 +146,8 @@ class Orchestrator:
             paused=lambda: self._pauses.scopes,
         )
 
+        self._schedules = Schedules(self, self._store, self._report)
+
     def _registered(self, handlers: list[Handler]) -> None:
         self._books.register(handlers)
         self._pauses.registered(handlers)
@@ -179,6 +182,47 @@ class Orchestrator:
         """Register the decorated function for documents of ``target`` matching a filter,
         e.g. a desired ``state`` that differs from the observed ``phase``."""
         return self._registration.when(target, match, **opts)
+
+    def schedule(  # noqa: PLR0913  the documented keywords (README, "Schedules")
+        self,
+        name: str,
+        target: Target,
+        *,
+        cron: str | None = None,
+        every: float | timedelta | None = None,
+        timezone: str = "UTC",
+        overlap: str = "skip",
+        catch_up: float | timedelta = 3600.0,
+        coalesce: bool = False,
+        jitter: float | timedelta = 0.0,
+    ) -> Callable[[FireFunc], FireFunc]:
+        """Run the decorated function at each fire time, once across every replica, and
+        submit the document it returns (or nothing for None) to ``target``.
+
+        ``cron`` (five fields, or six with seconds first, in ``timezone``, an IANA name) or
+        ``every`` (seconds or a timedelta, at least 1 s). The function gets the fire time
+        (aware, UTC: the time scheduled, not the time it runs) and returns a document (a
+        dict or a Resource) or None; its document's ``_id`` is the schedule's
+        (``name@fire``), so a fire time starts one document, even when a replica dies
+        mid-fire. ``overlap`` (its previous runs still in a phase a handler of ``target``
+        takes): ``skip`` (the default), ``buffer_one``, ``allow_all`` or
+        ``cancel_previous``. ``catch_up`` (seconds, default an hour): missed fires younger
+        than this start late (all of them, or only the latest with ``coalesce``); older
+        ones are recorded missed. ``jitter`` (seconds): each fire starts up to this much
+        late, the same on every replica.
+        """
+        return self._schedules.declare(
+            name,
+            target,
+            cron=cron,
+            every=every,
+            timezone=timezone,
+            overlap=overlap,
+            catch_up=catch_up,
+            coalesce=coalesce,
+            jitter=jitter,
+            check=self._calls.check,
+        )
 
     # -- documents ----------------------------------------------------------------------
 
@@ -231,6 +275,7 @@ class Orchestrator:
         """The claim index on every registered collection, the unique keys of submit, and
         the slots of the handlers' cluster-wide limits."""
         self._crew.enter()
+        self._schedules.register()
         collections, unique = self._registration.indexes()
         registry = self._registration.registry
         for collection in collections:
@@ -248,6 +293,7 @@ class Orchestrator:
         for handler in registry.handlers:
             for limit in handler.limits:
                 self._store.ensure_slots(self.settings.slots_collection, handler.key, limit)
+        self._schedules.publish()
 
     def measure_clock(self) -> None:
         """Measure the server's clock if a measurement is due (workers do before each
@@ -286,6 +332,10 @@ class Orchestrator:
             raise OrchestratorError(
                 "run_once() called from inside a step: it would wait for that step to end"
             )
+        self._schedules.register()
+        if self._schedules.unpublished:
+            self._steps.measure_if_due()  # the documents' first fires are the server's
+            self._schedules.publish()
         before = self.stats()
         self._watch_for_failover()
         self._books.begin_once()
