@@ -117,6 +117,10 @@ class Replica:
         """Register ``body`` as this replica's step for documents of ``target`` matching."""
         return self._register(self.orch.when(target, match, **opts))
 
+    def schedule(self, name: str, target: Target, **opts: Any) -> Callable[[Any], Any]:
+        """Declare a schedule: its function is a plain ``def`` (both engines run one)."""
+        return self.orch.schedule(name, target, **opts)
+
     def _register(self, decorator: Callable[[Any], Any]) -> Callable[[Body], Body]:
         def register(body: Body) -> Body:
             if self.threaded:

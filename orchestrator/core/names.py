@@ -32,6 +32,10 @@ IN_HOUSE_INDEX_NAME = "orchestrator_legacy_lock"
 UNIQUE_PREFIX = "orchestrator_unique_"
 """Names the unique index of each set of ``submit``'s keys (its fields follow)."""
 
+SCHEDULE_RUNS_INDEX_NAME = "orchestrator_schedule_runs"
+"""A schedule's runs' index (``queries.schedules.RUNS_INDEX``) on the collections
+schedules submit to."""
+
 REPLICA_INDEX_NAME = "orchestrator_replica_expiry"
 """The replicas' records' TTL index (``replica_records.REPLICA_INDEX``)."""
 

@@ -277,21 +277,27 @@ class DuePlan:
     start: list[datetime]
     coalesced: list[datetime]
     missed: int
+    missed_head: list[datetime]
+    """The first missed fires (as many as one step starts): a step that died after its
+    submits left their documents, which make them started, not missed."""
     missed_first: datetime | None
     missed_last: datetime | None
     next: datetime | None
     more: bool
 
 
-def due_plan(spec: ScheduleSpec, first: datetime, now: datetime) -> DuePlan:
-    """The fires due at ``now`` from ``first`` (the stored next fire) on; a fire is due
-    once its jitter has passed too."""
+def due_plan(spec: ScheduleSpec, first: datetime | None, now: datetime) -> DuePlan:
+    """The fires due at ``now`` from ``first`` (the stored next fire; None: there is
+    none) on; a fire is due once its jitter has passed too."""
     window = now - timedelta(seconds=spec.catch_up)
     missed: list[datetime] = []
+    head: list[datetime] = []
     count = 0
     fire: datetime | None = first
     while fire is not None and fire < window and count < MAX_MISSED_COUNTED:
         count += 1
+        if len(head) <= MAX_FIRES_PER_STEP:
+            head.append(fire)
         if len(missed) < 2:
             missed.append(fire)
         else:
@@ -319,6 +325,7 @@ def due_plan(spec: ScheduleSpec, first: datetime, now: datetime) -> DuePlan:
         start=due,
         coalesced=coalesced,
         missed=count,
+        missed_head=head,
         missed_first=missed[0] if missed else None,
         missed_last=missed[-1] if missed else None,
         next=fire,

@@ -12,6 +12,7 @@ from orchestrator.core.queries.operators import exact_id_filter, operator_move_u
 from orchestrator.core.schedules import SCHEDULE_PHASE, SCHEDULED_FIELD, ScheduleSpec
 
 __all__ = [
+    "RUNS_INDEX",
     "active_runs_filter",
     "cancel_runs_update",
     "claim_match",
@@ -28,6 +29,12 @@ __all__ = [
 ]
 
 PAUSED_FIELD = "paused"
+RUNS_INDEX: list[tuple[str, int]] = [
+    (f"{SCHEDULED_FIELD}.name", 1),
+    (f"{SCHEDULED_FIELD}.fire", -1),
+]
+"""On each collection schedules start documents in: a schedule's runs, latest first (the
+overlap policy's look for a run going on, the operators' list of runs)."""
 
 
 def claim_match(names: Sequence[str]) -> dict[str, Any]:

@@ -122,6 +122,10 @@ class AsyncLeaseStore(Protocol):
         """The index serving the latest errors of each phase (``operators.ERRORS_INDEX``);
         its name."""
 
+    async def ensure_schedule_runs_index(self, name: str) -> str:
+        """The index serving a schedule's look for its runs (``schedules.RUNS_INDEX``);
+        its name."""
+
     async def read_pauses(self, name: str) -> list[Pause]:
         """The operators' pauses in force; a document that is no pause is skipped."""
 

@@ -54,6 +54,7 @@ from orchestrator.core.names import (
     IN_HOUSE_INDEX_NAME,
     REPLICA_INDEX_NAME,
     REPLICAS_COLLECTION,
+    SCHEDULE_RUNS_INDEX_NAME,
     SLOT_INDEX_NAME,
     UNIQUE_PREFIX,
 )
@@ -64,6 +65,7 @@ from orchestrator.core.queries import (
     replica_records,
     submissions,
 )
+from orchestrator.core.queries import schedules as schedule_queries
 from orchestrator.core.redact import redact
 from orchestrator.core.replicas import ReplicaRecord
 from orchestrator.core.scheduler import Found
@@ -424,6 +426,12 @@ class AsyncStore:
         status report's and the failed documents' list."""
         return await self.ensure_index(
             name, operators.ERRORS_INDEX, index_name=ERRORS_INDEX_NAME, unique=False
+        )
+
+    async def ensure_schedule_runs_index(self, name: str) -> str:
+        """The index serving a schedule's look for its runs (``schedules.RUNS_INDEX``)."""
+        return await self.ensure_index(
+            name, schedule_queries.RUNS_INDEX, index_name=SCHEDULE_RUNS_INDEX_NAME, unique=False
         )
 
     # -- operators' controls ------------------------------------------------------------

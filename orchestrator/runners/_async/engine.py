@@ -292,6 +292,8 @@ class AsyncOrchestrator:
         for handler in registry.handlers:
             for limit in handler.limits:
                 await self._store.ensure_slots(self.settings.slots_collection, handler.key, limit)
+        for collection in self._schedules.collections:
+            await self._store.ensure_schedule_runs_index(collection)
         await self._schedules.publish()
 
     async def measure_clock(self) -> None:

@@ -28,6 +28,7 @@ from orchestrator.core.registry import Target, resolve
 from orchestrator.core.schedules import (
     SCHEDULED_FIELD,
     Decision,
+    DuePlan,
     FireResult,
     Overlap,
     ScheduleSpec,
@@ -158,6 +159,11 @@ class AsyncSchedules:
         self._covered.update(fresh)
 
     @property
+    def collections(self) -> list[str]:
+        """The collections this replica's schedules submit to (their runs' index)."""
+        return list(dict.fromkeys(d.spec.collection for d in self.declared.values()))
+
+    @property
     def unpublished(self) -> bool:
         """Schedules are declared here whose documents ``publish`` has not made sure of."""
         return any(name not in self._written for name in self.declared)
@@ -198,9 +204,15 @@ class AsyncSchedules:
         stored = await store.insert(name, made, ("_id",))
         if spec.same(stored.get("spec")):
             return
-        # Another spec is stored (an earlier deploy, an edit, or garbage): this one fires
-        # from now on. When no step holds the document its wait changes too; else the
-        # step's own write decides it, and the next step reads this spec.
+        # Another spec is stored (an earlier deploy, an edit, or garbage): this one fires,
+        # from where the stored one had got to (its fires before then were dealt with;
+        # this one's since then are due, or missed, as after any wait), so no fire time
+        # falls between the two. When no step holds the document its wait changes too;
+        # else the step's own write decides it, and the next step reads this spec.
+        known = ScheduleState.read(stored).next
+        if known is not None:
+            first = spec.times.after(known - timedelta(microseconds=1)) or first
+            until = first + jitter_of(spec.name, first, spec.jitter)
         awake = queries.respec_update(spec, first, engine.replica_id, until)
         if not await store.write(name, queries.wake_filter(spec.name), awake):
             held = queries.respec_update(spec, first, engine.replica_id, None)
@@ -210,7 +222,6 @@ class AsyncSchedules:
 
     async def step(self, lease: AsyncLease[Any]) -> Outcome:
         """Start what is due, then wait for the next fire."""
-        engine = self._engine
         doc = lease.doc
         name = doc["_id"]
         declared = self.declared[name]  # the claim names only schedules declared here
@@ -221,31 +232,25 @@ class AsyncSchedules:
             spec = declared.spec  # a stored spec that is no spec: this replica's is written
             fields["spec"] = spec.stored()
         state = ScheduleState.read(doc)
-        now = engine.clock.now()
-        first = state.next if state.next is not None else spec.times.after(now)
-        plan = due_plan(spec, first, now) if first is not None else None
-        fired: list[_Fired] = []
-        if plan is not None and plan.missed:
-            self._report(name, plan.missed_last or now, FireResult.MISSED, now, count=plan.missed)
-        for fire in plan.coalesced if plan is not None else ():
-            fired.append(_Fired(fire, FireResult.COALESCED))
-        queue: list[tuple[datetime, bool]] = []
-        if state.buffered is not None:
-            queue.append((state.buffered, True))
-        queue += [(fire, False) for fire in (plan.start if plan is not None else ())]
+        now = self._engine.clock.now()
+        plan = due_plan(spec, state.next or spec.times.after(now), now)
+        fired: list[_Fired] = [_Fired(fire, FireResult.COALESCED) for fire in plan.coalesced]
+        missed = await self._missed(spec, plan, fired)
+        queue = [(state.buffered, True)] if state.buffered is not None else []
+        queue += [(fire, False) for fire in plan.start]
         for request in state.requests:
             queue += [(fire, False) for fire in request.fires(spec.times)]
-        buffered = await self._run(spec, declared, queue, fired, lease)
+        buffered = await self._run(spec, declared, queue, fired)
+        if missed:
+            at = plan.missed_last or now
+            self._report(name, at, FireResult.MISSED, now, count=missed)
+            fields["lastMissed"] = {"first": plan.missed_first, "last": plan.missed_last}
         for item in fired:
             self._report(name, item.fire, item.result, now, run=item.run, error=item.error)
         await self._serve(name, lease, state)
-        counts = dict(state.counts)
-        for item in fired:
-            counts[item.result.value] = counts.get(item.result.value, 0) + 1
-        if plan is not None and plan.missed:
-            counts[FireResult.MISSED.value] = counts.get(FireResult.MISSED.value, 0) + plan.missed
-            fields["lastMissed"] = {"first": plan.missed_first, "last": plan.missed_last}
-        fields.update(counts=counts, buffered=buffered)
+        fields.update(
+            counts=_counted(state.counts, fired, missed), buffered=buffered, next=plan.next
+        )
         if fired:
             last = fired[-1]
             fields["last"] = {
@@ -255,11 +260,23 @@ class AsyncSchedules:
                 "run": last.run,
                 "error": last.error,
             }
-        following = plan.next if plan is not None else None
-        fields["next"] = following
-        if plan is not None and plan.more:
+        if plan.more:
             return await lease.unlock(**fields)
-        return await lease.relock(self._wait(spec, following, buffered), **fields)
+        return await lease.relock(self._wait(spec, plan.next, buffered), **fields)
+
+    async def _missed(self, spec: ScheduleSpec, plan: DuePlan, fired: list[_Fired]) -> int:
+        """How many fires ``plan`` missed: those before the catch-up window, but for any
+        whose document is there (a step that submitted it died before its write, so long
+        ago that its fire has left the window since): that one was started."""
+        if not plan.missed:
+            return 0
+        ids = [run_id(spec.name, fire) for fire in plan.missed_head]
+        query = queries.existing_runs_filter(ids)
+        there = set(await self._store.find_ids(spec.collection, query, len(ids)))
+        for fire, rid in zip(plan.missed_head, ids, strict=True):
+            if rid in there:
+                fired.append(_Fired(fire, FireResult.STARTED, rid))
+        return plan.missed - len(there)
 
     async def _run(
         self,
@@ -267,7 +284,6 @@ class AsyncSchedules:
         declared: Declared,
         queue: list[tuple[datetime, bool]],
         fired: list[_Fired],
-        lease: AsyncLease[Any],
     ) -> datetime | None:
         """Start (or skip, buffer) each fire of ``queue`` in order; the fire left buffered."""
         if not queue:
@@ -283,8 +299,7 @@ class AsyncSchedules:
             if rid in existing:
                 # Started by an earlier step whose holder died before its write, or asked
                 # for twice: the fire time has its document.
-                if not was_buffered:
-                    fired.append(_Fired(fire, FireResult.STARTED, rid))
+                fired.append(_Fired(fire, FireResult.STARTED, rid))
                 continue
             if active is None:
                 active = await self._active(spec)
@@ -395,6 +410,18 @@ class AsyncSchedules:
                 self._engine.replica_id, name, fire, result.value, lag, run, count, error
             )
         )
+
+
+def _counted(counts: Mapping[str, int], fired: list[_Fired], missed: int) -> dict[str, int]:
+    """The schedule's counts with this step's fires added (a buffered fire is counted
+    when it starts or is skipped; ``missed`` fire times at once)."""
+    total = dict(counts)
+    for item in fired:
+        if item.result is not FireResult.BUFFERED:
+            total[item.result.value] = total.get(item.result.value, 0) + 1
+    if missed:
+        total[FireResult.MISSED.value] = total.get(FireResult.MISSED.value, 0) + missed
+    return total
 
 
 async def _call(func: FireFunc, fire: datetime) -> object:

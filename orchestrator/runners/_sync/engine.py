@@ -293,6 +293,8 @@ class Orchestrator:
         for handler in registry.handlers:
             for limit in handler.limits:
                 self._store.ensure_slots(self.settings.slots_collection, handler.key, limit)
+        for collection in self._schedules.collections:
+            self._store.ensure_schedule_runs_index(collection)
         self._schedules.publish()
 
     def measure_clock(self) -> None:
