@@ -10,6 +10,7 @@ MongoDB's monitor): there the field and the index are what is asserted.
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -18,12 +19,15 @@ from pymongo.database import Database
 
 from bench.instrument import CountingDatabase, Meter
 from orchestrator import ConfigError, Lease, Orchestrator
+from orchestrator.cli import connecting
 from orchestrator.core.clock import as_utc
 from orchestrator.core.names import RETENTION_INDEX_NAME
 from orchestrator.core.resource import EXPIRY_FIELD
-from orchestrator.operations import Operations
+from orchestrator.operations import Action, Filter, Operations
 from orchestrator.testing import FakeClock, async_view, memory_database
-from tests.conftest import MakeEither
+from tests.cli_kit import URI, publish, run
+from tests.conftest import MakeEither, MakeReplica
+from tests.operator_page import mounted
 
 pytestmark = pytest.mark.anyio
 
@@ -105,6 +109,18 @@ async def test_an_index_on_the_expiry_field_with_other_options_is_refused_in_one
     message = str(caught.value)
     assert "'apps'" in message and "does not expire documents 0s after" in message
     assert "\n" not in message
+
+
+async def test_an_earlier_index_of_the_retention_name_is_replaced_saying_so(
+    replicas: MakeEither, db: Database[Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    db.reports.create_index([(EXPIRY_FIELD, 1)], name=RETENTION_INDEX_NAME, expireAfterSeconds=9)
+    replica = await replicas()
+    replica.orch.retain("reports", {"Done": "1d"})
+    await replica._call("ensure_indexes")
+    [index] = [i for i in db.reports.list_indexes() if i["name"] == RETENTION_INDEX_NAME]
+    assert index["expireAfterSeconds"] == 0
+    assert f"replacing index {RETENTION_INDEX_NAME!r} on reports" in caplog.text
 
 
 @pytest.mark.mongodb
@@ -239,3 +255,55 @@ async def test_an_operators_cancel_dates_and_a_retry_undates_by_the_live_replica
     ops.retry("reports", ops.document("reports", "f"), "Render")
     doc = stored(db, "f")
     assert doc["phase"] == "Render" and EXPIRY_FIELD not in doc
+    for doc_id in ("b1", "b2"):
+        await replica.submit("reports", {"_id": doc_id, "phase": "Waiting"})
+    result = ops.bulk(Action.CANCEL, Filter("reports", phases=("Waiting",)))
+    assert len(result.changed) == 2
+    assert [dated(stored(db, i)) for i in ("b1", "b2")] == [7 * DAY, 7 * DAY]
+
+
+# -- what operators see ----------------------------------------------------------------------
+
+
+def test_status_the_page_and_a_documents_views_show_the_retention_and_the_expiry(
+    db: Database[Any], make: MakeReplica, monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
+    monkeypatch.setattr(connecting, "connect", lambda uri, database, timeout: db)
+    monkeypatch.setenv("COLUMNS", "200")
+    orch = make("pod-1")
+    orch.retain("reports", {"Done": "30d", "Failed": "90d"})
+
+    @orch.phase("reports", "Render")
+    def render(lease: Lease[Any]) -> Any:
+        return lease.advance("Done")
+
+    orch.submit("reports", {"_id": "r", "phase": "Render"})
+    orch.run_once()
+    publish(db, orch)
+    expires = as_utc(stored(db, "r")[EXPIRY_FIELD])
+    shown = f"{expires:%Y-%m-%d %H:%M:%S}"
+
+    code, out, _ = run(["status", "--uri", URI], capsys)
+    assert code == 0 and "reports: Done 30d, Failed 90d" in out
+    code, out, _ = run(["status", "--uri", URI, "--json"], capsys)
+    assert json.loads(out)["retention"]["reports"]["Done"] == {
+        "seconds": 30 * 86400.0,
+        "shown": "30d",
+    }
+    code, out, _ = run(["history", "r", "-c", "reports", "--uri", URI], capsys)
+    assert code == 0 and f"deleted by the server from {shown} UTC" in out
+
+    with mounted(db) as page:
+        overview = page.get("/ops/").text
+        assert "Retention" in overview and "Done 30d, Failed 90d" in overview
+        document = page.get("/ops/document", params={"c": "reports", "id": "r"}).text
+        assert EXPIRY_FIELD in document and f"{shown} UTC" in document
+        found = page.get("/ops/api/document", params={"c": "reports", "id": "r"}).json()
+        assert found["row"]["expires_at"] == expires.isoformat()
+        status = page.get("/ops/api/status").json()
+        assert status["retention"] == {
+            "reports": {
+                "Done": {"seconds": 30 * 86400.0, "shown": "30d"},
+                "Failed": {"seconds": 90 * 86400.0, "shown": "90d"},
+            }
+        }

@@ -29,7 +29,7 @@ from orchestrator.core.events import Listener, Listeners
 from orchestrator.core.queries import submissions
 from orchestrator.core.registry import Handler, Registry, Target
 from orchestrator.core.resource import EPOCH, Resource
-from orchestrator.core.retention import NO_RETENTION
+from orchestrator.core.retention import NO_RETENTION, Retention
 from orchestrator.core.settings import Settings
 from orchestrator.core.steps import StopReport, stop_summary
 from orchestrator.mongo import Lease, Store
@@ -157,6 +157,11 @@ class Orchestrator:
     @property
     def handlers(self) -> list[Handler]:
         return list(self._registration.registry.handlers)
+
+    @property
+    def retention(self) -> dict[str, Retention]:
+        """Per collection, how long documents stay in each retained phase (``retain``)."""
+        return {name: dict(kept) for name, kept in self._registration.registry.retention.items()}
 
     def add_listener(self, listener: Listener) -> None:
         """Receive this replica's events from now on (``orchestrator.Listener``)."""
