@@ -185,14 +185,6 @@ class AsyncOrchestrator:
         e.g. a desired ``state`` that differs from the observed ``phase``."""
         return self._registration.when(target, match, **opts)
 
-    def retain(self, target: Target, phases: Mapping[str, Any]) -> None:
-        """Keep documents of ``target`` in each phase named for as long as it says (``"30d"``,
-        ``"12h"``, ``"90m"``, ``"45s"``, seconds or a ``timedelta``), then let the server
-        delete them: e.g. ``retain("reports", {"Done": "30d", "Failed": "90d"})``. The
-        write entering such a phase stores the date (``orchestratorExpiresAt``), which a
-        TTL index made by ``ensure_indexes`` deletes by (within about a minute)."""
-        self._registration.retain(target, phases)
-
     # -- documents ----------------------------------------------------------------------
 
     async def submit(
@@ -241,6 +233,14 @@ class AsyncOrchestrator:
             new.keys,
             due_now=until == EPOCH,
         )
+
+    def retain(self, target: Target, phases: Mapping[str, Any]) -> None:
+        """Keep documents of ``target`` in each phase named for as long as it says (``"30d"``,
+        ``"12h"``, ``"90m"``, ``"45s"``, seconds or a ``timedelta``), then let the server
+        delete them: e.g. ``retain("reports", {"Done": "30d", "Failed": "90d"})``. The
+        write entering such a phase stores the date (``orchestratorExpiresAt``), which a
+        TTL index made by ``ensure_indexes`` deletes by (within about a minute)."""
+        self._registration.retain(target, phases)
 
     async def ensure_indexes(self) -> None:
         """The claim index on every registered collection, the unique keys of submit, the

@@ -186,14 +186,6 @@ class Orchestrator:
         e.g. a desired ``state`` that differs from the observed ``phase``."""
         return self._registration.when(target, match, **opts)
 
-    def retain(self, target: Target, phases: Mapping[str, Any]) -> None:
-        """Keep documents of ``target`` in each phase named for as long as it says (``"30d"``,
-        ``"12h"``, ``"90m"``, ``"45s"``, seconds or a ``timedelta``), then let the server
-        delete them: e.g. ``retain("reports", {"Done": "30d", "Failed": "90d"})``. The
-        write entering such a phase stores the date (``orchestratorExpiresAt``), which a
-        TTL index made by ``ensure_indexes`` deletes by (within about a minute)."""
-        self._registration.retain(target, phases)
-
     # -- documents ----------------------------------------------------------------------
 
     def submit(
@@ -242,6 +234,14 @@ class Orchestrator:
             new.keys,
             due_now=until == EPOCH,
         )
+
+    def retain(self, target: Target, phases: Mapping[str, Any]) -> None:
+        """Keep documents of ``target`` in each phase named for as long as it says (``"30d"``,
+        ``"12h"``, ``"90m"``, ``"45s"``, seconds or a ``timedelta``), then let the server
+        delete them: e.g. ``retain("reports", {"Done": "30d", "Failed": "90d"})``. The
+        write entering such a phase stores the date (``orchestratorExpiresAt``), which a
+        TTL index made by ``ensure_indexes`` deletes by (within about a minute)."""
+        self._registration.retain(target, phases)
 
     def ensure_indexes(self) -> None:
         """The claim index on every registered collection, the unique keys of submit, the
