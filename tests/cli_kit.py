@@ -50,6 +50,7 @@ def publish(
             cancelled_phase=settings.cancelled_phase,
             history=settings.history,
             legacy_lock_timeout=settings.legacy_lock_timeout,
+            retention=ReplicaSettings.retained(orch.retention),
         ),
         now=now,
         handlers=[

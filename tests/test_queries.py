@@ -215,6 +215,7 @@ def test_success_moves_the_last_error_aside_and_failure_marks_the_handler() -> N
         "lockToken": "",
         "failedBy": "",
         "lastToken": "",
+        "orchestratorExpiresAt": "",  # a phase no live replica retains: undated
     }
 
 

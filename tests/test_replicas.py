@@ -123,6 +123,7 @@ def test_a_record_as_json_for_the_status_command_and_the_page() -> None:
         "claim_strategy": "",
         "claim_candidates": 0,
         "legacy_lock_timeout": None,
+        "retention": [],
     }
     assert json.loads(json.dumps(shown)) == shown
 

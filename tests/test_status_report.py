@@ -273,6 +273,7 @@ def test_the_report_as_json_says_everything_in_plain_types() -> None:
             }
         ],
         "notes": [],
+        "retention": {},
     }
     assert json.loads(json.dumps(data)) == data
     # The report's own records are left as they were.
@@ -292,4 +293,5 @@ def test_a_replica_seen_after_the_report_was_taken_was_seen_zero_seconds_ago() -
         "pauses": [],
         "takeovers": [],
         "notes": [],
+        "retention": {},
     }

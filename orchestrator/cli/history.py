@@ -65,6 +65,8 @@ def history(
         phase, state, attempts = phase_cell(row)
         gave_up = f"; {row.failed_by} gave up on it" if row.failed_by else ""
         click.echo(visible(f"now: {phase}, {state}, {attempts}{gave_up}"))
+        if row.expires_at is not None:
+            click.echo(f"deleted by the server from {when(row.expires_at)} UTC (its retention)")
     if not entries:
         click.echo(
             "no history recorded: the replicas keep none (their history setting is 0), or "

@@ -19,6 +19,7 @@ from orchestrator.cli.conventions import EPILOG
 from orchestrator.cli.listing import Listing, console, error_cell, phase_cell, plain_id, shown, when
 from orchestrator.core.redact import visible
 from orchestrator.core.replicas import ReplicaRecord
+from orchestrator.core.retention import describe
 from orchestrator.operations import Filter, LeaseState, Operations, Status
 from orchestrator.operations.filters import MAX_LIMIT
 
@@ -95,6 +96,7 @@ def _print_status(name: str, operations: Operations, status: Status, errors: int
         out.print(f"[yellow]warning:[/] {escape(visible(note))}", soft_wrap=True)
     _print_errors(out, operations, status, errors)
     _print_replicas(out, status)
+    _print_retention(out, status)
     _print_pauses(out, status)
     _print_takeovers(out, status)
 
@@ -141,6 +143,17 @@ def _print_replicas(out: Console, status: Status) -> None:
     out.print(table)
     for disagreement in status.disagreements:
         out.print(f"[yellow]warning:[/] {escape(visible(disagreement.message))}", soft_wrap=True)
+
+
+def _print_retention(out: Console, status: Status) -> None:
+    """How long the live replicas keep documents of each retained phase: the server
+    deletes them that long after they entered it (within a minute or so)."""
+    kept = status.retention()
+    if not kept:
+        return
+    out.print("retention (deleted by the server this long after entering the phase):")
+    for collection, phases in kept.items():
+        out.print(Text(f"    {visible(collection)}: {visible(describe(phases))}"), soft_wrap=True)
 
 
 def _in_house(replica: ReplicaRecord) -> str:

@@ -44,6 +44,7 @@ from orchestrator.core.lease_values import (
 from orchestrator.core.outcomes import LeaseWrite, StepOutcome
 from orchestrator.core.queries import claims, lease_writes, submissions
 from orchestrator.core.resource import EPOCH
+from orchestrator.core.retention import NO_RETENTION, Retention
 
 if TYPE_CHECKING:
     from orchestrator.core.clock import ServerClock
@@ -82,11 +83,20 @@ class LeaseCore(Generic[R]):
     ``lose`` fires its event (``lease_state.fire``)."""
 
     def __init__(
-        self, *, clock: ServerClock, settings: Settings, handler: Handler, grant: Grant
+        self,
+        *,
+        clock: ServerClock,
+        settings: Settings,
+        handler: Handler,
+        grant: Grant,
+        retention: Retention = NO_RETENTION,
     ) -> None:
         self._clock = clock
         self.settings = settings
         self.handler = handler
+        self.retention = retention
+        """Its collection's retention: the writes entering a retained phase carry the
+        date the server deletes the document by (``lease_writes.expiring``)."""
         self.doc = grant.doc
         self.resource: R = grant.doc  # type: ignore[assignment]  # replaced once validated
         self.token = grant.token
@@ -203,7 +213,9 @@ class LeaseCore(Generic[R]):
         data = self._fields(fields)
         now = self._clock.now()
         until, wait = self._free_until(now)
-        update = lease_writes.advance_update(phase, now, data, until)
+        update = lease_writes.expiring(
+            lease_writes.advance_update(phase, now, data, until), phase, now, self.retention
+        )
         write = self._releasing(
             update,
             LeaseWrite.ADVANCE,
@@ -261,9 +273,11 @@ class LeaseCore(Generic[R]):
             failed = self.handler.failed_phase
             until, _ = self._free_until(now)
             name = self.handler.key
+            kept = self.retention
 
             def build(record: dict[str, Any]) -> dict[str, Any]:
-                return lease_writes.fail_update(failed, attempts, record, now, name, until=until)
+                update = lease_writes.fail_update(failed, attempts, record, now, name, until=until)
+                return lease_writes.expiring(update, failed, now, kept)
 
             action, next_phase = LeaseWrite.FAIL, failed
             outcome = Outcome(StepOutcome.FAILED, failed, None, self.token)

@@ -26,6 +26,9 @@ CLAIM_INDEX_NAME = "orchestrator_claim_until"
 ERRORS_INDEX_NAME = "orchestrator_errors"
 """The latest errors' index (``operators.ERRORS_INDEX``) on each handled collection."""
 
+RETENTION_INDEX_NAME = "orchestrator_retention"
+"""The TTL index (``retention.RETENTION_INDEX``) on each collection with a retention."""
+
 IN_HOUSE_INDEX_NAME = "orchestrator_legacy_lock"
 """The in-house leases' index (``in_house.IN_HOUSE_INDEX``), made while migrating."""
 

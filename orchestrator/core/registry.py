@@ -10,7 +10,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from orchestrator.core import limits, sharding
+from orchestrator.core import limits, retention, sharding
 from orchestrator.core.backoff import BackoffPolicy
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.queries import claims
@@ -87,12 +87,25 @@ class Registry:
         self._keys: dict[tuple[str, str], Handler] = {}
         self._shard_keys: dict[str, tuple[tuple[str, ...], str]] = {}
         """Per collection: its shard key, and the handler (or model) that set it first."""
+        self.retention: dict[str, retention.Retention] = {}
+        """Per collection, how long documents stay in its retained phases (``retain``);
+        the replica's leases read it as it is at their write."""
 
     @property
     def collections(self) -> list[str]:
         seen = dict.fromkeys(h.collection for h in self.handlers)
         seen.update(dict.fromkeys(self.models))
         return list(seen)
+
+    def retain(self, target: Target, phases: Any) -> None:
+        """Keep documents of ``target`` in the phases named for as long as each says, then
+        let the server delete them (``orchestrator.core.retention``); checked here."""
+        collection, model = resolve(target)
+        checked = retention.check(collection, phases)
+        if model is not None:
+            self.add_model(model)
+        known = self.retention.get(collection, retention.NO_RETENTION)
+        self.retention[collection] = retention.merged(collection, known, checked)
 
     def add(
         self,

@@ -21,6 +21,8 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from orchestrator.core.retention import Retention, describe, shown
+
 MAX_REFRESH = 10.0
 """A replica refreshes its record (with its heartbeat) at least this often, whatever its
 lock timeout: a replica with a one-day lease must not look alive for hours after it died."""
@@ -175,6 +177,12 @@ class ReplicaRecord:
     legacy_lock_timeout: float | None = None
     """The in-house pods' lock timeout whose leases it honours and writes
     (``Settings.legacy_lock_timeout``), None when it does not."""
+    retention: tuple[tuple[str, str, float], ...] = ()
+    """Its retention (``retain``): collection, phase and seconds, in order."""
+
+    def retention_of(self, collection: str) -> Retention:
+        """How long it keeps documents of ``collection`` in each retained phase."""
+        return {phase: s for c, phase, s in self.retention if c == collection}
 
     def live(self, now: datetime) -> bool:
         """Whether the record is still live at ``now`` (the server's time)."""
@@ -229,6 +237,10 @@ class ReplicaRecord:
                 claim_strategy=str(doc.get("claimStrategy", "")),
                 claim_candidates=_int(doc.get("claimCandidates", 0)),
                 legacy_lock_timeout=_optional_number(doc.get("legacyLockTimeout")),
+                retention=tuple(
+                    (str(r["collection"]), str(r["phase"]), _number(r["seconds"]))
+                    for r in doc.get("retention") or ()
+                ),
             )
         except (KeyError, TypeError, ValueError, AttributeError):
             return None
@@ -257,6 +269,10 @@ class ReplicaRecord:
             "claim_strategy": self.claim_strategy,
             "claim_candidates": self.claim_candidates,
             "legacy_lock_timeout": self.legacy_lock_timeout,
+            "retention": [
+                {"collection": c, "phase": p, "seconds": s, "shown": shown(s)}
+                for c, p, s in self.retention
+            ],
         }
 
 
@@ -279,7 +295,7 @@ class ReplicaIdentity:
 class ReplicaSettings:
     """The settings a record publishes: those replicas are compared on
     (``disagreements``) and those operators' tools act by (the cancelled phase, the
-    history kept, the in-house pods' lock timeout)."""
+    history kept, the in-house pods' lock timeout, the retention)."""
 
     lock_timeout: float
     tick: float
@@ -289,6 +305,19 @@ class ReplicaSettings:
     claim_strategy: str = ""
     claim_candidates: int = 0
     legacy_lock_timeout: float | None = None
+    retention: tuple[tuple[str, str, float], ...] = ()
+    """Its collections' retention (``retain``), as ``ReplicaRecord.retention``."""
+
+    @staticmethod
+    def retained(kept: Mapping[str, Retention]) -> tuple[tuple[str, str, float], ...]:
+        """``kept`` (per collection, ``Registry.retention``) as a record publishes it."""
+        return tuple(
+            sorted(
+                (collection, phase, seconds)
+                for collection, phases in kept.items()
+                for phase, seconds in phases.items()
+            )
+        )
 
 
 def new_record(
@@ -303,7 +332,8 @@ def new_record(
 ) -> ReplicaRecord:
     """A replica's record as of ``now`` (its estimate of the server's time), live for
     ``record_ttl(lock_timeout)``: who it is, what it runs with, and what it does now (the
-    steps it runs, its handlers, the keys it keeps unique, the pauses it honours)."""
+    steps it runs, its handlers, the keys it keeps unique, the pauses it honours, how long
+    it keeps documents of each retained phase)."""
     return ReplicaRecord(
         replica_id=identity.replica_id,
         instance=identity.instance,
@@ -326,6 +356,7 @@ def new_record(
         claim_strategy=settings.claim_strategy,
         claim_candidates=settings.claim_candidates,
         legacy_lock_timeout=settings.legacy_lock_timeout,
+        retention=settings.retention,
     )
 
 
@@ -361,7 +392,8 @@ def disagreements(records: Iterable[ReplicaRecord]) -> list[Disagreement]:
     pods' lock timeout (set on some replicas only: the others take those pods' leases and
     write leases they cannot read), the tick, the concurrency and the library's version;
     then the handlers' cluster-wide limits (``global_limit of KEY``, ``rate_limit of KEY``)
-    that replicas running one handler disagree on.
+    that replicas running one handler disagree on, then the retention of each collection
+    (``retention of NAME``) that replicas working on it disagree on.
 
     Mixed settings do not break leases (each lease carries its holder's expiry), but they
     are rarely meant: a rolling change left half done, or one deployment configured apart.
@@ -380,7 +412,7 @@ def disagreements(records: Iterable[ReplicaRecord]) -> list[Disagreement]:
                     setting, tuple((_shown(value), tuple(sorted(ids))) for value, ids in ordered)
                 )
             )
-    return found + _limit_disagreements(rows)
+    return found + _limit_disagreements(rows) + _retention_disagreements(rows)
 
 
 _LIMITS = ("global_limit", "rate_limit")
@@ -407,6 +439,38 @@ def _limit_disagreements(rows: list[ReplicaRecord]) -> list[Disagreement]:
                 values = tuple((value, tuple(sorted(set(ids)))) for value, ids in ordered)
                 found.append(Disagreement(f"{setting} of {key}", values))
     return found
+
+
+def _retention_disagreements(rows: list[ReplicaRecord]) -> list[Disagreement]:
+    """Per retained collection, the replicas working on it (a handler or a retention
+    there) that keep its documents for different times: the write entering a phase dates
+    it by its own replica's, so a document's life would depend on who moved it."""
+    found: list[Disagreement] = []
+    for collection in sorted({c for record in rows for c, _, _ in record.retention}):
+        groups: dict[str, list[str]] = {}
+        for record in rows:
+            kept = record.retention_of(collection)
+            if kept or any(h.collection == collection for h in record.handlers):
+                groups.setdefault(describe(kept), []).append(record.replica_id)
+        if len(groups) > 1:
+            ordered = sorted(groups.items(), key=lambda item: (-len(item[1]), item[0]))
+            values = tuple((value, tuple(sorted(ids))) for value, ids in ordered)
+            found.append(Disagreement(f"retention of {collection}", values))
+    return found
+
+
+def retention_of(records: Iterable[ReplicaRecord], collection: str) -> Retention:
+    """The retention of ``collection`` most live replicas keep (the operators' moves date
+    what they move into a retained phase by it); none when none keeps one."""
+    seen: dict[tuple[tuple[str, float], ...], int] = {}
+    for record in records:
+        phases = tuple(sorted(record.retention_of(collection).items()))
+        if phases:
+            seen[phases] = seen.get(phases, 0) + 1
+    if not seen:
+        return {}
+    best = min(seen, key=lambda phases: (-seen[phases], phases))
+    return dict(best)
 
 
 def _shown(value: Any) -> str:

@@ -20,6 +20,10 @@ TRACE_FIELD = "orchestratorTrace"
 its steps' ``StepClaimedEvent`` carries it back."""
 PRIORITY_FIELD = "claimPriority"
 """Where ``submit(..., priority=N)`` stores a document's priority (``claims.MAX_PRIORITY``)."""
+EXPIRY_FIELD = "orchestratorExpiresAt"
+"""When the server deletes a document left in a retained phase (``orchestrator.core.
+retention``): set by the write that enters the phase, unset by one that leaves it, read
+by a TTL index."""
 
 LEASE_FIELDS = frozenset(
     {
@@ -37,6 +41,7 @@ LEASE_FIELDS = frozenset(
         "orchestratorHistory",
         TRACE_FIELD,
         PRIORITY_FIELD,
+        EXPIRY_FIELD,
     }
 )
 """Fields the orchestrator owns: handlers cannot set them through a lease."""

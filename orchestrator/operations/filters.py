@@ -47,6 +47,7 @@ from orchestrator.core.in_house import NO_IN_HOUSE, InHouse
 from orchestrator.core.names import CLAIM_INDEX_NAME, ERRORS_INDEX_NAME
 from orchestrator.core.queries.claims import CLAIM_INDEX
 from orchestrator.core.queries.operators import ERRORS_INDEX
+from orchestrator.core.retention import expiry_of
 from orchestrator.operations.rules import holding
 
 MAX_LIMIT = 500
@@ -237,7 +238,9 @@ class Row:
     actions; None when it has none); ``key`` its business key (``FIELD=VALUE``), ``state``
     its lease state, ``failed_by`` the handler (by name where a live replica publishes
     it) that gave up on it and leaves it alone in its failed phase. An in-house pod's
-    lease (``in_house``) shows its own expiry, held by ``IN_HOUSE_HOLDER``."""
+    lease (``in_house``) shows its own expiry, held by ``IN_HOUSE_HOLDER``.
+    ``expires_at``: when the server deletes it, dated by its retained phase
+    (``retention.expiry_of``; None when it is not dated)."""
 
     id: str
     ref: str | None
@@ -252,6 +255,7 @@ class Row:
     error_at: datetime | None
     failed_by: str | None
     updated_at: datetime | None
+    expires_at: datetime | None = None
 
     @classmethod
     def read(
@@ -290,11 +294,12 @@ class Row:
             error_at=as_utc(at) if isinstance(at, datetime) else None,
             failed_by=None if mark is None else (names or {}).get(_text(mark), _text(mark)),
             updated_at=as_utc(updated) if isinstance(updated, datetime) else None,
+            expires_at=expiry_of(doc),
         )
 
     def to_dict(self) -> dict[str, Any]:
         data = {name: getattr(self, name) for name in self.__dataclass_fields__}
-        for name in ("until", "error_at", "updated_at"):
+        for name in ("until", "error_at", "updated_at", "expires_at"):
             data[name] = data[name].isoformat() if data[name] is not None else None
         data["state"] = self.state.value
         return data

@@ -15,7 +15,8 @@ from orchestrator.core.audit import AuditEntry
 from orchestrator.core.clock import as_utc
 from orchestrator.core.documents import id_json
 from orchestrator.core.pauses import Pause
-from orchestrator.core.replicas import Disagreement, ReplicaRecord
+from orchestrator.core.replicas import Disagreement, ReplicaRecord, retention_of
+from orchestrator.core.retention import Retention, shown
 from orchestrator.operations.filters import business_key
 
 
@@ -127,6 +128,12 @@ class Status:
             out.setdefault(row.collection, {})[row.phase] = row.count
         return out
 
+    def retention(self) -> dict[str, Retention]:
+        """Per collection the live replicas retain, how long each retained phase is kept
+        (the retention most of them keep; ``disagreements`` names any other)."""
+        names = sorted({c for record in self.replicas for c, _, _ in record.retention})
+        return {name: retention_of(self.replicas, name) for name in names}
+
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {
             "at": self.at.isoformat(),
@@ -145,6 +152,10 @@ class Status:
             "pauses": [p.to_dict() for p in self.pauses],
             "takeovers": [t.to_dict() for t in self.takeovers],
             "notes": list(self.notes),
+            "retention": {
+                name: {phase: {"seconds": s, "shown": shown(s)} for phase, s in kept.items()}
+                for name, kept in self.retention().items()
+            },
         }
         for error in data["errors"]:
             error["at"] = error["at"].isoformat() if error["at"] is not None else None

@@ -66,6 +66,9 @@ class Registration:
         phase = match.get("phase") if isinstance(match, Mapping) else None
         return self._decorator(target, match, phase if isinstance(phase, str) else None, opts)
 
+    def retain(self, target: Target, phases: Mapping[str, Any]) -> None:
+        self.registry.retain(target, phases)
+
     def _decorator(
         self, target: Target, match: Mapping[str, Any], phase: str | None, opts: dict[str, Any]
     ) -> Callable[[F], F]:

@@ -69,6 +69,7 @@ from orchestrator.core.documents import Document
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.history import entries
 from orchestrator.core.names import AUDIT_COLLECTION, PAUSES_COLLECTION, REPLICAS_COLLECTION
+from orchestrator.core.retention import describe
 from orchestrator.operations import AsyncOperations, AsyncStatusCache, LeaseState, Row, id_json
 from orchestrator.web import actions, api, browse
 from orchestrator.web.site import Actor, Links, Site, default_actor
@@ -197,6 +198,7 @@ async def overview(site: Site, request: Request, links: Links) -> Response:
         latest=latest,
         disagree={d.setting for d in status.disagreements},
         handlers=fleet.handlers(),
+        retention=[(name, describe(kept)) for name, kept in status.retention().items()],
         takeovers=[fleet.takeover(entry) for entry in status.takeovers],
     )
 

@@ -25,7 +25,7 @@ from orchestrator.core.documents import Document, parse_id_json
 from orchestrator.core.history import HISTORY_FIELD
 from orchestrator.core.in_house import InHouse
 from orchestrator.core.replicas import HandlerInfo, ReplicaRecord
-from orchestrator.core.resource import EPOCH, LEASE_FIELDS, TRACE_FIELD
+from orchestrator.core.resource import EPOCH, EXPIRY_FIELD, LEASE_FIELDS, TRACE_FIELD
 from orchestrator.operations import LeaseState, OperatorError, Pause, Row, Status
 from orchestrator.operations.rules import cancelled_phase
 
@@ -58,6 +58,7 @@ LEASE_ROWS = (
     ("updatedAt", "phase entered or updated at"),
     ("createdAt", "created at"),
     (TRACE_FIELD, "trace context (stored at submit)"),
+    (EXPIRY_FIELD, "deleted by the server from (its phase's retention)"),
 )
 SHOWN_FIELDS = frozenset(
     {"_id", "updatedAt", HISTORY_FIELD, *(name for name, _ in LEASE_ROWS), *LEASE_FIELDS}

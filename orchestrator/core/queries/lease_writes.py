@@ -12,10 +12,11 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
+from orchestrator.core import retention
 from orchestrator.core.clock import bson_time
 from orchestrator.core.queries.claims import claim_update, pinned
 from orchestrator.core.redact import redact
-from orchestrator.core.resource import EPOCH
+from orchestrator.core.resource import EPOCH, EXPIRY_FIELD
 
 _ANY = object()
 
@@ -146,6 +147,28 @@ def advance_update(
         "$unset": {"lockToken": "", "failedBy": ""},
         "$rename": dict(_SUCCEEDED),
     }
+
+
+def expiring(
+    update: Mapping[str, Any], phase: str, now: datetime, kept: retention.Retention
+) -> dict[str, Any]:
+    """``update`` (a write that enters ``phase`` at ``now``) with the date the server
+    deletes the document by when its collection retains that phase (``kept``), or
+    unsetting an earlier one when it does not: in that same write. A collection with no
+    retention writes as before."""
+    if not kept:
+        return dict(update)
+    seconds = kept.get(phase)
+    if seconds is None:
+        return {**update, "$unset": {**update.get("$unset", {}), EXPIRY_FIELD: ""}}
+    date = bson_time(retention.expiry(now, seconds))
+    dated = {**update, "$set": {**update.get("$set", {}), EXPIRY_FIELD: date}}
+    unset = {k: v for k, v in update.get("$unset", {}).items() if k != EXPIRY_FIELD}
+    if unset:
+        dated["$unset"] = unset
+    else:
+        dated.pop("$unset", None)
+    return dated
 
 
 def error_record(

@@ -13,7 +13,9 @@ from bson import ObjectId
 
 from orchestrator.core.clock import bson_time
 from orchestrator.core.in_house import NO_IN_HOUSE, InHouse
-from orchestrator.core.queries.lease_writes import advance_update, release_update
+from orchestrator.core.queries.lease_writes import advance_update, expiring, release_update
+from orchestrator.core.resource import EXPIRY_FIELD
+from orchestrator.core.retention import NO_RETENTION, Retention
 
 _ANY = object()
 
@@ -123,11 +125,15 @@ def operator_unlock_update() -> dict[str, Any]:
     return update
 
 
-def operator_move_update(phase: str, now: datetime) -> dict[str, Any]:
+def operator_move_update(
+    phase: str, now: datetime, kept: Retention = NO_RETENTION
+) -> dict[str, Any]:
     """An operator's retry or cancel: to ``phase`` with fresh counters, claimable at once,
     the lease taken from any step running (as an outside writer's phase change: its later
     writes raise ``LeaseLost``); the error is kept as ``previousError`` so the operator's
-    reason to act stays visible."""
+    reason to act stays visible. Into a phase the live replicas retain (``kept``), dated
+    for deletion; into any other, undated (a retry out of a retained phase must not be
+    deleted on the way), whatever the replicas say."""
     update = advance_update(phase, now, {})
-    update["$unset"] = {"lockToken": "", "failedBy": "", "lastToken": ""}
-    return update
+    update["$unset"] = {"lockToken": "", "failedBy": "", "lastToken": "", EXPIRY_FIELD: ""}
+    return expiring(update, phase, now, kept)

@@ -54,6 +54,7 @@ def replica_document(record: ReplicaRecord) -> dict[str, Any]:
         "paused": list(record.paused),
         "claimStrategy": record.claim_strategy,
         "claimCandidates": record.claim_candidates,
+        "retention": [{"collection": c, "phase": p, "seconds": s} for c, p, s in record.retention],
     }
 
 

@@ -13,7 +13,14 @@ from bson.errors import BSONError
 
 from orchestrator.core.clock import bson_time
 from orchestrator.core.errors import ConfigError
-from orchestrator.core.resource import EPOCH, LEASE_FIELDS, PRIORITY_FIELD, TRACE_FIELD
+from orchestrator.core.resource import (
+    EPOCH,
+    EXPIRY_FIELD,
+    LEASE_FIELDS,
+    PRIORITY_FIELD,
+    TRACE_FIELD,
+)
+from orchestrator.core.retention import Retention, expiry
 
 
 def new_document(
@@ -39,6 +46,16 @@ def new_document(
     if carrier:
         fresh[TRACE_FIELD] = dict(carrier)
     return fresh
+
+
+def expiring(doc: dict[str, Any], now: datetime, kept: Retention) -> dict[str, Any]:
+    """A new document submitted into a phase its collection retains (``kept``), with the
+    date the server deletes it by; ``doc`` as it is otherwise."""
+    phase = doc.get("phase")
+    seconds = kept.get(phase) if isinstance(phase, str) else None
+    if seconds is not None:
+        doc[EXPIRY_FIELD] = bson_time(expiry(now, seconds))
+    return doc
 
 
 def leased(doc: Mapping[str, Any], lease: Mapping[str, Any]) -> dict[str, Any]:

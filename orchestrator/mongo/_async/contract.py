@@ -126,6 +126,10 @@ class AsyncLeaseStore(Protocol):
         """The index serving a schedule's look for its runs (``schedules.RUNS_INDEX``);
         its name."""
 
+    async def ensure_retention_index(self, name: str) -> str:
+        """The TTL index deleting documents past their retention
+        (``retention.RETENTION_INDEX``); its name."""
+
     async def read_pauses(self, name: str) -> list[Pause]:
         """The operators' pauses in force; a document that is no pause is skipped."""
 

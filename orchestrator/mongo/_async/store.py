@@ -41,7 +41,7 @@ from pymongo.errors import (
     ServerSelectionTimeoutError,
 )
 
-from orchestrator.core import audit, history, limits, pauses, sharding
+from orchestrator.core import audit, history, limits, pauses, retention, sharding
 from orchestrator.core.clock import as_utc
 from orchestrator.core.documents import Document
 from orchestrator.core.errors import ConfigError, StoreError
@@ -54,6 +54,7 @@ from orchestrator.core.names import (
     IN_HOUSE_INDEX_NAME,
     REPLICA_INDEX_NAME,
     REPLICAS_COLLECTION,
+    RETENTION_INDEX_NAME,
     SCHEDULE_RUNS_INDEX_NAME,
     SLOT_INDEX_NAME,
     UNIQUE_PREFIX,
@@ -432,6 +433,18 @@ class AsyncStore:
         """The index serving a schedule's look for its runs (``schedules.RUNS_INDEX``)."""
         return await self.ensure_index(
             name, schedule_queries.RUNS_INDEX, index_name=SCHEDULE_RUNS_INDEX_NAME, unique=False
+        )
+
+    async def ensure_retention_index(self, name: str) -> str:
+        """The TTL index by which the server deletes documents past the date their retained
+        phase gave them (``retention.RETENTION_INDEX``); one on that field with other
+        options is refused with a ``ConfigError`` naming it."""
+        return await self.ensure_index(
+            name,
+            retention.RETENTION_INDEX,
+            index_name=RETENTION_INDEX_NAME,
+            unique=False,
+            expire_after=retention.RETENTION_INDEX_EXPIRY,
         )
 
     # -- operators' controls ------------------------------------------------------------

@@ -125,6 +125,10 @@ class LeaseStore(Protocol):
         """The index serving a schedule's look for its runs (``schedules.RUNS_INDEX``);
         its name."""
 
+    def ensure_retention_index(self, name: str) -> str:
+        """The TTL index deleting documents past their retention
+        (``retention.RETENTION_INDEX``); its name."""
+
     def read_pauses(self, name: str) -> list[Pause]:
         """The operators' pauses in force; a document that is no pause is skipped."""
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
-from orchestrator.core import history
+from orchestrator.core import history, replicas
 from orchestrator.core.audit import OperatorAct, operator_record
 from orchestrator.core.documents import Document, id_json_or_text
 from orchestrator.core.errors import DocumentChanged, DocumentNotFound, LeaseHeld, NoErrorPhase
@@ -133,7 +133,8 @@ class AsyncSingleActions:
         if held and not force:
             holder = holding(seen, now, live.in_house)
             raise LeaseHeld(collection, doc_id, holder.holder, holder.until)
-        update = operators.operator_move_update(to, now)
+        kept = replicas.retention_of(live.records, collection)
+        update = operators.operator_move_update(to, now, kept)
         change = Change(kind.action, update, to, now, signed)
         after = await self.act(collection, seen, change, live, shard=shard)
         await self.record(collection, change, {"_id": id_json_or_text(doc_id), "to": to}, [doc_id])

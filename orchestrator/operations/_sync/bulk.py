@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from orchestrator.core import sharding
+from orchestrator.core import replicas, sharding
 from orchestrator.core.audit import OperatorAct, failure_text, operator_record
 from orchestrator.core.documents import Document
 from orchestrator.core.errors import (
@@ -156,7 +156,8 @@ class BulkActions:
             update = operators.operator_unlock_update()
         else:
             assert to is not None
-            update = operators.operator_move_update(to, run.now)
+            kept = replicas.retention_of(run.live.records, run.result.filter.collection)
+            update = operators.operator_move_update(to, run.now, kept)
         moved_to = to if to is not None else doc.get("phase")
         change = Change(action, update, moved_to, run.now, run.options.signed)
         try:

@@ -28,6 +28,7 @@ from orchestrator.core.events import Listener, Listeners
 from orchestrator.core.queries import submissions
 from orchestrator.core.registry import Handler, Registry, Target
 from orchestrator.core.resource import EPOCH, Resource
+from orchestrator.core.retention import NO_RETENTION, Retention
 from orchestrator.core.settings import Settings
 from orchestrator.core.steps import StopReport, stop_summary
 from orchestrator.mongo import AsyncLease, AsyncStore
@@ -119,15 +120,15 @@ class AsyncOrchestrator:
             report=self._report,
             apply=self._books.pause,
         )
-        self._registration = Registration(
-            Registry(self.settings), self._calls.check, self._registered
-        )
+        registry = Registry(self.settings)
+        self._registration = Registration(registry, self._calls.check, self._registered)
         parts = AsyncReplicaParts(
             store=self._store,
             clock=self.clock,
             settings=self.settings,
             books=self._books,
             report=self._report,
+            retention=registry.retention,
         )
         self._steps = AsyncSteps(
             parts,
@@ -158,6 +159,11 @@ class AsyncOrchestrator:
     @property
     def handlers(self) -> list[Handler]:
         return list(self._registration.registry.handlers)
+
+    @property
+    def retention(self) -> dict[str, Retention]:
+        """Per collection, how long documents stay in each retained phase (``retain``)."""
+        return {name: dict(kept) for name, kept in self._registration.registry.retention.items()}
 
     def add_listener(self, listener: Listener) -> None:
         """Receive this replica's events from now on (``orchestrator.Listener``)."""
@@ -263,16 +269,27 @@ class AsyncOrchestrator:
         trace = self._report.submitting(new.collection, new.fields)
         now = self.clock.now()
         until = starts.start_time(start, now, self.settings.max_wait)
+        doc = submissions.new_document(new.fields, now, trace, until=until, priority=rank)
+        kept = self._registration.registry.retention.get(new.collection, NO_RETENTION)
         return await self._steps.insert(
             new.collection,
-            submissions.new_document(new.fields, now, trace, until=until, priority=rank),
+            submissions.expiring(doc, now, kept),
             new.keys,
             due_now=until == EPOCH,
         )
 
+    def retain(self, target: Target, phases: Mapping[str, Any]) -> None:
+        """Keep documents of ``target`` in each phase named for as long as it says (``"30d"``,
+        ``"12h"``, ``"90m"``, ``"45s"``, seconds or a ``timedelta``), then let the server
+        delete them: e.g. ``retain("reports", {"Done": "30d", "Failed": "90d"})``. The
+        write entering such a phase stores the date (``orchestratorExpiresAt``), which a
+        TTL index made by ``ensure_indexes`` deletes by (within about a minute)."""
+        self._registration.retain(target, phases)
+
     async def ensure_indexes(self) -> None:
-        """The claim index on every registered collection, the unique keys of submit, and
-        the slots of the handlers' cluster-wide limits."""
+        """The claim index on every registered collection, the unique keys of submit, the
+        TTL index of each collection with a retention, and the slots of the handlers'
+        cluster-wide limits."""
         self._crew.enter()
         self._schedules.register()
         collections, unique = self._registration.indexes()
@@ -289,6 +306,8 @@ class AsyncOrchestrator:
             await self._store.ensure_errors_index(collection)
         for collection, keys in unique:
             await self._store.ensure_unique(collection, keys)
+        for collection in registry.retention:
+            await self._store.ensure_retention_index(collection)
         for handler in registry.handlers:
             for limit in handler.limits:
                 await self._store.ensure_slots(self.settings.slots_collection, handler.key, limit)

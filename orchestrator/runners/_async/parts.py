@@ -7,10 +7,12 @@ a part's constructor names only what is its own; the sync twin is generated
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator.core.clock import ServerClock
+from orchestrator.core.retention import Retention
 from orchestrator.core.settings import Settings
 from orchestrator.mongo._async.contract import AsyncLeaseStore
 from orchestrator.mongo._async.lease import AsyncLease
@@ -29,3 +31,5 @@ class AsyncReplicaParts:
     settings: Settings
     books: Books[AsyncLease[Any]]
     report: Reporter
+    retention: Mapping[str, Retention] = field(default_factory=dict)
+    """Per collection, its retention (``Registry.retention``, which ``retain`` fills)."""

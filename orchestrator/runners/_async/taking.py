@@ -24,6 +24,7 @@ from orchestrator.core.lease_values import Grant
 from orchestrator.core.limits import Slot
 from orchestrator.core.queries import claims, submissions
 from orchestrator.core.registry import Handler
+from orchestrator.core.retention import NO_RETENTION
 from orchestrator.mongo._async.lease import AsyncLease
 from orchestrator.runners._async.limits import AsyncLimits
 from orchestrator.runners._async.parts import AsyncReplicaParts
@@ -44,6 +45,7 @@ class AsyncClaims:
         self._settings = parts.settings
         self._books = parts.books
         self._report = parts.report
+        self._retention = parts.retention
         self._local = local
         self._limits = limits
 
@@ -205,7 +207,11 @@ class AsyncClaims:
         """A lease for ``handler``'s step, which may carry itself on into the next step
         (``Books.reserve``)."""
         core: LeaseCore[Any] = LeaseCore(
-            clock=self._clock, settings=self._settings, handler=handler, grant=grant
+            clock=self._clock,
+            settings=self._settings,
+            handler=handler,
+            grant=grant,
+            retention=self._retention.get(handler.collection, NO_RETENTION),
         )
         lease: Held = AsyncLease(store=self._store, core=core)
         lease.carrier = self._books.reserve

@@ -8,10 +8,12 @@ a part's constructor names only what is its own; the sync twin is generated
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator.core.clock import ServerClock
+from orchestrator.core.retention import Retention
 from orchestrator.core.settings import Settings
 from orchestrator.mongo._sync.contract import LeaseStore
 from orchestrator.mongo._sync.lease import Lease
@@ -30,3 +32,5 @@ class ReplicaParts:
     settings: Settings
     books: Books[Lease[Any]]
     report: Reporter
+    retention: Mapping[str, Retention] = field(default_factory=dict)
+    """Per collection, its retention (``Registry.retention``, which ``retain`` fills)."""

@@ -87,6 +87,7 @@ class ReplicaRecorder:
             claim_strategy=settings.claim_strategy,
             claim_candidates=settings.claim_candidates,
             legacy_lock_timeout=settings.legacy_lock_timeout,
+            retention=replicas.ReplicaSettings.retained(dict(self._registry.retention)),
         )
         return replicas.new_record(
             identity,

@@ -25,6 +25,7 @@ from orchestrator.core.lease_values import Grant
 from orchestrator.core.limits import Slot
 from orchestrator.core.queries import claims, submissions
 from orchestrator.core.registry import Handler
+from orchestrator.core.retention import NO_RETENTION
 from orchestrator.mongo._sync.lease import Lease
 from orchestrator.runners._sync.limits import Limits
 from orchestrator.runners._sync.parts import ReplicaParts
@@ -45,6 +46,7 @@ class Claims:
         self._settings = parts.settings
         self._books = parts.books
         self._report = parts.report
+        self._retention = parts.retention
         self._local = local
         self._limits = limits
 
@@ -206,7 +208,11 @@ class Claims:
         """A lease for ``handler``'s step, which may carry itself on into the next step
         (``Books.reserve``)."""
         core: LeaseCore[Any] = LeaseCore(
-            clock=self._clock, settings=self._settings, handler=handler, grant=grant
+            clock=self._clock,
+            settings=self._settings,
+            handler=handler,
+            grant=grant,
+            retention=self._retention.get(handler.collection, NO_RETENTION),
         )
         lease: Held = Lease(store=self._store, core=core)
         lease.carrier = self._books.reserve
