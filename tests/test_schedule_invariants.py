@@ -210,8 +210,11 @@ class ScheduleMachine(RuleBasedStateMachine):
         self.members[-1].run_once()
         after = self.db[SCHEDULES].find_one({"_id": "b"})
         assert after is not None and after["spec"]["every"] == 3
-        self.segments["b"][-1].end = aware(doc["next"])  # where the new spec goes on from
-        self.segments["b"].append(Segment(ROLLED.times, aware(after["next"])))
+        reached = aware(doc["next"])  # where the new spec goes on from
+        first = ROLLED.times.after(reached - timedelta(microseconds=1))
+        assert first is not None
+        self.segments["b"][-1].end = reached
+        self.segments["b"].append(Segment(ROLLED.times, first))
         self.rolled = True
 
     # -- what must hold -----------------------------------------------------------------

@@ -28,7 +28,6 @@ from orchestrator.core.registry import Target, resolve
 from orchestrator.core.schedules import (
     SCHEDULED_FIELD,
     Decision,
-    DuePlan,
     FireResult,
     Overlap,
     ScheduleSpec,
@@ -234,13 +233,23 @@ class AsyncSchedules:
         state = ScheduleState.read(doc)
         now = self._engine.clock.now()
         plan = due_plan(spec, state.next or spec.times.after(now), now)
-        fired: list[_Fired] = [_Fired(fire, FireResult.COALESCED) for fire in plan.coalesced]
-        missed = await self._missed(spec, plan, fired)
         queue = [(state.buffered, True)] if state.buffered is not None else []
         queue += [(fire, False) for fire in plan.start]
         for request in state.requests:
             queue += [(fire, False) for fire in request.fires(spec.times)]
-        buffered = await self._run(spec, declared, queue, fired)
+        fired: list[_Fired] = []
+        asked = [*plan.missed_head, *plan.coalesced, *(fire for fire, _ in queue)]
+        existing = await self._existing(spec, asked)
+        missed = plan.missed
+        for fire in plan.missed_head:
+            if run_id(name, fire) in existing:
+                missed -= 1  # its step died after the submit, long enough ago to miss it
+                fired.append(_Fired(fire, FireResult.STARTED, run_id(name, fire)))
+        for fire in plan.coalesced:
+            started = run_id(name, fire) in existing
+            result = FireResult.STARTED if started else FireResult.COALESCED
+            fired.append(_Fired(fire, result, run_id(name, fire) if started else None))
+        buffered = await self._run(spec, declared, queue, fired, existing)
         if missed:
             at = plan.missed_last or now
             self._report(name, at, FireResult.MISSED, now, count=missed)
@@ -264,19 +273,14 @@ class AsyncSchedules:
             return await lease.unlock(**fields)
         return await lease.relock(self._wait(spec, plan.next, buffered), **fields)
 
-    async def _missed(self, spec: ScheduleSpec, plan: DuePlan, fired: list[_Fired]) -> int:
-        """How many fires ``plan`` missed: those before the catch-up window, but for any
-        whose document is there (a step that submitted it died before its write, so long
-        ago that its fire has left the window since): that one was started."""
-        if not plan.missed:
-            return 0
-        ids = [run_id(spec.name, fire) for fire in plan.missed_head]
+    async def _existing(self, spec: ScheduleSpec, fires: list[datetime]) -> set[str]:
+        """Which of ``fires`` have their document already: a step that submitted them
+        died before its write (or they were asked for twice)."""
+        if not fires:
+            return set()
+        ids = [run_id(spec.name, fire) for fire in fires]
         query = queries.existing_runs_filter(ids)
-        there = set(await self._store.find_ids(spec.collection, query, len(ids)))
-        for fire, rid in zip(plan.missed_head, ids, strict=True):
-            if rid in there:
-                fired.append(_Fired(fire, FireResult.STARTED, rid))
-        return plan.missed - len(there)
+        return set(await self._store.find_ids(spec.collection, query, len(ids)))
 
     async def _run(
         self,
@@ -284,15 +288,11 @@ class AsyncSchedules:
         declared: Declared,
         queue: list[tuple[datetime, bool]],
         fired: list[_Fired],
+        existing: set[str],
     ) -> datetime | None:
-        """Start (or skip, buffer) each fire of ``queue`` in order; the fire left buffered."""
-        if not queue:
-            return None
-        store = self._store
+        """Start (or skip, buffer) each fire of ``queue`` in order (``existing``: the ids
+        whose documents are there); the fire left buffered."""
         ids = [run_id(spec.name, fire) for fire, _ in queue]
-        existing = set(
-            await store.find_ids(spec.collection, queries.existing_runs_filter(ids), len(ids))
-        )
         active: bool | None = None
         buffered: datetime | None = None
         for (fire, was_buffered), rid in zip(queue, ids, strict=True):
