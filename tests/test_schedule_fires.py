@@ -4,6 +4,7 @@ missed fires; functions that raise or return garbage; declarations refused at on
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -436,3 +437,16 @@ async def test_start_makes_the_index_a_schedule_finds_its_runs_by(
     keys = [list(index["key"]) for index in db["jobs"].list_indexes()]
     assert [f"{SCHEDULED_FIELD}.name", f"{SCHEDULED_FIELD}.fire"] in keys
     assert schedule_doc(db, "tick")["phase"] == "Scheduled"
+
+
+async def test_a_schedule_an_operator_cancelled_is_said_at_start_not_revived(
+    replicas: MakeEither, db: Database[Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    db[SCHEDULES].insert_one({"_id": "tick", "phase": "Cancelled", "spec": {}})
+    replica = await replicas()
+    workflow(replica)
+    every(replica, seconds=5)
+    with caplog.at_level(logging.WARNING, logger="orchestrator"):
+        await replica.run_once(heartbeat=False)
+    assert any("is in phase 'Cancelled'" in r.getMessage() for r in caplog.records)
+    assert schedule_doc(db, "tick")["phase"] == "Cancelled"

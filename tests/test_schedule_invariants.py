@@ -100,6 +100,7 @@ class ScheduleMachine(RuleBasedStateMachine):
         self.hold = False
         self.segments: dict[str, list[Segment]] = {}
         self.rolled = False
+        self.stall: tuple[int, int] | None = None  # (stalling member, member that ticks)
 
     # -- the fleet ----------------------------------------------------------------------
 
@@ -125,7 +126,7 @@ class ScheduleMachine(RuleBasedStateMachine):
         member = Member(orch, view, faults, loop)
         self._workflow(orch)
         for declaration in declared:
-            self._declare(orch, declaration)
+            self._declare(orch, declaration, index)
             member.declares.add(declaration.name)
         self.members.append(member)
         if loop is not None:
@@ -145,8 +146,19 @@ class ScheduleMachine(RuleBasedStateMachine):
 
         orch.phase("jobs", "Make")(make)
 
-    def _declare(self, orch: Orchestrator | AsyncOrchestrator, declaration: Declaration) -> None:
+    def _declare(
+        self, orch: Orchestrator | AsyncOrchestrator, declaration: Declaration, index: int
+    ) -> None:
+        machine = self
+
         def fire(at: datetime) -> dict[str, Any]:
+            if machine.stall is not None and machine.stall[0] == index:
+                # This step stalls past its lease: another replica takes the schedule and
+                # ticks meanwhile; then this one goes on, its lease lost.
+                other = machine.stall[1]
+                machine.stall = None
+                machine.clock.advance(12)
+                machine.members[other].run_once()
             return {"phase": "Make"}
 
         fire.__qualname__ = f"fire_{declaration.name}"
@@ -190,6 +202,13 @@ class ScheduleMachine(RuleBasedStateMachine):
     def the_next_write_is_lost(self, which: int, applied: bool, operation: str) -> None:
         """The next such operation fails; ``applied``: after it landed (a lost reply)."""
         self.members[which % len(self.members)].faults.fail_next(operation, applied=applied)
+
+    @rule(which=st.integers(0, 5), other=st.integers(1, 5))
+    def a_step_stalls_past_its_lease(self, which: int, other: int) -> None:
+        """The next fire function called on ``which`` stalls past the lock timeout while
+        another replica ticks."""
+        count = len(self.members)
+        self.stall = (which % count, (which + other % (count - 1) + 1) % count)
 
     @rule()
     def runs_hold_or_finish(self) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -27,6 +28,7 @@ from orchestrator.core.lease_values import Outcome
 from orchestrator.core.queries import schedules as queries
 from orchestrator.core.registry import Target, resolve
 from orchestrator.core.schedules import (
+    SCHEDULE_PHASE,
     SCHEDULED_FIELD,
     Decision,
     FireResult,
@@ -202,6 +204,16 @@ class Schedules:
         until = first + jitter_of(spec.name, first, spec.jitter)
         made = queries.schedule_document(spec, first, until, engine.replica_id, now)
         stored = store.insert(name, made, ("_id",))
+        phase = stored.get("phase")
+        if phase != SCHEDULE_PHASE:
+            self._reporter.line(
+                logging.WARNING,
+                f"schedule {spec.name!r} is in phase {phase!r}, not {SCHEDULE_PHASE!r}: it fires"
+                " no more until an operator retries it into that phase (pause a schedule"
+                " rather than cancel it)",
+                "schedule-stopped",
+                schedule=spec.name,
+            )
         if spec.same(stored.get("spec")):
             return
         # Another spec is stored (an earlier deploy, an edit, or garbage): this one fires,
@@ -250,7 +262,7 @@ class Schedules:
             started = run_id(name, fire) in existing
             result = FireResult.STARTED if started else FireResult.COALESCED
             fired.append(_Fired(fire, result, run_id(name, fire) if started else None))
-        buffered = self._run(spec, declared, queue, fired, existing)
+        buffered = self._run(spec, declared, queue, fired, existing, lease)
         if missed:
             at = plan.missed_last or now
             self._report(name, at, FireResult.MISSED, now, count=missed)
@@ -290,6 +302,7 @@ class Schedules:
         queue: list[tuple[datetime, bool]],
         fired: list[_Fired],
         existing: set[str],
+        lease: Lease[Any],
     ) -> datetime | None:
         """Start (or skip, buffer) each fire of ``queue`` in order (``existing``: the ids
         whose documents are there); the fire left buffered."""
@@ -316,13 +329,24 @@ class Schedules:
                 buffered = fire
                 continue
             if decision is Decision.CANCEL_AND_START:
+                self._still_held(lease)
                 self._cancel_previous(spec)
-            outcome = self._start(spec, declared, fire, rid)
+            outcome = self._start(spec, declared, fire, rid, lease)
             fired.append(outcome)
             if outcome.result is FireResult.STARTED:
                 active = True
                 existing.add(rid)
         return buffered
+
+    def _still_held(self, lease: Lease[Any]) -> None:
+        """A step that stalled (a slow function, a paused process) renews its lease before
+        it writes anything more, as the heartbeat would: if another replica took the
+        schedule meanwhile, the renewal raises ``LeaseLost`` and this step ends, having
+        started nothing that the other one now accounts for."""
+        settings = self._engine.settings
+        soon = self._engine.clock.now() + timedelta(seconds=settings.lock_timeout / 2)
+        if lease.expired(soon):
+            lease.extend()
 
     def _active(self, spec: ScheduleSpec) -> bool:
         if spec.overlap is Overlap.ALLOW_ALL:
@@ -336,7 +360,9 @@ class Schedules:
         update = queries.cancel_runs_update(engine.settings.cancelled_phase, engine.clock.now())
         self._store.write_many(spec.collection, query, update)
 
-    def _start(self, spec: ScheduleSpec, declared: Declared, fire: datetime, rid: str) -> _Fired:
+    def _start(
+        self, spec: ScheduleSpec, declared: Declared, fire: datetime, rid: str, lease: Lease[Any]
+    ) -> _Fired:
         """Call the schedule's function for ``fire`` and submit what it returns. A
         function that raises, or returns what is no document, fails this fire only (it is
         recorded; the next fire comes); a store that fails fails the step (retried: the
@@ -360,6 +386,7 @@ class Schedules:
                 f" schedule's ({rid!r}, {{name, fire}})",
             )
         doc = {**value, "_id": rid, SCHEDULED_FIELD: {"name": spec.name, "fire": fire}}
+        self._still_held(lease)
         try:
             self._engine.submit(declared.target, doc, unique="_id")
         except ConfigError as exc:
