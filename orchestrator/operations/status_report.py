@@ -17,6 +17,7 @@ from orchestrator.core.documents import id_json
 from orchestrator.core.pauses import Pause
 from orchestrator.core.replicas import Disagreement, ReplicaRecord
 from orchestrator.operations.filters import business_key
+from orchestrator.operations.schedule_report import SchedulesSummary
 
 
 @dataclass(frozen=True)
@@ -119,6 +120,8 @@ class Status:
     handler_names: dict[str, str] = field(default_factory=dict)
     """Handler keys (what ``failedBy`` holds) to ``module:function`` names, as the live
     replicas publish them."""
+    schedules: SchedulesSummary | None = None
+    """How many schedules there are, paused, failing (None: not read)."""
 
     def counts(self) -> dict[str, dict[str, int]]:
         """``{collection: {phase: count}}``."""
@@ -145,6 +148,7 @@ class Status:
             "pauses": [p.to_dict() for p in self.pauses],
             "takeovers": [t.to_dict() for t in self.takeovers],
             "notes": list(self.notes),
+            "schedules": None if self.schedules is None else self.schedules.to_dict(),
         }
         for error in data["errors"]:
             error["at"] = error["at"].isoformat() if error["at"] is not None else None

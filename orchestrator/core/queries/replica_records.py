@@ -54,6 +54,7 @@ def replica_document(record: ReplicaRecord) -> dict[str, Any]:
         "paused": list(record.paused),
         "claimStrategy": record.claim_strategy,
         "claimCandidates": record.claim_candidates,
+        "schedules": [{"name": s.name, "spec": dict(s.stored)} for s in record.schedules],
     }
 
 

@@ -12,12 +12,15 @@ from orchestrator.core.queries.operators import exact_id_filter, operator_move_u
 from orchestrator.core.schedules import SCHEDULE_PHASE, SCHEDULED_FIELD, ScheduleSpec
 
 __all__ = [
+    "RUNS_SORT",
+    "SCHEDULES_SORT",
     "active_runs_filter",
     "cancel_runs_update",
     "claim_match",
     "dropped_update",
     "existing_runs_filter",
     "held_filter",
+    "pause_filter",
     "pause_update",
     "request_update",
     "respec_update",
@@ -25,9 +28,15 @@ __all__ = [
     "schedule_document",
     "served_update",
     "wake_filter",
+    "wake_update",
 ]
 
 PAUSED_FIELD = "paused"
+
+SCHEDULES_SORT: list[tuple[str, int]] = [("_id", 1)]
+"""The schedules as operators list them: by name."""
+RUNS_SORT: list[tuple[str, int]] = [(f"{SCHEDULED_FIELD}.fire", -1), ("_id", -1)]
+"""A schedule's runs as operators list them: the newest fire first."""
 
 
 def claim_match(names: Sequence[str]) -> dict[str, Any]:
@@ -118,3 +127,16 @@ def request_update(request: Mapping[str, Any]) -> dict[str, Any]:
 
 def pause_update(paused: bool) -> dict[str, Any]:
     return {"$set": {PAUSED_FIELD: paused}}
+
+
+def pause_filter(name: str, paused: bool) -> dict[str, Any]:
+    """The schedule's document unless it is so already (a pause of a paused schedule, a
+    resume of one not paused, changes nothing and says so)."""
+    state: dict[str, Any] = {"$ne": True} if paused else {"$eq": True}
+    return {**exact_id_filter(name), PAUSED_FIELD: state}
+
+
+def wake_update(at: datetime) -> dict[str, Any]:
+    """Claimable at ``at`` (an operator's request is served at once, not at the next
+    fire); with ``wake_filter``, only while no step holds it."""
+    return {"$set": {"lockedUntil": bson_time(at)}}
