@@ -59,8 +59,18 @@ def test_schedule_actions_record_who_and_why(
         ["pause", "every5", "--by", "ana", "--why", "freeze"],
         ["resume", "every5", "--by", "ana", "--why", "thaw"],
         ["trigger", "every5", "--by", "ana", "--why", "rerun"],
-        ["backfill", "every5", "--from", "2026-01-01T00:00:00Z", "--to", "2026-01-01T00:00:05"]
-        + ["--by", "ana", "--why", "gap"],
+        [
+            "backfill",
+            "every5",
+            "--from",
+            "2026-01-01T00:00:00Z",
+            "--to",
+            "2026-01-01T00:00:05",
+            "--by",
+            "ana",
+            "--why",
+            "gap",
+        ],
     ):
         code, out, err = run(["schedules", *argv, "--uri", URI], capsys)
         assert code == 0, err

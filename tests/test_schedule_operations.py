@@ -84,7 +84,7 @@ async def test_an_unknown_schedule_is_refused_naming_those_there_are(
         lambda: ops.pause_schedule("nope", why="x"),
         lambda: ops.trigger("nope", why="x"),
     ):
-        with pytest.raises(OperatorError, match="no schedule 'nope'.*it has: every5") as caught:
+        with pytest.raises(OperatorError, match=r"no schedule 'nope'.*it has: every5") as caught:
             act()
         assert caught.value.refusal is Refusal.NOT_FOUND
         assert "\n" not in str(caught.value)
