@@ -56,6 +56,8 @@ REPLACEMENTS = {
     "AsyncReads": "Reads",
     "AsyncSingleActions": "SingleActions",
     "AsyncBulkActions": "BulkActions",
+    "AsyncScheduleActions": "ScheduleActions",
+    "pause_between_async": "pause_between",
     "AsyncSchedules": "Schedules",
     "_async": "_sync",  # orchestrator.<package>._async.* -> orchestrator.<package>._sync.*
     "connect_async": "connect",

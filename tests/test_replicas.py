@@ -21,6 +21,7 @@ from orchestrator.cli import connecting
 from orchestrator.cli import main as cli
 from orchestrator.core.clock import as_utc, bson_time
 from orchestrator.core.distribution import library_version
+from orchestrator.core.fire_times import Every
 from orchestrator.core.names import REPLICAS_COLLECTION
 from orchestrator.core.queries import replica_records
 from orchestrator.core.replicas import (
@@ -31,6 +32,7 @@ from orchestrator.core.replicas import (
     ReplicaRecord,
     ReplicaSettings,
     RunningStep,
+    ScheduleInfo,
     disagreements,
     new_record,
     record_ttl,
@@ -124,8 +126,27 @@ def test_a_record_as_json_for_the_status_command_and_the_page() -> None:
         "claim_candidates": 0,
         "legacy_lock_timeout": None,
         "retention": [],
+        "schedules": [],
     }
     assert json.loads(json.dumps(shown)) == shown
+
+
+@pytest.mark.pure
+def test_a_record_keeps_the_schedules_it_declares_and_skips_garbage_entries() -> None:
+    every = Every(5).stored()
+    declared = replace(
+        record("pod-1"),
+        schedules=(ScheduleInfo("b", {**every, "collection": "r"}), ScheduleInfo("a", {})),
+    )
+    stored = replica_records.replica_document(declared)
+    stored["schedules"] += [7, {"name": 3}, {"name": "c", "spec": "x"}]
+    parsed = ReplicaRecord.from_document(stored)
+    assert parsed is not None
+    assert [(s.name, s.shown) for s in parsed.schedules] == [
+        ("b", "every 5s into r, overlap skip, catch-up 3600s, jitter 0s"),
+        ("a", "an unreadable spec"),
+        ("c", "an unreadable spec"),
+    ]
 
 
 @pytest.mark.pure

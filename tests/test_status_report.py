@@ -19,6 +19,7 @@ from orchestrator.core.replicas import (
     RunningStep,
     new_record,
 )
+from orchestrator.operations.schedule_report import SchedulesSummary
 from orchestrator.operations.status_report import PhaseCount, RecentError, Status
 
 pytestmark = pytest.mark.pure
@@ -205,6 +206,7 @@ def test_the_report_as_json_says_everything_in_plain_types() -> None:
                 )
             )
         ],
+        schedules=SchedulesSummary(3, 1, 1),
     )
     data = status.to_dict()
     assert data == {
@@ -274,6 +276,7 @@ def test_the_report_as_json_says_everything_in_plain_types() -> None:
         ],
         "notes": [],
         "retention": {},
+        "schedules": {"count": 3, "paused": 1, "failing": 1},
     }
     assert json.loads(json.dumps(data)) == data
     # The report's own records are left as they were.
@@ -294,4 +297,5 @@ def test_a_replica_seen_after_the_report_was_taken_was_seen_zero_seconds_ago() -
         "takeovers": [],
         "notes": [],
         "retention": {},
+        "schedules": None,
     }

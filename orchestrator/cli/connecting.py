@@ -18,7 +18,12 @@ from pymongo.uri_parser import parse_uri
 
 from orchestrator.cli.conventions import CommandError
 from orchestrator.core.documents import Document
-from orchestrator.core.names import AUDIT_COLLECTION, PAUSES_COLLECTION, REPLICAS_COLLECTION
+from orchestrator.core.names import (
+    AUDIT_COLLECTION,
+    PAUSES_COLLECTION,
+    REPLICAS_COLLECTION,
+    SCHEDULES_COLLECTION,
+)
 from orchestrator.core.redact import redact
 from orchestrator.core.settings import DEFAULT_DATABASE
 from orchestrator.mongo import connect
@@ -88,6 +93,7 @@ class Connection:
     replicas: str
     pauses: str
     audit: str
+    schedules: str = SCHEDULES_COLLECTION
 
     def operations(self, collection: str | None = None) -> Operations:
         """``Operations`` on the database, reachable now; ``collection``: one it must have
@@ -102,6 +108,7 @@ class Connection:
             replicas_collection=self.replicas,
             pauses_collection=self.pauses,
             audit_collection=self.audit,
+            schedules_collection=self.schedules,
         )
         if collection is not None and collection not in operations.collections():
             raise CommandError(f"unknown collection {collection!r} in database {database.name!r}")
@@ -121,15 +128,23 @@ def operations_options(command: F) -> F:
         replicas_collection: str,
         pauses_collection: str,
         audit_collection: str,
+        schedules_collection: str,
         **kwargs: Any,
     ) -> Any:
         connection = Connection(
-            uri, db, connect_timeout, replicas_collection, pauses_collection, audit_collection
+            uri,
+            db,
+            connect_timeout,
+            replicas_collection,
+            pauses_collection,
+            audit_collection,
+            schedules_collection,
         )
         return command(*args, connection=connection, **kwargs)
 
     decorated: Any = run
     for name, default, setting in (
+        ("--schedules-collection", SCHEDULES_COLLECTION, "schedules_collection"),
         ("--audit-collection", AUDIT_COLLECTION, "audit_collection"),
         ("--pauses-collection", PAUSES_COLLECTION, "pauses_collection"),
         ("--replicas-collection", REPLICAS_COLLECTION, "replicas_collection"),

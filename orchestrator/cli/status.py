@@ -1,7 +1,7 @@
 """``orchestrator status``: what operators ask first. Documents per collection and phase
 (leased, overdue, waiting, failed), the latest errors (each document's full id and
 business key), the live replicas, the pauses in force and who honours them, and the
-latest leases taken over from dead replicas."""
+latest leases taken over from dead replicas; the schedules in a line."""
 
 from __future__ import annotations
 
@@ -44,14 +44,14 @@ def status(collections: tuple[str, ...], errors: int, as_json: bool, connection:
     """Documents per collection and phase: leased, overdue, waiting, failed; the latest
     errors, each with the document's full id and business key; the live replicas; the
     pauses in force and which live replicas honour each; the latest leases taken over
-    from dead replicas.
+    from dead replicas; the schedules (how many, paused, failing).
 
     Each replica records itself while it runs (refreshed every few seconds with its
     heartbeat) and is listed until its record expires (at most 40 s after it was killed).
     Replicas whose lock timeout, in-house lock timeout (legacy_lock_timeout, during a
-    migration), tick, concurrency or library version differ are flagged with a warning
-    line; the exit status stays 0, since a rolling upgrade differs on purpose for a
-    while (--json lists them under "disagreements" for scripts).
+    migration), tick, concurrency, library version, handlers' limits or schedules' specs
+    differ are flagged with a warning line; the exit status stays 0, since a rolling
+    upgrade differs on purpose for a while (--json lists them under "disagreements" for scripts).
 
     \b
     Example:
@@ -99,6 +99,18 @@ def _print_status(name: str, operations: Operations, status: Status, errors: int
     _print_retention(out, status)
     _print_pauses(out, status)
     _print_takeovers(out, status)
+    _print_schedules(out, status)
+
+
+def _print_schedules(out: Console, status: Status) -> None:
+    """The schedules in a line (``orchestrator schedules`` lists them); the specs live
+    replicas disagree on are among the disagreements above."""
+    summary = status.schedules
+    if summary is None or not summary.count:
+        return
+    line = f"schedules: {summary.count}, paused {summary.paused}, failing "
+    failing = f"[red]{summary.failing}[/]" if summary.failing else "0"
+    out.print(f"{line}{failing} (orchestrator schedules lists them)")
 
 
 def _print_errors(out: Console, operations: Operations, status: Status, errors: int) -> None:

@@ -21,7 +21,9 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from orchestrator.core.errors import ConfigError
 from orchestrator.core.retention import Retention, describe, shown
+from orchestrator.core.schedules import spec_of
 
 MAX_REFRESH = 10.0
 """A replica refreshes its record (with its heartbeat) at least this often, whatever its
@@ -145,6 +147,40 @@ class HandlerInfo:
 
 
 @dataclass(frozen=True)
+class ScheduleInfo:
+    """A schedule as a replica declares it: its name and its spec as stored
+    (``ScheduleSpec.stored()``), so that operators see which replicas declare which spec
+    (a rolling deploy changes one)."""
+
+    name: str
+    stored: Mapping[str, Any] = field(hash=False)
+
+    @property
+    def shown(self) -> str:
+        """The whole spec in one line (its fire times and policies), as compared."""
+        try:
+            spec = spec_of(self.name, self.stored)
+        except ConfigError:
+            return "an unreadable spec"
+        return (
+            f"{spec.describe()} into {spec.collection}, overlap {spec.overlap.value},"
+            f" catch-up {spec.catch_up:g}s{', coalesced' if spec.coalesce else ''}"
+            f", jitter {spec.jitter:g}s"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "spec": self.shown}
+
+    @classmethod
+    def read(cls, value: Any) -> ScheduleInfo | None:
+        """The entry ``value`` stores, or None for anything else (it is skipped)."""
+        if not isinstance(value, Mapping) or not isinstance(value.get("name"), str):
+            return None
+        stored = value.get("spec")
+        return cls(value["name"], dict(stored) if isinstance(stored, Mapping) else {})
+
+
+@dataclass(frozen=True)
 class ReplicaRecord:
     """One replica as it recorded itself. Times are the server's (each replica's estimate
     of the server's clock, as for leases); ``instance`` tells apart two processes that
@@ -183,6 +219,9 @@ class ReplicaRecord:
     def retention_of(self, collection: str) -> Retention:
         """How long it keeps documents of ``collection`` in each retained phase."""
         return {phase: s for c, phase, s in self.retention if c == collection}
+
+    schedules: tuple[ScheduleInfo, ...] = ()
+    """The schedules it declares, with their specs (``disagreements`` compares them)."""
 
     def live(self, now: datetime) -> bool:
         """Whether the record is still live at ``now`` (the server's time)."""
@@ -241,6 +280,7 @@ class ReplicaRecord:
                     (str(r["collection"]), str(r["phase"]), _number(r["seconds"]))
                     for r in doc.get("retention") or ()
                 ),
+                schedules=_schedules(doc.get("schedules")),
             )
         except (KeyError, TypeError, ValueError, AttributeError):
             return None
@@ -273,7 +313,14 @@ class ReplicaRecord:
                 {"collection": c, "phase": p, "seconds": s, "shown": shown(s)}
                 for c, p, s in self.retention
             ],
+            "schedules": [s.to_dict() for s in self.schedules],
         }
+
+
+def _schedules(value: Any) -> tuple[ScheduleInfo, ...]:
+    """The schedules a record lists, its entries that are none skipped."""
+    found = (ScheduleInfo.read(v) for v in value) if isinstance(value, list) else ()
+    return tuple(info for info in found if info is not None)
 
 
 @dataclass(frozen=True)
@@ -320,7 +367,7 @@ class ReplicaSettings:
         )
 
 
-def new_record(
+def new_record(  # noqa: PLR0913  what a record says, each keyword-only but the two parts
     identity: ReplicaIdentity,
     settings: ReplicaSettings,
     *,
@@ -329,11 +376,12 @@ def new_record(
     handlers: Iterable[HandlerInfo] = (),
     unique: Iterable[tuple[str, tuple[str, ...]]] = (),
     paused: Iterable[str] = (),
+    schedules: Iterable[ScheduleInfo] = (),
 ) -> ReplicaRecord:
     """A replica's record as of ``now`` (its estimate of the server's time), live for
     ``record_ttl(lock_timeout)``: who it is, what it runs with, and what it does now (the
     steps it runs, its handlers, the keys it keeps unique, the pauses it honours, how long
-    it keeps documents of each retained phase)."""
+    it keeps documents of each retained phase, the schedules it declares)."""
     return ReplicaRecord(
         replica_id=identity.replica_id,
         instance=identity.instance,
@@ -357,6 +405,7 @@ def new_record(
         claim_candidates=settings.claim_candidates,
         legacy_lock_timeout=settings.legacy_lock_timeout,
         retention=settings.retention,
+        schedules=tuple(sorted(schedules, key=lambda s: s.name)),
     )
 
 
@@ -393,7 +442,9 @@ def disagreements(records: Iterable[ReplicaRecord]) -> list[Disagreement]:
     write leases they cannot read), the tick, the concurrency and the library's version;
     then the handlers' cluster-wide limits (``global_limit of KEY``, ``rate_limit of KEY``)
     that replicas running one handler disagree on, then the retention of each collection
-    (``retention of NAME``) that replicas working on it disagree on.
+    (``retention of NAME``) that replicas working on it disagree on; then the schedules
+    whose spec the replicas declaring them disagree on (``schedule of NAME``: the stored
+    spec fires, the one written by the replica started last).
 
     Mixed settings do not break leases (each lease carries its holder's expiry), but they
     are rarely meant: a rolling change left half done, or one deployment configured apart.
@@ -412,7 +463,12 @@ def disagreements(records: Iterable[ReplicaRecord]) -> list[Disagreement]:
                     setting, tuple((_shown(value), tuple(sorted(ids))) for value, ids in ordered)
                 )
             )
-    return found + _limit_disagreements(rows) + _retention_disagreements(rows)
+    return (
+        found
+        + _limit_disagreements(rows)
+        + _retention_disagreements(rows)
+        + _schedule_disagreements(rows)
+    )
 
 
 _LIMITS = ("global_limit", "rate_limit")
@@ -471,6 +527,23 @@ def retention_of(records: Iterable[ReplicaRecord], collection: str) -> Retention
         return {}
     best = min(seen, key=lambda phases: (-seen[phases], phases))
     return dict(best)
+
+
+def _schedule_disagreements(rows: list[ReplicaRecord]) -> list[Disagreement]:
+    """Per schedule, the replicas declaring it with different specs (a replica that does
+    not declare it does not disagree)."""
+    groups: dict[str, dict[str, list[str]]] = {}
+    for record in rows:
+        for info in record.schedules:
+            groups.setdefault(info.name, {}).setdefault(info.shown, []).append(record.replica_id)
+    found: list[Disagreement] = []
+    for name in sorted(groups):
+        specs = groups[name]
+        if len(specs) > 1:
+            ordered = sorted(specs.items(), key=lambda item: (-len(item[1]), item[0]))
+            values = tuple((value, tuple(sorted(set(ids)))) for value, ids in ordered)
+            found.append(Disagreement(f"schedule of {name}", values))
+    return found
 
 
 def _shown(value: Any) -> str:

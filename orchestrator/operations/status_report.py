@@ -18,6 +18,7 @@ from orchestrator.core.pauses import Pause
 from orchestrator.core.replicas import Disagreement, ReplicaRecord, retention_of
 from orchestrator.core.retention import Retention, shown
 from orchestrator.operations.filters import business_key
+from orchestrator.operations.schedule_report import SchedulesSummary
 
 
 @dataclass(frozen=True)
@@ -120,6 +121,8 @@ class Status:
     handler_names: dict[str, str] = field(default_factory=dict)
     """Handler keys (what ``failedBy`` holds) to ``module:function`` names, as the live
     replicas publish them."""
+    schedules: SchedulesSummary | None = None
+    """How many schedules there are, paused, failing (None: not read)."""
 
     def counts(self) -> dict[str, dict[str, int]]:
         """``{collection: {phase: count}}``."""
@@ -156,6 +159,7 @@ class Status:
                 name: {phase: {"seconds": s, "shown": shown(s)} for phase, s in kept.items()}
                 for name, kept in self.retention().items()
             },
+            "schedules": None if self.schedules is None else self.schedules.to_dict(),
         }
         for error in data["errors"]:
             error["at"] = error["at"].isoformat() if error["at"] is not None else None

@@ -14,6 +14,8 @@ Reads (GET):
   an action on it posts back) and its ``history``.
 - ``/api/audit?limit=``: the audit trail, latest first; ``/api/pauses``: the pauses in
   force, each with the live replicas that honour it and those that do not yet.
+- ``/api/schedules``: every schedule (``ScheduleRow.to_dict()``); ``/api/schedule?name=
+  &runs=``: one, with its latest ``runs`` (``ScheduleRun.to_dict()``).
 
 Actions (POST, ``Content-Type: application/json``, a JSON object):
 
@@ -24,9 +26,12 @@ Actions (POST, ``Content-Type: application/json``, a JSON object):
   phase), ``force`` (retry: take a live lease), ``any_phase`` (retry, cancel: a phase no
   live replica handles).
 - ``/api/pause``, ``/api/resume``: ``{"c", "phase", "handler", "reason"}``.
+- ``/api/schedule/pause``, ``/resume``, ``/trigger``: ``{"name", "reason"}``;
+  ``/api/schedule/backfill``: ``{"name", "reason", "from", "to"}`` (dates as
+  ``{"$date": "2026-01-01T00:00:00Z"}``).
 
 Errors are ``{"error": message, "kind": name}``: 400 malformed, 403 cross-site, 404 no such
-collection or document, 409 the document changed (or a live lease holds it, or an id
+collection, document or schedule, 409 the document changed (or a live lease holds it, or an id
 names two: ``documents`` lists them), 415 not JSON, 422 refused as asked (a phase no live
 replica handles, with ``handled``; no error phase to retry to; a filter no index serves),
 503 the database did not answer.
@@ -37,6 +42,7 @@ from __future__ import annotations
 import json
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import replace
+from datetime import UTC, datetime
 from functools import partial
 from typing import Any
 
@@ -58,6 +64,7 @@ from orchestrator.operations import (
     Moved,
     NoErrorPhase,
     OperatorError,
+    Refusal,
     Row,
     Scope,
     UnhandledPhase,
@@ -66,6 +73,7 @@ from orchestrator.operations import (
     id_json,
 )
 from orchestrator.operations.filters import DEFAULT_LIMIT, MAX_LIMIT
+from orchestrator.operations.schedule_report import MAX_RUNS
 from orchestrator.web.browse import selection_of
 from orchestrator.web.inputs import Refused, Selection, json_body, parse_ref
 from orchestrator.web.site import SECURITY_HEADERS, Site
@@ -76,6 +84,9 @@ __all__ = ["routes"]
 ONE = frozenset({"c", "ref", "seen", "to", "force", "any_phase", "reason"})
 MANY = frozenset({"c", "filter", "dry_run", "to", "force", "any_phase", "reason"})
 PAUSE = frozenset({"c", "phase", "handler", "reason"})
+SCHEDULE = frozenset({"name", "reason"})
+SCHEDULE_ACTIONS = ("pause", "resume", "trigger", "backfill")
+BACKFILL = frozenset({"name", "reason", "from", "to"})
 
 Endpoint = Callable[[Site, Request], Awaitable[Any]]
 
@@ -96,6 +107,9 @@ def routes(site: Site) -> list[Route]:
         *(post(f"/{a.value}", partial(act, a)) for a in Action),
         post("/pause", partial(pause, True)),
         post("/resume", partial(pause, False)),
+        get("/schedules", schedules),
+        get("/schedule", schedule),
+        *(post(f"/schedule/{verb}", partial(schedule_act, verb)) for verb in SCHEDULE_ACTIONS),
     ]
 
 
@@ -129,6 +143,8 @@ def _failure(exc: Exception) -> tuple[int, dict[str, Any]] | None:
     if isinstance(exc, UnhandledPhase):
         body["handled"] = exc.handled
         return 422, body
+    if isinstance(exc, OperatorError) and exc.refusal is Refusal.NOT_FOUND:
+        return 404, body  # an unknown schedule too
     for kinds, code in (
         (DocumentNotFound, 404),
         ((DocumentChanged, LeaseHeld), 409),
@@ -284,6 +300,48 @@ async def pause(pausing: bool, site: Site, request: Request) -> dict[str, Any]:
         "phase": scope.phase,
         "handler": scope.handler,
     }
+
+
+async def schedules(site: Site, request: Request) -> dict[str, Any]:
+    return {"schedules": [row.to_dict() for row in await site.operations.schedules()]}
+
+
+async def schedule(site: Site, request: Request) -> dict[str, Any]:
+    name = request.query_params.get("name") or ""
+    if not name:
+        raise Refused(400, "which schedule? give its name (name=...)")
+    limit = _integer(request.query_params.get("runs"), 20, MAX_RUNS, "runs")
+    row, runs = await site.operations.schedule(name, runs=limit)
+    return {**row.to_dict(), "runs": [run.to_dict() for run in runs]}
+
+
+async def schedule_act(verb: str, site: Site, request: Request) -> dict[str, Any]:
+    """Pause, resume, trigger or backfill (``from``, ``to``: dates, ``{"$date": ...}``)
+    the schedule ``name``, with a ``reason``."""
+    body = await json_body(request)
+    _only(body, BACKFILL if verb == "backfill" else SCHEDULE)
+    name, why = _text(body, "name"), _text(body, "reason")
+    if not name:
+        raise Refused(400, "which schedule? give its name")
+    by, operations = site.actor(request), site.operations
+    result: dict[str, Any] = {"action": verb, "name": name}
+    if verb in ("pause", "resume"):
+        change = operations.pause_schedule if verb == "pause" else operations.resume_schedule
+        result["done"] = await change(name, by=by, why=why)
+    elif verb == "trigger":
+        result.update((await operations.trigger(name, by=by, why=why)).to_dict())
+    else:
+        start, end = _date(body, "from"), _date(body, "to")
+        result.update((await operations.backfill(name, start, end, by=by, why=why)).to_dict())
+    site.changed()
+    return result
+
+
+def _date(body: Mapping[str, Any], name: str) -> datetime:
+    value = body.get(name)
+    if not isinstance(value, datetime):
+        raise Refused(400, f'{name} is a date ({{"$date": "2026-01-01T00:00:00Z"}})')
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
 
 
 # -- values -----------------------------------------------------------------------------------

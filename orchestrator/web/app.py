@@ -21,7 +21,9 @@ The pages:
 - ``/document``: one document (by ``ref``, ``id`` or business key), its lease as a badge
   that knows the failed phase and the ``failedBy`` mark, its history as a timeline;
 - ``/confirm``, ``/bulk``, ``/pause``, ``/resume``: confirmations, and their POSTs
-  (``actions.py``); ``/audit``: the audit trail.
+  (``actions.py``); ``/audit``: the audit trail;
+- ``/schedules``, ``/schedule``: the schedules, one with its runs linked to their
+  documents, and its pause, resume and trigger (``schedules.py``).
 
 What it guards against:
 
@@ -68,10 +70,15 @@ from starlette.routing import Mount, Route
 from orchestrator.core.documents import Document
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.history import entries
-from orchestrator.core.names import AUDIT_COLLECTION, PAUSES_COLLECTION, REPLICAS_COLLECTION
+from orchestrator.core.names import (
+    AUDIT_COLLECTION,
+    PAUSES_COLLECTION,
+    REPLICAS_COLLECTION,
+    SCHEDULES_COLLECTION,
+)
 from orchestrator.core.retention import describe
 from orchestrator.operations import AsyncOperations, AsyncStatusCache, LeaseState, Row, id_json
-from orchestrator.web import actions, api, browse
+from orchestrator.web import actions, api, browse, schedules
 from orchestrator.web.site import Actor, Links, Site, default_actor
 from orchestrator.web.views import (
     LEASE_ROWS,
@@ -117,6 +124,7 @@ def operator_app(  # noqa: PLR0913  its public settings, each keyword-only with 
     replicas_collection: str = REPLICAS_COLLECTION,
     pauses_collection: str = PAUSES_COLLECTION,
     audit_collection: str = AUDIT_COLLECTION,
+    schedules_collection: str = SCHEDULES_COLLECTION,
     actor: Actor | None = None,
     status: AsyncStatusCache | None = None,
 ) -> Starlette:
@@ -125,9 +133,10 @@ def operator_app(  # noqa: PLR0913  its public settings, each keyword-only with 
 
     ``refresh``: seconds between the pages' reloads of themselves, and the least age of
     the status report before it is computed again; ``errors``: latest errors shown per
-    collection; ``replicas_collection``, ``pauses_collection``, ``audit_collection``: the
-    replicas' settings of those names. ``actor``: who acts, from the request (the
-    application's signed-in user; by default ``web`` and the client's address), written
+    collection; ``replicas_collection``, ``pauses_collection``, ``audit_collection``,
+    ``schedules_collection``: the replicas' settings of those names. ``actor``: who acts,
+    from the request (the application's signed-in user; by default ``web`` and the
+    client's address), written
     in the audit trail and the documents' histories. ``status``: a status cache to share
     with a ``PrometheusListener`` (then its ``max_age`` and ``errors`` apply).
 
@@ -157,6 +166,7 @@ def operator_app(  # noqa: PLR0913  its public settings, each keyword-only with 
         replicas_collection=replicas_collection,
         pauses_collection=pauses_collection,
         audit_collection=audit_collection,
+        schedules_collection=schedules_collection,
     )
     site = Site(
         database,
@@ -173,6 +183,7 @@ def operator_app(  # noqa: PLR0913  its public settings, each keyword-only with 
             Route("/audit", site.page(partial(audit, site))),
             *browse.routes(site),
             *actions.routes(site),
+            *schedules.routes(site),
             Mount("/api", routes=api.routes(site)),
         ]
     )

@@ -55,6 +55,7 @@ def replica_document(record: ReplicaRecord) -> dict[str, Any]:
         "claimStrategy": record.claim_strategy,
         "claimCandidates": record.claim_candidates,
         "retention": [{"collection": c, "phase": p, "seconds": s} for c, p, s in record.retention],
+        "schedules": [{"name": s.name, "spec": dict(s.stored)} for s in record.schedules],
     }
 
 

@@ -13,12 +13,15 @@ from orchestrator.core.schedules import SCHEDULE_PHASE, SCHEDULED_FIELD, Schedul
 
 __all__ = [
     "RUNS_INDEX",
+    "RUNS_SORT",
+    "SCHEDULES_SORT",
     "active_runs_filter",
     "cancel_runs_update",
     "claim_match",
     "dropped_update",
     "existing_runs_filter",
     "held_filter",
+    "pause_filter",
     "pause_update",
     "request_update",
     "respec_update",
@@ -26,6 +29,7 @@ __all__ = [
     "schedule_document",
     "served_update",
     "wake_filter",
+    "wake_update",
 ]
 
 PAUSED_FIELD = "paused"
@@ -35,6 +39,11 @@ RUNS_INDEX: list[tuple[str, int]] = [
 ]
 """On each collection schedules start documents in: a schedule's runs, latest first (the
 overlap policy's look for a run going on, the operators' list of runs)."""
+
+SCHEDULES_SORT: list[tuple[str, int]] = [("_id", 1)]
+"""The schedules as operators list them: by name."""
+RUNS_SORT: list[tuple[str, int]] = [(f"{SCHEDULED_FIELD}.fire", -1), ("_id", -1)]
+"""A schedule's runs as operators list them: the newest fire first."""
 
 
 def claim_match(names: Sequence[str]) -> dict[str, Any]:
@@ -125,3 +134,16 @@ def request_update(request: Mapping[str, Any]) -> dict[str, Any]:
 
 def pause_update(paused: bool) -> dict[str, Any]:
     return {"$set": {PAUSED_FIELD: paused}}
+
+
+def pause_filter(name: str, paused: bool) -> dict[str, Any]:
+    """The schedule's document unless it is so already (a pause of a paused schedule, a
+    resume of one not paused, changes nothing and says so)."""
+    state: dict[str, Any] = {"$ne": True} if paused else {"$eq": True}
+    return {**exact_id_filter(name), PAUSED_FIELD: state}
+
+
+def wake_update(at: datetime) -> dict[str, Any]:
+    """Claimable at ``at`` (an operator's request is served at once, not at the next
+    fire); with ``wake_filter``, only while no step holds it."""
+    return {"$set": {"lockedUntil": bson_time(at)}}

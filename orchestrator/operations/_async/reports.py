@@ -215,6 +215,18 @@ class AsyncReportStore(Protocol):
         """
         ...
 
+    async def find_many(
+        self,
+        name: str,
+        query: Mapping[str, Any],
+        sort: Sequence[tuple[str, int]],
+        limit: int,
+        projection: Mapping[str, Any] | None = None,
+    ) -> list[Document]:
+        """Up to ``limit`` documents of ``name`` that ``query`` selects, in ``sort``'s order
+        (``projection``: their fields read, all when None)."""
+        ...
+
     async def shard_state(self, name: str) -> ShardState:
         """Whether ``name`` is sharded, and on what, as the server tells (asked once per
         collection; ``UNKNOWN`` when this user may not read it).
@@ -376,6 +388,20 @@ class AsyncReports:
     async def find_one(self, name: str, query: Mapping[str, Any]) -> Document | None:
         with driver_errors(f"read from {name}"):
             return await self._store.collection(name).find_one(dict(query))
+
+    async def find_many(
+        self,
+        name: str,
+        query: Mapping[str, Any],
+        sort: Sequence[tuple[str, int]],
+        limit: int,
+        projection: Mapping[str, Any] | None = None,
+    ) -> list[Document]:
+        with driver_errors(f"read from {name}"):
+            cursor = self._store.collection(name).find(
+                dict(query), None if projection is None else dict(projection)
+            )
+            return await cursor.sort(list(sort)).limit(limit).to_list()
 
     async def shard_state(self, name: str) -> ShardState:
         return await self._store.shard_state(name)

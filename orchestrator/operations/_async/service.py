@@ -20,6 +20,7 @@ This is the service's face; the work is done by its parts, one concept each: the
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
@@ -28,18 +29,31 @@ from pymongo.asynchronous.database import AsyncDatabase
 from orchestrator.core import history
 from orchestrator.core.audit import AuditEntry, OperatorAct, operator_record
 from orchestrator.core.documents import Document
-from orchestrator.core.names import AUDIT_COLLECTION, PAUSES_COLLECTION, REPLICAS_COLLECTION
+from orchestrator.core.names import (
+    AUDIT_COLLECTION,
+    PAUSES_COLLECTION,
+    REPLICAS_COLLECTION,
+    SCHEDULES_COLLECTION,
+)
 from orchestrator.core.pauses import Pause, Scope
 from orchestrator.core.replicas import ReplicaRecord
 from orchestrator.operations import filters
 from orchestrator.operations._async.bulk import MAX_BULK, AsyncBulkActions, BulkOptions
 from orchestrator.operations._async.reads import AsyncReads
 from orchestrator.operations._async.reports import AsyncReportStore
+from orchestrator.operations._async.schedules import AsyncScheduleActions
 from orchestrator.operations._async.single import AsyncSingleActions
 from orchestrator.operations.actor import default_actor
 from orchestrator.operations.filters import Filter, Page
 from orchestrator.operations.results import Bulk, Cancelled, Retried
 from orchestrator.operations.rules import Action, Signed
+from orchestrator.operations.schedule_report import (
+    Backfilled,
+    ScheduleRow,
+    ScheduleRun,
+    SchedulesSummary,
+    Triggered,
+)
 from orchestrator.operations.status_report import Status
 
 __all__ = ["AsyncOperations"]
@@ -48,10 +62,10 @@ __all__ = ["AsyncOperations"]
 class AsyncOperations:
     """An operator's view of ``database`` (a PyMongo database: an ``AsyncMongoClient``'s
     for ``AsyncOperations``, a ``MongoClient``'s for ``Operations``) and actions on it.
-    ``replicas_collection``, ``pauses_collection``, ``audit_collection``: the replicas'
-    settings of those names; ``actor``: who acts, unless an action names someone else
-    (by default the operating system's user at this host; an application mounting the
-    page names its signed-in user per request).
+    ``replicas_collection``, ``pauses_collection``, ``audit_collection``,
+    ``schedules_collection``: the replicas' settings of those names; ``actor``: who acts,
+    unless an action names someone else (by default the operating system's user at this
+    host; an application mounting the page names its signed-in user per request).
 
     Failures are ``OrchestratorError``s: ``StoreError`` when the database fails,
     ``OperatorError`` (``DocumentNotFound``, ``AmbiguousId``, ``DocumentChanged``,
@@ -66,6 +80,7 @@ class AsyncOperations:
         replicas_collection: str = REPLICAS_COLLECTION,
         pauses_collection: str = PAUSES_COLLECTION,
         audit_collection: str = AUDIT_COLLECTION,
+        schedules_collection: str = SCHEDULES_COLLECTION,
         actor: str | None = None,
     ) -> None:
         self._read = AsyncReads(
@@ -77,6 +92,7 @@ class AsyncOperations:
         self._reports: AsyncReportStore = self._read.reports
         self._single = AsyncSingleActions(self._read)
         self._bulk = AsyncBulkActions(self._read, self._single)
+        self._schedules = AsyncScheduleActions(self._read, schedules_collection)
         self._pauses = pauses_collection
         self._audit = audit_collection
         self.actor = actor or default_actor()
@@ -89,8 +105,11 @@ class AsyncOperations:
         clock against each lease's own expiry (so the replicas' lock timeouts need not be
         known); the live replicas with the settings they disagree on, the pauses in
         force and the latest leases taken over from dead replicas. ``ConfigError`` names
-        a collection the database does not have."""
-        return await self._read.status(collections, errors)
+        a collection the database does not have. ``schedules``: how many schedules,
+        paused, failing."""
+        status = await self._read.status(collections, errors)
+        summary = SchedulesSummary.of(await self._schedules.rows(runs=False))
+        return replace(status, schedules=summary)
 
     async def collections(self) -> list[str]:
         """The database's collections, sorted, without the server's own (``system.*``)."""
@@ -270,6 +289,58 @@ class AsyncOperations:
     async def audit(self, limit: int = 50) -> list[AuditEntry]:
         """The audit trail, latest first: operators' actions, and leases taken over."""
         return await self._reports.read_audit(self._audit, limit)
+
+    # -- schedules ---------------------------------------------------------------------
+
+    async def schedules(self) -> list[ScheduleRow]:
+        """Every schedule, by name: its spec, policies, next fire, last run and its
+        outcome (with the phase its document is in now), counts (missed ones too), who
+        declared the stored spec, and whether the live replicas declaring it disagree on
+        its spec. A field its document holds garbage in is listed as ``unreadable``."""
+        return await self._schedules.rows()
+
+    async def schedule(self, name: str, *, runs: int = 20) -> tuple[ScheduleRow, list[ScheduleRun]]:
+        """The schedule ``name`` and its latest ``runs`` runs, the newest fire first.
+
+        :raises OperatorError: there is no schedule ``name`` (``refusal``: not_found)
+        """
+        row = await self._schedules.row(name)
+        return row, await self._schedules.runs(row, runs)
+
+    async def pause_schedule(self, name: str, *, by: str | None = None, why: str = "") -> bool:
+        """Pause the schedule ``name``: no replica starts its fires until it is resumed
+        (those past its catch-up window then are counted missed). False when it was
+        paused already."""
+        return await self._schedules.pause(name, True, self._signed(by, why))
+
+    async def resume_schedule(self, name: str, *, by: str | None = None, why: str = "") -> bool:
+        """Resume the schedule ``name``. False when it was not paused."""
+        return await self._schedules.pause(name, False, self._signed(by, why))
+
+    async def trigger(self, name: str, *, by: str | None = None, why: str = "") -> Triggered:
+        """Start one run of the schedule ``name`` now, its fire time the server's time,
+        whatever its overlap policy says of runs still going (a trigger of a paused
+        schedule waits for its resume). Served by the schedule's next step, on whichever
+        replica declares it: made claimable at once unless a step holds it
+        (``Triggered.woken``)."""
+        return await self._schedules.trigger(name, self._signed(by, why))
+
+    async def backfill(
+        self,
+        name: str,
+        start: datetime,
+        end: datetime,
+        *,
+        by: str | None = None,
+        why: str = "",
+    ) -> Backfilled:
+        """Start every fire time of the schedule ``name`` in [``start``, ``end``] that has
+        no document yet, at its next step.
+
+        :raises OperatorError: ``end`` before ``start``; more than ``MAX_BACKFILL`` fire
+            times, or none, in the range; a stored spec that is no spec
+        """
+        return await self._schedules.backfill(name, start, end, self._signed(by, why))
 
     async def _record_pause(self, action: str, scope: Scope, now: datetime, signed: Signed) -> None:
         described = {"phase": scope.phase or "", "handler": scope.handler or ""}

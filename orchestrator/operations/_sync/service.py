@@ -21,6 +21,7 @@ This is the service's face; the work is done by its parts, one concept each: the
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
@@ -29,18 +30,31 @@ from pymongo.synchronous.database import Database
 from orchestrator.core import history
 from orchestrator.core.audit import AuditEntry, OperatorAct, operator_record
 from orchestrator.core.documents import Document
-from orchestrator.core.names import AUDIT_COLLECTION, PAUSES_COLLECTION, REPLICAS_COLLECTION
+from orchestrator.core.names import (
+    AUDIT_COLLECTION,
+    PAUSES_COLLECTION,
+    REPLICAS_COLLECTION,
+    SCHEDULES_COLLECTION,
+)
 from orchestrator.core.pauses import Pause, Scope
 from orchestrator.core.replicas import ReplicaRecord
 from orchestrator.operations import filters
 from orchestrator.operations._sync.bulk import MAX_BULK, BulkActions, BulkOptions
 from orchestrator.operations._sync.reads import Reads
 from orchestrator.operations._sync.reports import ReportStore
+from orchestrator.operations._sync.schedules import ScheduleActions
 from orchestrator.operations._sync.single import SingleActions
 from orchestrator.operations.actor import default_actor
 from orchestrator.operations.filters import Filter, Page
 from orchestrator.operations.results import Bulk, Cancelled, Retried
 from orchestrator.operations.rules import Action, Signed
+from orchestrator.operations.schedule_report import (
+    Backfilled,
+    ScheduleRow,
+    ScheduleRun,
+    SchedulesSummary,
+    Triggered,
+)
 from orchestrator.operations.status_report import Status
 
 __all__ = ["Operations"]
@@ -49,10 +63,10 @@ __all__ = ["Operations"]
 class Operations:
     """An operator's view of ``database`` (a PyMongo database: an ``AsyncMongoClient``'s
     for ``AsyncOperations``, a ``MongoClient``'s for ``Operations``) and actions on it.
-    ``replicas_collection``, ``pauses_collection``, ``audit_collection``: the replicas'
-    settings of those names; ``actor``: who acts, unless an action names someone else
-    (by default the operating system's user at this host; an application mounting the
-    page names its signed-in user per request).
+    ``replicas_collection``, ``pauses_collection``, ``audit_collection``,
+    ``schedules_collection``: the replicas' settings of those names; ``actor``: who acts,
+    unless an action names someone else (by default the operating system's user at this
+    host; an application mounting the page names its signed-in user per request).
 
     Failures are ``OrchestratorError``s: ``StoreError`` when the database fails,
     ``OperatorError`` (``DocumentNotFound``, ``AmbiguousId``, ``DocumentChanged``,
@@ -67,6 +81,7 @@ class Operations:
         replicas_collection: str = REPLICAS_COLLECTION,
         pauses_collection: str = PAUSES_COLLECTION,
         audit_collection: str = AUDIT_COLLECTION,
+        schedules_collection: str = SCHEDULES_COLLECTION,
         actor: str | None = None,
     ) -> None:
         self._read = Reads(
@@ -78,6 +93,7 @@ class Operations:
         self._reports: ReportStore = self._read.reports
         self._single = SingleActions(self._read)
         self._bulk = BulkActions(self._read, self._single)
+        self._schedules = ScheduleActions(self._read, schedules_collection)
         self._pauses = pauses_collection
         self._audit = audit_collection
         self.actor = actor or default_actor()
@@ -90,8 +106,11 @@ class Operations:
         clock against each lease's own expiry (so the replicas' lock timeouts need not be
         known); the live replicas with the settings they disagree on, the pauses in
         force and the latest leases taken over from dead replicas. ``ConfigError`` names
-        a collection the database does not have."""
-        return self._read.status(collections, errors)
+        a collection the database does not have. ``schedules``: how many schedules,
+        paused, failing."""
+        status = self._read.status(collections, errors)
+        summary = SchedulesSummary.of(self._schedules.rows(runs=False))
+        return replace(status, schedules=summary)
 
     def collections(self) -> list[str]:
         """The database's collections, sorted, without the server's own (``system.*``)."""
@@ -271,6 +290,58 @@ class Operations:
     def audit(self, limit: int = 50) -> list[AuditEntry]:
         """The audit trail, latest first: operators' actions, and leases taken over."""
         return self._reports.read_audit(self._audit, limit)
+
+    # -- schedules ---------------------------------------------------------------------
+
+    def schedules(self) -> list[ScheduleRow]:
+        """Every schedule, by name: its spec, policies, next fire, last run and its
+        outcome (with the phase its document is in now), counts (missed ones too), who
+        declared the stored spec, and whether the live replicas declaring it disagree on
+        its spec. A field its document holds garbage in is listed as ``unreadable``."""
+        return self._schedules.rows()
+
+    def schedule(self, name: str, *, runs: int = 20) -> tuple[ScheduleRow, list[ScheduleRun]]:
+        """The schedule ``name`` and its latest ``runs`` runs, the newest fire first.
+
+        :raises OperatorError: there is no schedule ``name`` (``refusal``: not_found)
+        """
+        row = self._schedules.row(name)
+        return row, self._schedules.runs(row, runs)
+
+    def pause_schedule(self, name: str, *, by: str | None = None, why: str = "") -> bool:
+        """Pause the schedule ``name``: no replica starts its fires until it is resumed
+        (those past its catch-up window then are counted missed). False when it was
+        paused already."""
+        return self._schedules.pause(name, True, self._signed(by, why))
+
+    def resume_schedule(self, name: str, *, by: str | None = None, why: str = "") -> bool:
+        """Resume the schedule ``name``. False when it was not paused."""
+        return self._schedules.pause(name, False, self._signed(by, why))
+
+    def trigger(self, name: str, *, by: str | None = None, why: str = "") -> Triggered:
+        """Start one run of the schedule ``name`` now, its fire time the server's time,
+        whatever its overlap policy says of runs still going (a trigger of a paused
+        schedule waits for its resume). Served by the schedule's next step, on whichever
+        replica declares it: made claimable at once unless a step holds it
+        (``Triggered.woken``)."""
+        return self._schedules.trigger(name, self._signed(by, why))
+
+    def backfill(
+        self,
+        name: str,
+        start: datetime,
+        end: datetime,
+        *,
+        by: str | None = None,
+        why: str = "",
+    ) -> Backfilled:
+        """Start every fire time of the schedule ``name`` in [``start``, ``end``] that has
+        no document yet, at its next step.
+
+        :raises OperatorError: ``end`` before ``start``; more than ``MAX_BACKFILL`` fire
+            times, or none, in the range; a stored spec that is no spec
+        """
+        return self._schedules.backfill(name, start, end, self._signed(by, why))
 
     def _record_pause(self, action: str, scope: Scope, now: datetime, signed: Signed) -> None:
         described = {"phase": scope.phase or "", "handler": scope.handler or ""}

@@ -11,8 +11,9 @@ import os
 import secrets
 import socket
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import datetime
+from typing import Any
 
 from orchestrator.core import limits, replicas
 from orchestrator.core.distribution import library_version
@@ -35,6 +36,7 @@ class AsyncReplicaRecorder:
         engine: str,
         registry: Registry,
         paused: Callable[[], list[str]],
+        schedules: Callable[[], list[tuple[str, Mapping[str, Any]]]],
     ) -> None:
         self._store = parts.store
         self._clock = parts.clock
@@ -44,6 +46,7 @@ class AsyncReplicaRecorder:
         self._engine = engine
         self._registry = registry
         self._paused = paused
+        self._schedules = schedules
         self._lock = threading.Lock()  # the flags below, read and set from any worker
         self.instance = secrets.token_hex(8)
         """This process's record, not a namesake's."""
@@ -111,6 +114,7 @@ class AsyncReplicaRecorder:
                 for keys in tuple(key_sets)
             ],
             paused=self._paused(),
+            schedules=[replicas.ScheduleInfo(name, spec) for name, spec in self._schedules()],
         )
 
     async def begin(self) -> None:

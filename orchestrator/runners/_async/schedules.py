@@ -330,7 +330,7 @@ class AsyncSchedules:
             if decision is Decision.CANCEL_AND_START:
                 await self._still_held(lease)
                 await self._cancel_previous(spec)
-            outcome = await self._start(spec, declared, fire, rid, lease)
+            outcome = await self._start(spec, declared, fire, rid, lease=lease)
             fired.append(outcome)
             if outcome.result is FireResult.STARTED:
                 active = True
@@ -365,6 +365,7 @@ class AsyncSchedules:
         declared: Declared,
         fire: datetime,
         rid: str,
+        *,
         lease: AsyncLease[Any],
     ) -> _Fired:
         """Call the schedule's function for ``fire`` and submit what it returns. A

@@ -145,6 +145,10 @@ class Orchestrator:
             engine="threaded" if _IS_SYNC else "async",
             registry=self._registration.registry,
             paused=lambda: self._pauses.scopes,
+            schedules=lambda: [
+                (name, declared.spec.stored())
+                for name, declared in list(self._schedules.declared.items())
+            ],
         )
 
         self._schedules = Schedules(self, self._store, self._report)

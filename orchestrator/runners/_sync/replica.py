@@ -12,8 +12,9 @@ import os
 import secrets
 import socket
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import datetime
+from typing import Any
 
 from orchestrator.core import limits, replicas
 from orchestrator.core.distribution import library_version
@@ -36,6 +37,7 @@ class ReplicaRecorder:
         engine: str,
         registry: Registry,
         paused: Callable[[], list[str]],
+        schedules: Callable[[], list[tuple[str, Mapping[str, Any]]]],
     ) -> None:
         self._store = parts.store
         self._clock = parts.clock
@@ -45,6 +47,7 @@ class ReplicaRecorder:
         self._engine = engine
         self._registry = registry
         self._paused = paused
+        self._schedules = schedules
         self._lock = threading.Lock()  # the flags below, read and set from any worker
         self.instance = secrets.token_hex(8)
         """This process's record, not a namesake's."""
@@ -112,6 +115,7 @@ class ReplicaRecorder:
                 for keys in tuple(key_sets)
             ],
             paused=self._paused(),
+            schedules=[replicas.ScheduleInfo(name, spec) for name, spec in self._schedules()],
         )
 
     def begin(self) -> None:

@@ -331,7 +331,7 @@ class Schedules:
             if decision is Decision.CANCEL_AND_START:
                 self._still_held(lease)
                 self._cancel_previous(spec)
-            outcome = self._start(spec, declared, fire, rid, lease)
+            outcome = self._start(spec, declared, fire, rid, lease=lease)
             fired.append(outcome)
             if outcome.result is FireResult.STARTED:
                 active = True
@@ -361,7 +361,13 @@ class Schedules:
         self._store.write_many(spec.collection, query, update)
 
     def _start(
-        self, spec: ScheduleSpec, declared: Declared, fire: datetime, rid: str, lease: Lease[Any]
+        self,
+        spec: ScheduleSpec,
+        declared: Declared,
+        fire: datetime,
+        rid: str,
+        *,
+        lease: Lease[Any],
     ) -> _Fired:
         """Call the schedule's function for ``fire`` and submit what it returns. A
         function that raises, or returns what is no document, fails this fire only (it is
