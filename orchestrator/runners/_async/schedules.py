@@ -261,7 +261,7 @@ class AsyncSchedules:
             started = run_id(name, fire) in existing
             result = FireResult.STARTED if started else FireResult.COALESCED
             fired.append(_Fired(fire, result, run_id(name, fire) if started else None))
-        buffered = await self._run(spec, declared, queue, fired, existing, lease)
+        buffered = await self._run(spec, declared, queue, fired, existing=existing, lease=lease)
         if missed:
             at = plan.missed_last or now
             self._report(name, at, FireResult.MISSED, now, count=missed)
@@ -300,6 +300,7 @@ class AsyncSchedules:
         declared: Declared,
         queue: list[tuple[datetime, bool]],
         fired: list[_Fired],
+        *,
         existing: set[str],
         lease: AsyncLease[Any],
     ) -> datetime | None:

@@ -262,7 +262,7 @@ class Schedules:
             started = run_id(name, fire) in existing
             result = FireResult.STARTED if started else FireResult.COALESCED
             fired.append(_Fired(fire, result, run_id(name, fire) if started else None))
-        buffered = self._run(spec, declared, queue, fired, existing, lease)
+        buffered = self._run(spec, declared, queue, fired, existing=existing, lease=lease)
         if missed:
             at = plan.missed_last or now
             self._report(name, at, FireResult.MISSED, now, count=missed)
@@ -301,6 +301,7 @@ class Schedules:
         declared: Declared,
         queue: list[tuple[datetime, bool]],
         fired: list[_Fired],
+        *,
         existing: set[str],
         lease: Lease[Any],
     ) -> datetime | None:
