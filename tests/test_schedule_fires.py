@@ -450,3 +450,21 @@ async def test_a_schedule_an_operator_cancelled_is_said_at_start_not_revived(
         await replica.run_once(heartbeat=False)
     assert any("is in phase 'Cancelled'" in r.getMessage() for r in caplog.records)
     assert schedule_doc(db, "tick")["phase"] == "Cancelled"
+
+
+async def test_a_backfill_starts_every_fire_asked_whatever_the_overlap_policy(
+    replicas: MakeEither, db: Database[Any], clock: FakeClock
+) -> None:
+    replica = await replicas()
+    workflow(replica, {"hold": True})  # runs go on: a due fire would be skipped
+    every(replica, seconds=3600)
+    await replica.run_once(heartbeat=False)
+    end = replica.clock.now().replace(microsecond=0)
+    start = end - timedelta(hours=3)
+    request = {"id": "b1", "kind": "backfill", "start": start, "end": end}
+    db[SCHEDULES].update_one({"_id": "tick"}, queries.request_update(request))
+    db[SCHEDULES].update_one(queries.wake_filter("tick"), {"$set": {"lockedUntil": start}})
+    await replica.run_once(heartbeat=False)
+    asked = due_between(start - timedelta(microseconds=1), end, 3600)
+    assert fires(db, "tick") == asked
+    assert schedule_doc(db, "tick")["counts"] == {"started": len(asked)}

@@ -238,8 +238,8 @@ def backfill(  # noqa: PLR0917  Click passes the options by keyword
     name: str, by: str | None, why: str, start: datetime, end: datetime, connection: Connection
 ) -> int:
     """Start every fire time of a schedule in [--from, --to] (ISO 8601; UTC without a
-    zone) that has no document yet: those that ran are not run again. Its overlap policy
-    applies to each, as at a fire.
+    zone) that has no document yet: those that ran are not run again; each starts whatever
+    the overlap policy says, as a trigger does.
 
     \b
     Example:

@@ -33,6 +33,7 @@ __all__ = [
     "Request",
     "ScheduleSpec",
     "ScheduleState",
+    "Source",
     "decide",
     "due_plan",
     "jitter_of",
@@ -73,6 +74,15 @@ class FireResult(StrEnum):
     COALESCED = "coalesced"  # a later missed fire started in its place
     MISSED = "missed"  # outside the catch-up window
     FAILED = "failed"  # the function raised or returned what cannot be submitted
+
+
+class Source(StrEnum):
+    """Why a fire is before a step: its time came, it waited buffered, or an operator
+    asked for it (a trigger, a backfill)."""
+
+    DUE = "due"
+    BUFFERED = "buffered"
+    REQUESTED = "requested"
 
 
 class Decision(StrEnum):
@@ -343,9 +353,14 @@ def _last_before(times: FireTimes, moment: datetime) -> datetime | None:
     return None
 
 
-def decide(overlap: Overlap, active: bool, buffered: bool) -> Decision:
-    """A due fire, the schedule's previous runs ``active`` or not, one fire ``buffered``
-    already or not."""
+def decide(overlap: Overlap, active: bool, buffered: bool, source: Source = Source.DUE) -> Decision:
+    """A fire from ``source``, the schedule's previous runs ``active`` or not, one fire
+    ``buffered`` already or not. What an operator asked for starts whatever the policy
+    (they asked for that run); the buffered fire starts once the runs have ended."""
+    if source is Source.REQUESTED:
+        return Decision.START
+    if source is Source.BUFFERED:
+        return Decision.BUFFER if active else Decision.START
     if not active or overlap is Overlap.ALLOW_ALL:
         return Decision.START
     if overlap is Overlap.CANCEL_PREVIOUS:

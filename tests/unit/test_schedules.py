@@ -19,6 +19,7 @@ from orchestrator.core.schedules import (
     Request,
     ScheduleSpec,
     ScheduleState,
+    Source,
     decide,
     due_plan,
     jitter_of,
@@ -95,6 +96,15 @@ def test_jitter_is_the_same_on_every_replica_and_spreads_fires() -> None:
 
 
 # -- overlap ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("overlap", list(Overlap))
+def test_what_an_operator_asked_for_starts_and_a_buffered_fire_waits_for_the_runs(
+    overlap: Overlap,
+) -> None:
+    assert decide(overlap, True, True, Source.REQUESTED) is Decision.START
+    assert decide(overlap, True, True, Source.BUFFERED) is Decision.BUFFER
+    assert decide(overlap, False, True, Source.BUFFERED) is Decision.START
 
 
 @pytest.mark.parametrize(

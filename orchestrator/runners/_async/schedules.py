@@ -34,6 +34,7 @@ from orchestrator.core.schedules import (
     Overlap,
     ScheduleSpec,
     ScheduleState,
+    Source,
     check_name,
     decide,
     due_plan,
@@ -245,10 +246,10 @@ class AsyncSchedules:
         state = ScheduleState.read(doc)
         now = self._engine.clock.now()
         plan = due_plan(spec, state.next or spec.times.after(now), now)
-        queue = [(state.buffered, True)] if state.buffered is not None else []
-        queue += [(fire, False) for fire in plan.start]
+        queue = [(state.buffered, Source.BUFFERED)] if state.buffered is not None else []
+        queue += [(fire, Source.DUE) for fire in plan.start]
         for request in state.requests:
-            queue += [(fire, False) for fire in request.fires(spec.times)]
+            queue += [(fire, Source.REQUESTED) for fire in request.fires(spec.times)]
         fired: list[_Fired] = []
         asked = [*plan.missed_head, *plan.coalesced, *(fire for fire, _ in queue)]
         existing = await self._existing(spec, asked)
@@ -298,7 +299,7 @@ class AsyncSchedules:
         self,
         spec: ScheduleSpec,
         declared: Declared,
-        queue: list[tuple[datetime, bool]],
+        queue: list[tuple[datetime, Source]],
         fired: list[_Fired],
         *,
         existing: set[str],
@@ -309,22 +310,22 @@ class AsyncSchedules:
         ids = [run_id(spec.name, fire) for fire, _ in queue]
         active: bool | None = None
         buffered: datetime | None = None
-        for (fire, was_buffered), rid in zip(queue, ids, strict=True):
+        for (fire, source), rid in zip(queue, ids, strict=True):
             if rid in existing:
-                # Started by an earlier step whose holder died before its write, or asked
-                # for twice: the fire time has its document.
-                fired.append(_Fired(fire, FireResult.STARTED, rid))
+                # Started by an earlier step whose holder died before its write: the fire
+                # time has its document. One an operator asked for again is not counted
+                # again.
+                if source is not Source.REQUESTED:
+                    fired.append(_Fired(fire, FireResult.STARTED, rid))
                 continue
             if active is None:
                 active = await self._active(spec)
-            decision = decide(spec.overlap, active, buffered is not None)
-            if was_buffered:
-                decision = Decision.BUFFER if active else Decision.START
+            decision = decide(spec.overlap, active, buffered is not None, source)
             if decision is Decision.SKIP:
                 fired.append(_Fired(fire, FireResult.SKIPPED))
                 continue
             if decision is Decision.BUFFER:
-                if not was_buffered:
+                if source is not Source.BUFFERED:
                     fired.append(_Fired(fire, FireResult.BUFFERED))
                 buffered = fire
                 continue
