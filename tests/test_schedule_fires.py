@@ -11,11 +11,13 @@ from typing import Any
 
 import pytest
 from pymongo.database import Database
+from pymongo.errors import WriteError
 
-from orchestrator import ConfigError
+from orchestrator import ConfigError, Orchestrator
 from orchestrator.core.queries import schedules as queries
 from orchestrator.core.schedules import SCHEDULED_FIELD, run_id
-from orchestrator.testing import FakeClock
+from orchestrator.testing import FakeClock, memory_database
+from orchestrator.testing.faults import Faults
 from tests.conftest import MakeEither
 from tests.engines import Replica
 
@@ -468,3 +470,29 @@ async def test_a_backfill_starts_every_fire_asked_whatever_the_overlap_policy(
     asked = due_between(start - timedelta(microseconds=1), end, 3600)
     assert fires(db, "tick") == asked
     assert schedule_doc(db, "tick")["counts"] == {"started": len(asked)}
+
+
+def test_a_document_the_server_refuses_for_good_fails_its_fire_and_the_next_comes(
+    clock: FakeClock,
+) -> None:
+    db = memory_database(clock=clock)
+    faults = Faults(clock=clock, delay=clock.advance)
+    orch = Orchestrator(faults.wrap(db), replica_id="pod-1", clock=clock, clock_refresh=1e6)
+    orch.phase("jobs", "Make")(lambda lease: lease.advance("Done"))
+    calls: list[datetime] = []
+
+    @orch.schedule("checked", "jobs", every=5)
+    def fire(at: datetime) -> dict[str, Any]:
+        calls.append(at)
+        if len(calls) == 1:  # the collection's validator refuses it: for good, not for now
+            faults.fail_next("find_one_and_update", WriteError("Document failed validation", 121))
+        return {"phase": "Make"}
+
+    orch.run_once(heartbeat=False)
+    for _ in range(2):
+        clock.advance(5)
+        orch.run_once(heartbeat=False)
+    doc = schedule_doc(db, "checked")
+    assert doc["counts"] == {"failed": 1, "started": 1}
+    assert fires(db, "checked") == calls[1:]
+    assert doc["phase"] == "Scheduled" and doc.get("attempts", 0) == 0

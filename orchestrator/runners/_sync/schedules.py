@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
-from orchestrator.core.errors import ConfigError
+from orchestrator.core.errors import ConfigError, StoreError
 from orchestrator.core.events import ScheduleFiredEvent
 from orchestrator.core.fire_times import Cron, Every, FireTimes
 from orchestrator.core.lease_values import Outcome
@@ -372,9 +372,10 @@ class Schedules:
         lease: Lease[Any],
     ) -> _Fired:
         """Call the schedule's function for ``fire`` and submit what it returns. A
-        function that raises, or returns what is no document, fails this fire only (it is
-        recorded; the next fire comes); a store that fails fails the step (retried: the
-        same ``_id`` then finds the document if the submit landed)."""
+        function that raises, or returns what is no document or what the server refuses
+        for good, fails this fire only (it is recorded; the next fire comes); a store that
+        fails for now fails the step (retried: the same ``_id`` then finds the document
+        if the submit landed)."""
         try:
             value = _call(declared.func, fire)
         except Exception as exc:
@@ -398,6 +399,12 @@ class Schedules:
         try:
             self._engine.submit(declared.target, doc, unique="_id")
         except ConfigError as exc:
+            return _Fired(fire, FireResult.FAILED, error=_said(exc))
+        except StoreError as exc:
+            if exc.transient:
+                raise  # the step is retried, this fire with it
+            # The server refuses this document for good (too large, a validator): a retry
+            # would meet the same refusal and hold every later fire back.
             return _Fired(fire, FireResult.FAILED, error=_said(exc))
         return _Fired(fire, FireResult.STARTED, rid)
 
