@@ -113,11 +113,18 @@ async def test_a_fire_whose_step_died_after_its_submit_is_not_started_twice(
     # its lease is free (expired), so another replica takes the fire again.
     db[SCHEDULES].update_one(
         {"_id": "tick"},
-        {"$set": {"next": before[-1], "lockedUntil": datetime(2000, 1, 1)}},
+        {
+            "$set": {
+                "next": before[-1],
+                "lockedUntil": datetime(2000, 1, 1),
+                "counts": {"started": len(before) - 1},
+            }
+        },
     )
     await second.run_once(heartbeat=False)
-    assert fires(db, "tick") == before
-    assert schedule_doc(db, "tick")["last"]["run"] == run_id("tick", before[-1])
+    after = fires(db, "tick")
+    assert after[: len(before)] == before  # each once; a fire due since may follow
+    assert schedule_doc(db, "tick")["counts"] == {"started": len(after)}
 
 
 async def test_a_replica_that_does_not_declare_a_schedule_never_claims_it(
@@ -179,8 +186,9 @@ async def test_allow_all_starts_every_fire(
     replica = await replicas()
     workflow(replica, {"hold": True})
     every(replica, seconds=5, overlap="allow_all")
+    start = replica.clock.now()
     await ticks([replica], clock, 16)
-    assert len(fires(db, "tick")) == 3
+    assert fires(db, "tick") == due_between(start, start + timedelta(seconds=15), 5)
     assert {d["phase"] for d in runs(db, "tick")} == {"Make"}
 
 
@@ -192,8 +200,8 @@ async def test_cancel_previous_cancels_the_runs_going_on_and_starts_the_fire(
     every(replica, seconds=5, overlap="cancel_previous")
     await ticks([replica], clock, 16)
     phases = [d["phase"] for d in runs(db, "tick")]
-    assert len(phases) == 3
-    assert phases[:-1] == ["Cancelled", "Cancelled"] and phases[-1] == "Make"
+    assert len(phases) >= 3
+    assert set(phases[:-1]) == {"Cancelled"} and phases[-1] == "Make"
 
 
 async def test_an_overlap_policy_needs_the_runs_handlers_on_the_replica(
@@ -425,7 +433,8 @@ async def test_a_backfill_starts_only_the_fire_times_that_have_no_document(
     await replica.run_once(heartbeat=False)
     after = fires(db, "tick")
     assert after == sorted(set(after))
-    assert after[: len(after) - len(ran)] == [start + timedelta(seconds=s) for s in (0, 10, 20)]
+    assert set(ran) <= set(after)  # and a fire due since may follow them
+    assert [f for f in after if f < ran[0]] == [start + timedelta(seconds=s) for s in (0, 10, 20)]
 
 
 async def test_start_makes_the_index_a_schedule_finds_its_runs_by(

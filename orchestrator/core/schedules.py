@@ -20,6 +20,8 @@ from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
+from pydantic import BaseModel
+
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.fire_times import FireTimes, fire_times_of, fires_between
 
@@ -192,6 +194,23 @@ def run_id(name: str, fire: datetime) -> str:
     at = fire.astimezone(UTC)
     millis = f".{at.microsecond // 1000:03d}" if at.microsecond else ""
     return f"{name}@{at:%Y-%m-%dT%H:%M:%S}{millis}Z"
+
+
+def run_document(name: str, fire: datetime, value: object) -> dict[str, Any]:
+    """The document a schedule's function returned for ``fire``, as it is submitted: its
+    ``_id`` and ``scheduled`` fields are the schedule's. ``ConfigError`` for a value that is
+    no document (a dict or a pydantic model) or sets either field otherwise."""
+    if isinstance(value, BaseModel):
+        value = value.model_dump(by_alias=True, exclude_unset=True)
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"returned a {type(value).__name__}, not a document")
+    rid = run_id(name, fire)
+    if value.get("_id", rid) != rid or SCHEDULED_FIELD in value:
+        raise ConfigError(
+            f"its document sets _id or {SCHEDULED_FIELD!r}: both are the schedule's"
+            f" ({rid!r}, {{name, fire}})"
+        )
+    return {**value, "_id": rid, SCHEDULED_FIELD: {"name": name, "fire": fire}}
 
 
 def jitter_of(name: str, fire: datetime, jitter: float) -> timedelta:

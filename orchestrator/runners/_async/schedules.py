@@ -18,8 +18,6 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel
-
 from orchestrator.core.errors import ConfigError, StoreError
 from orchestrator.core.events import ScheduleFiredEvent
 from orchestrator.core.fire_times import Cron, Every, FireTimes
@@ -28,7 +26,6 @@ from orchestrator.core.queries import schedules as queries
 from orchestrator.core.registry import Target, resolve
 from orchestrator.core.schedules import (
     SCHEDULE_PHASE,
-    SCHEDULED_FIELD,
     Decision,
     FireResult,
     Overlap,
@@ -39,6 +36,7 @@ from orchestrator.core.schedules import (
     decide,
     due_plan,
     jitter_of,
+    run_document,
     run_id,
     spec_of,
 )
@@ -381,29 +379,17 @@ class AsyncSchedules:
             return _Fired(fire, FireResult.FAILED, error=_said(exc))
         if value is None:
             return _Fired(fire, FireResult.DECLINED)
-        if isinstance(value, BaseModel):
-            value = value.model_dump(by_alias=True, exclude_unset=True)
-        if not isinstance(value, Mapping):
-            what = type(value).__name__
-            return _Fired(fire, FireResult.FAILED, error=f"returned a {what}, not a document")
-        if value.get("_id", rid) != rid or SCHEDULED_FIELD in value:
-            return _Fired(
-                fire,
-                FireResult.FAILED,
-                error=f"its document sets _id or {SCHEDULED_FIELD!r}: both are the"
-                f" schedule's ({rid!r}, {{name, fire}})",
-            )
-        doc = {**value, "_id": rid, SCHEDULED_FIELD: {"name": spec.name, "fire": fire}}
-        await self._still_held(lease)
         try:
+            doc = run_document(spec.name, fire, value)
+            await self._still_held(lease)
             await self._engine.submit(declared.target, doc, unique="_id")
         except ConfigError as exc:
             return _Fired(fire, FireResult.FAILED, error=_said(exc))
         except StoreError as exc:
             if exc.transient:
                 raise  # the step is retried, this fire with it
-            # The server refuses this document for good (too large, a validator): a retry
-            # would meet the same refusal and hold every later fire back.
+            # The server refuses this document for good (a validator): a retry would meet
+            # the same refusal and hold every later fire back.
             return _Fired(fire, FireResult.FAILED, error=_said(exc))
         return _Fired(fire, FireResult.STARTED, rid)
 
