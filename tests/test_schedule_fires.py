@@ -478,7 +478,7 @@ async def test_a_backfill_starts_every_fire_asked_whatever_the_overlap_policy(
     await replica.run_once(heartbeat=False)
     asked = due_between(start - timedelta(microseconds=1), end, 3600)
     assert fires(db, "tick") == asked
-    assert schedule_doc(db, "tick")["counts"] == {"started": len(asked)}
+    assert schedule_doc(db, "tick")["counts"] == {"requested": len(asked)}
 
 
 def test_a_document_the_server_refuses_for_good_fails_its_fire_and_the_next_comes(

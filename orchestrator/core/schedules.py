@@ -70,6 +70,7 @@ class FireResult(StrEnum):
     """What became of one fire time."""
 
     STARTED = "started"
+    REQUESTED = "requested"  # started at an operator's request (a trigger, a backfill)
     SKIPPED = "skipped"  # its overlap policy, a previous run still going
     BUFFERED = "buffered"  # waits for the previous run (buffer_one)
     DECLINED = "declined"  # the schedule's function returned None
@@ -306,9 +307,9 @@ class DuePlan:
     start: list[datetime]
     coalesced: list[datetime]
     missed: int
-    missed_head: list[datetime]
-    """The first missed fires (as many as one step starts): a step that died after its
-    submits left their documents, which make them started, not missed."""
+    window: datetime
+    """Where the catch-up window starts: fires before it are missed, unless a step that
+    died after its submits left their documents (those were started)."""
     missed_first: datetime | None
     missed_last: datetime | None
     next: datetime | None
@@ -320,13 +321,10 @@ def due_plan(spec: ScheduleSpec, first: datetime | None, now: datetime) -> DuePl
     none) on; a fire is due once its jitter has passed too."""
     window = now - timedelta(seconds=spec.catch_up)
     missed: list[datetime] = []
-    head: list[datetime] = []
     count = 0
     fire: datetime | None = first
     while fire is not None and fire < window and count < MAX_MISSED_COUNTED:
         count += 1
-        if len(head) <= MAX_FIRES_PER_STEP:
-            head.append(fire)
         if len(missed) < 2:
             missed.append(fire)
         else:
@@ -354,12 +352,17 @@ def due_plan(spec: ScheduleSpec, first: datetime | None, now: datetime) -> DuePl
         start=due,
         coalesced=coalesced,
         missed=count,
-        missed_head=head,
+        window=window,
         missed_first=missed[0] if missed else None,
         missed_last=missed[-1] if missed else None,
         next=fire,
         more=more,
     )
+
+
+def on_grid(times: FireTimes, fires: list[datetime]) -> list[datetime]:
+    """Those of ``fires`` that are fire times of ``times`` (not a trigger's own instant)."""
+    return [f for f in fires if times.after(f - timedelta(microseconds=1)) == f]
 
 
 def _last_before(times: FireTimes, moment: datetime) -> datetime | None:

@@ -6,7 +6,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from orchestrator.core.clock import bson_time
+from orchestrator.core.clock import as_utc, bson_time
 from orchestrator.core.queries import submissions
 from orchestrator.core.queries.operators import exact_id_filter, operator_move_update
 from orchestrator.core.schedules import SCHEDULE_PHASE, SCHEDULED_FIELD, ScheduleSpec
@@ -20,11 +20,13 @@ __all__ = [
     "claim_match",
     "dropped_update",
     "existing_runs_filter",
+    "fire_of",
     "held_filter",
     "pause_filter",
     "pause_update",
     "request_update",
     "respec_update",
+    "runs_between_filter",
     "runs_filter",
     "schedule_document",
     "served_update",
@@ -33,6 +35,7 @@ __all__ = [
 ]
 
 PAUSED_FIELD = "paused"
+FIRE_FIELD = f"{SCHEDULED_FIELD}.fire"
 RUNS_INDEX: list[tuple[str, int]] = [
     (f"{SCHEDULED_FIELD}.name", 1),
     (f"{SCHEDULED_FIELD}.fire", -1),
@@ -104,6 +107,19 @@ def runs_filter(name: str) -> dict[str, Any]:
 def active_runs_filter(name: str, matches: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     """Its runs a handler of their collection would still claim: not in a terminal phase."""
     return {**runs_filter(name), "$or": [dict(m) for m in matches]}
+
+
+def runs_between_filter(name: str, start: datetime, end: datetime) -> dict[str, Any]:
+    """Its runs whose fire time is in [``start``, ``end``) (``RUNS_INDEX`` serves it)."""
+    fire = {"$gte": bson_time(start), "$lt": bson_time(end)}
+    return {**runs_filter(name), f"{SCHEDULED_FIELD}.fire": fire}
+
+
+def fire_of(doc: Mapping[str, Any]) -> datetime | None:
+    """A run's fire time as stored (aware), or None when it holds no date."""
+    mark = doc.get(SCHEDULED_FIELD)
+    fire = mark.get("fire") if isinstance(mark, Mapping) else None
+    return as_utc(fire) if isinstance(fire, datetime) else None
 
 
 def existing_runs_filter(ids: Sequence[str]) -> dict[str, Any]:

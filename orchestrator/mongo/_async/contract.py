@@ -95,6 +95,10 @@ class AsyncLeaseStore(Protocol):
     async def find_ids(self, name: str, query: Mapping[str, Any], most: int) -> list[Any]:
         """The ``_id`` of at most ``most`` documents ``query`` selects (a schedule's runs)."""
 
+    async def run_fires(self, name: str, query: Mapping[str, Any], most: int) -> list[datetime]:
+        """The fire times (``scheduled.fire``, aware) of at most ``most`` documents
+        ``query`` selects, earliest first; a document without a date there is skipped."""
+
     async def write_many(
         self, name: str, query: Mapping[str, Any], update: Mapping[str, Any]
     ) -> int:

@@ -243,6 +243,15 @@ class AsyncStore:
             docs = await self.collection(name).find(dict(query), {"_id": 1}).limit(most).to_list()
         return [doc["_id"] for doc in docs]
 
+    async def run_fires(self, name: str, query: Mapping[str, Any], most: int) -> list[datetime]:
+        """The fire times of at most ``most`` of a schedule's runs, earliest first."""
+        field = schedule_queries.FIRE_FIELD
+        with driver_errors(f"read from {name}"):
+            cursor = self.collection(name).find(dict(query), {field: 1}).sort(field, 1)
+            docs = await cursor.limit(most).to_list()
+        found = [schedule_queries.fire_of(doc) for doc in docs]
+        return [fire for fire in found if fire is not None]
+
     async def write_many(
         self, name: str, query: Mapping[str, Any], update: Mapping[str, Any]
     ) -> int:

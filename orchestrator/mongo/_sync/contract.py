@@ -96,6 +96,10 @@ class LeaseStore(Protocol):
     def find_ids(self, name: str, query: Mapping[str, Any], most: int) -> list[Any]:
         """The ``_id`` of at most ``most`` documents ``query`` selects (a schedule's runs)."""
 
+    def run_fires(self, name: str, query: Mapping[str, Any], most: int) -> list[datetime]:
+        """The fire times (``scheduled.fire``, aware) of at most ``most`` documents
+        ``query`` selects, earliest first; a document without a date there is skipped."""
+
     def write_many(self, name: str, query: Mapping[str, Any], update: Mapping[str, Any]) -> int:
         """An update of every document ``query`` selects (a schedule cancelling its previous
         runs); how many it changed. A lost reply may leave it applied."""

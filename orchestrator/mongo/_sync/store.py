@@ -242,6 +242,15 @@ class Store:
             docs = self.collection(name).find(dict(query), {"_id": 1}).limit(most).to_list()
         return [doc["_id"] for doc in docs]
 
+    def run_fires(self, name: str, query: Mapping[str, Any], most: int) -> list[datetime]:
+        """The fire times of at most ``most`` of a schedule's runs, earliest first."""
+        field = schedule_queries.FIRE_FIELD
+        with driver_errors(f"read from {name}"):
+            cursor = self.collection(name).find(dict(query), {field: 1}).sort(field, 1)
+            docs = cursor.limit(most).to_list()
+        found = [schedule_queries.fire_of(doc) for doc in docs]
+        return [fire for fire in found if fire is not None]
+
     def write_many(self, name: str, query: Mapping[str, Any], update: Mapping[str, Any]) -> int:
         """An update of every document ``query`` selects; how many it changed."""
         with driver_errors(f"update {name}"):

@@ -27,6 +27,7 @@ from orchestrator.core.registry import Target, resolve
 from orchestrator.core.schedules import (
     SCHEDULE_PHASE,
     Decision,
+    DuePlan,
     FireResult,
     Overlap,
     ScheduleSpec,
@@ -36,6 +37,7 @@ from orchestrator.core.schedules import (
     decide,
     due_plan,
     jitter_of,
+    on_grid,
     run_document,
     run_id,
     spec_of,
@@ -53,6 +55,9 @@ _IS_SYNC = False
 
 MAX_ERROR = 500
 """Characters of a fire function's error kept on the schedule's document."""
+MAX_RUNS_READ = 2000
+"""Runs of a schedule one step reads at most to tell a missed fire from one a dead step
+started (those are at most one step's share; more are an operator's backfills)."""
 STEP_ATTEMPTS = 1_000_000
 """A schedule's step fails only when the store does (a function's failure is recorded on
 the fire): it retries, with the retry policy's backoff, rather than leave for the failed
@@ -249,13 +254,8 @@ class AsyncSchedules:
         for request in state.requests:
             queue += [(fire, Source.REQUESTED) for fire in request.fires(spec.times)]
         fired: list[_Fired] = []
-        asked = [*plan.missed_head, *plan.coalesced, *(fire for fire, _ in queue)]
-        existing = await self._existing(spec, asked)
-        missed = plan.missed
-        for fire in plan.missed_head:
-            if run_id(name, fire) in existing:
-                missed -= 1  # its step died after the submit, long enough ago to miss it
-                fired.append(_Fired(fire, FireResult.STARTED, run_id(name, fire)))
+        missed = await self._missed(spec, plan, fired)
+        existing = await self._existing(spec, [*plan.coalesced, *(fire for fire, _ in queue)])
         for fire in plan.coalesced:
             started = run_id(name, fire) in existing
             result = FireResult.STARTED if started else FireResult.COALESCED
@@ -284,6 +284,18 @@ class AsyncSchedules:
             return await lease.unlock(**fields)
         return await lease.relock(self._wait(spec, plan.next, buffered), **fields)
 
+    async def _missed(self, spec: ScheduleSpec, plan: DuePlan, fired: list[_Fired]) -> int:
+        """How many fires ``plan`` missed: those before the catch-up window, but for any
+        whose document is there (a step that started it died before its write, so long
+        ago that its fire has left the window since): that one was started."""
+        if not plan.missed or plan.missed_first is None:
+            return 0
+        query = queries.runs_between_filter(spec.name, plan.missed_first, plan.window)
+        there = await self._store.run_fires(spec.collection, query, MAX_RUNS_READ)
+        started = on_grid(spec.times, there)
+        fired.extend(_Fired(fire, FireResult.STARTED, run_id(spec.name, fire)) for fire in started)
+        return max(plan.missed - len(started), 0)
+
     async def _existing(self, spec: ScheduleSpec, fires: list[datetime]) -> set[str]:
         """Which of ``fires`` have their document already: a step that submitted them
         died before its write (or they were asked for twice)."""
@@ -310,9 +322,9 @@ class AsyncSchedules:
         buffered: datetime | None = None
         for (fire, source), rid in zip(queue, ids, strict=True):
             if rid in existing:
-                # Started by an earlier step whose holder died before its write: the fire
-                # time has its document. One an operator asked for again is not counted
-                # again.
+                # Started by an earlier step whose holder died before its write (or by an
+                # operator's request): the fire time has its document. One an operator
+                # asked for again is not counted again.
                 if source is not Source.REQUESTED:
                     fired.append(_Fired(fire, FireResult.STARTED, rid))
                 continue
@@ -331,6 +343,8 @@ class AsyncSchedules:
                 await self._still_held(lease)
                 await self._cancel_previous(spec)
             outcome = await self._start(spec, declared, fire, rid, lease=lease)
+            if source is Source.REQUESTED and outcome.result is FireResult.STARTED:
+                outcome.result = FireResult.REQUESTED
             fired.append(outcome)
             if outcome.result is FireResult.STARTED:
                 active = True
