@@ -62,8 +62,6 @@ STEP_ATTEMPTS = 1_000_000
 """A schedule's step fails only when the store does (a function's failure is recorded on
 the fire): it retries, with the retry policy's backoff, rather than leave for the failed
 phase, where no fire would come."""
-BUFFER_POLLS = 5
-"""Ticks between looks at whether a buffered fire's previous run has ended."""
 
 FireFunc = Callable[[datetime], Any]
 
@@ -423,14 +421,16 @@ class AsyncSchedules:
         self, spec: ScheduleSpec, following: datetime | None, buffered: datetime | None
     ) -> float:
         """Seconds until the next fire is due (its jitter past), within ``max_wait``; while
-        a fire is buffered, a look every few ticks whether its previous run ended."""
+        a fire is buffered, a look every tick whether its previous run ended: a look
+        fewer would start it later, and with it every fire after (each would find the one
+        before it just started, and wait behind it in turn)."""
         settings = self._engine.settings
         wait = settings.max_wait
         if following is not None:
             until = following + jitter_of(spec.name, following, spec.jitter)
             wait = min(wait, max((until - self._engine.clock.now()).total_seconds(), 0.0))
         if buffered is not None:
-            wait = min(wait, settings.tick * BUFFER_POLLS)
+            wait = min(wait, settings.tick)
         return wait
 
     def _report(
