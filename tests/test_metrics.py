@@ -112,7 +112,7 @@ async def test_schedules_fires_are_counted_by_result_with_the_lag_of_each_start(
 ) -> None:
     registry = CollectorRegistry()
     replica = await replicas("pod-1", listeners=[PrometheusListener(registry)])
-    orch: Any = replica.orch
+    orch = replica.orch
 
     @replica.phase("reports", "Make")
     async def make(lease: Any) -> Any:
