@@ -293,7 +293,9 @@ class Orchestrator:
         for handler in registry.handlers:
             for limit in handler.limits:
                 self._store.ensure_slots(self.settings.slots_collection, handler.key, limit)
-        self._schedules.publish()
+        if self._schedules.unpublished:
+            self._steps.measure_if_due()  # the documents' first fires are the server's
+            self._schedules.publish()
 
     def measure_clock(self) -> None:
         """Measure the server's clock if a measurement is due (workers do before each
