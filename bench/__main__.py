@@ -101,7 +101,9 @@ NOTES = [
     "every handler's claim filter on every collection (`$limit` 1 each, joined by "
     "`$unionWith`) and the operators' pauses; it claims only for the handlers it found "
     "work for; its one write is its record, every 10 s. The clock's `hello` (one a minute) "
-    "is shown apart.",
+    "is shown apart. Its last row declares 100 schedules too (daily, none due while counted): "
+    "their documents are claimed by one more handler of the same probe, due at each "
+    "schedule's next fire, so they add no command.",
     "Figure 10 counts every command the replicas send (claims, the writes that carry a "
     "lease on into the next step, releases, probes, the clock's `hello`; the submits are "
     "not counted) while 3 replicas drain workflows of 3 and of 5 steps. A workflow of n "
