@@ -537,9 +537,21 @@ def _submitted_here(collection: str, phases: Sequence[str], docs: int) -> dict[s
 
 # -- 5: idle cost -----------------------------------------------------------------------------
 
+IDLE_SCHEDULES = 100
 
-IDLE_SHAPES = ((1, 1), (10, 1), (50, 1), (5, 5), (10, 5), (50, 5))
-"""Figure 5's rows: handlers, collections (the handlers spread evenly over them)."""
+
+IDLE_SHAPES = (
+    (1, 1, 0),
+    (10, 1, 0),
+    (50, 1, 0),
+    (5, 5, 0),
+    (10, 5, 0),
+    (50, 5, 0),
+    (10, 1, IDLE_SCHEDULES),
+)
+"""Figure 5's rows: handlers, collections (the handlers spread evenly over them), and
+schedules declared (daily, none due while measured: their next fire is one more due time
+the tick's probe already asks about)."""
 
 _READS = frozenset({"find", "find_one", "aggregate", "count_documents", "list_indexes"})
 
@@ -551,8 +563,12 @@ def idle_cost(size: Size) -> dict[str, Any]:
     Reads and writes are counted apart; the clock's ``hello`` (one a minute) is shown
     apart too."""
     rows = []
-    for handlers, collections in IDLE_SHAPES:
-        row: dict[str, Any] = {"handlers": handlers, "collections": collections}
+    for handlers, collections, schedules in IDLE_SHAPES:
+        row: dict[str, Any] = {
+            "handlers": handlers,
+            "collections": collections,
+            "schedules": schedules,
+        }
         for side in ("orchestrator", "baseline"):
             clock = FakeClock()
             db = fresh(clock)
@@ -564,7 +580,7 @@ def idle_cost(size: Size) -> dict[str, Any]:
             for c in range(collections):
                 _fill(seeder, 20, "Done", f"idle{c}")
             if side == "orchestrator":
-                counts = _started_idle(db, clock, steps, size.idle_ticks)
+                counts = _started_idle(db, clock, steps, size.idle_ticks, schedules)
             else:
                 classic = ClassicReplica(db, steps, clock, "idle")
                 classic.tick()
@@ -595,14 +611,17 @@ def _quiet(orch: Orchestrator) -> None:
 
 
 def _started_idle(
-    db: CountingDatabase, clock: FakeClock, steps: Sequence[Step], ticks: int
+    db: CountingDatabase, clock: FakeClock, steps: Sequence[Step], ticks: int, schedules: int
 ) -> dict[str, int]:
     """A started replica's commands over ``ticks`` idle ticks: its timer is paused and its
     jobs run here on the fake clock (a tick every second, a heartbeat every
     ``refresh_interval``, as its timer calls them), so the count covers all it sends, in
-    no real time."""
+    no real time. Its ``schedules`` fire daily, at midnight: the fake clock starts at one,
+    so none is due within the ticks counted."""
     orch = replica(db, clock, "idle")  # default clock_refresh: 60 s
     register(orch, steps)
+    for n in range(schedules):
+        orch.schedule(f"daily-{n}", steps[0].collection, every=timedelta(days=1))(_declines)
     orch.start()
     timer = orch._books.timer
     assert timer is not None
@@ -621,6 +640,10 @@ def _started_idle(
     counts, _seconds = db.meter.snapshot()
     orch.stop(timeout=5)
     return counts
+
+
+def _declines(fire: Any) -> None:
+    """A schedule's function that starts nothing (never called: none is due)."""
 
 
 # -- 6: pickup latency ---------------------------------------------------------------------------

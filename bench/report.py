@@ -114,7 +114,8 @@ def rows(results: dict[str, Any]) -> list[dict[str, str]]:
         out.append(
             _row(
                 f"5. idle commands per started replica per tick, {r['handlers']} handler(s) on "
-                f"{r['collections']} collection(s)",
+                f"{r['collections']} collection(s)"
+                + (f" and {r['schedules']} schedules" if r.get("schedules") else ""),
                 f"{r['orchestrator_reads']:.2f} reads + {r['orchestrator_writes_per_10s']:.2f}"
                 f" writes per 10 s vs classic {r['baseline']:.2f} (+ clock: "
                 f"{r['orchestrator_clock']:.3f} hello/s)",
@@ -284,14 +285,18 @@ def plot(results: dict[str, Any], path: Path) -> None:
     middle.set_title(f"I/O-bound steps ({io['wait_s'] * 1e3:g} ms wait each)")
     middle.legend()
     idle = f["idle"]["rows"]
-    names = [f"{r['handlers']} h / {r['collections']} c" for r in idle]
+    names = [
+        f"{r['handlers']} h / {r['collections']} c"
+        + (f" / {r['schedules']} s" if r.get("schedules") else "")
+        for r in idle
+    ]
     xs = range(len(names))
     right.bar([x - 0.2 for x in xs], [r["orchestrator"] for r in idle], 0.4, label="orchestrator")
     right.bar([x + 0.2 for x in xs], [r["baseline"] for r in idle], 0.4, label="classic pattern")
     right.set_xticks(list(xs), names)
     right.set_yscale("log")
     right.set_ylabel("operations per idle replica per second")
-    right.set_title("Idle cost (handlers / collections)")
+    right.set_title("Idle cost (handlers / collections / schedules)")
     right.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -16,9 +16,12 @@ from typing import Any
 import pytest
 from pymongo import MongoClient
 
-from bench import figures, instructions, relocks, report, server_time
+from bench import figures, instructions, relocks, report, schedules, server_time
 from bench.__main__ import main
-from orchestrator import Settings
+from orchestrator import Orchestrator, Settings
+from orchestrator.core.queries import schedules as schedule_queries
+from orchestrator.core.schedules import run_id
+from orchestrator.testing import FakeClock, memory_database
 from tests.conftest import MONGODB_URI
 
 
@@ -136,11 +139,12 @@ def test_figure_7_names_its_server_and_judges_the_plan_only_where_there_is_one(
 
 
 def _check_idle_and_commands(results: dict[str, Any]) -> None:
-    shapes = [(r["handlers"], r["collections"]) for r in results["idle"]["rows"]]
+    shapes = [(r["handlers"], r["collections"], r["schedules"]) for r in results["idle"]["rows"]]
     assert shapes == list(figures.IDLE_SHAPES)
     for row in results["idle"]["rows"]:
         # The classic pattern sends one claim per handler per tick, by construction; a
-        # started replica one read per tick, and its record every 10 s.
+        # started replica one read per tick, and its record every 10 s, whatever the
+        # schedules it declares.
         assert row["baseline"] == row["handlers"]
         assert row["orchestrator_reads"] == 1
         assert row["orchestrator_writes_per_10s"] <= 1
@@ -169,7 +173,7 @@ def test_the_instruction_count_reads_callgrinds_total_and_its_target_runs() -> N
         assert instructions.target(side, 2, False) == 0
 
 
-@pytest.mark.parametrize("figure", ["relocks", "server-time"])
+@pytest.mark.parametrize("figure", ["relocks", "server-time", "schedules"])
 def test_a_server_figure_needs_a_server_and_says_so_in_one_line(
     figure: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -212,3 +216,75 @@ def test_the_server_time_figure_times_a_carry_beside_the_release_and_claim_it_re
     for row in rows:
         assert min(row["carry_ms"], row["release_ms"], row["claim_ms"]) > 0
     assert server_time.replaced_markdown(rows).count("\n") == 4
+
+
+def test_the_schedules_bench_accounts_for_every_fire_time_and_finds_a_lost_or_doubled_one() -> None:
+    """Replicas in one process on a fake clock, as the bench's processes run: every fire
+    time of the window is started, skipped or paused; then a run document lost and one
+    doubled by hand are found."""
+    clock = FakeClock()
+    db = memory_database(clock=clock)
+    fleet = []
+    for n in range(3):
+        orch = Orchestrator(
+            db,
+            clock=clock,
+            replica_id=f"replica-{n}",
+            listeners=[schedules.Recorder(db[schedules.FIRES])],
+        )
+        schedules.declare(orch, work=0)
+        fleet.append(orch)
+    fleet[0].ensure_indexes()
+    collection = fleet[0].settings.schedules_collection
+    db[collection].update_one({"_id": schedules.PAUSED}, schedule_queries.pause_update(True))
+    start = clock.now()
+    for second in range(40):
+        clock.advance(1)
+        for orch in fleet[second % 3 :] + fleet[: second % 3]:
+            orch.run_once(heartbeat=False)
+
+    rows = {row["schedule"]: row for row in schedules.account(db, start, clock.now(), collection)}
+    assert set(rows) == {d.name for d in schedules.SCHEDULES} | {"all"}
+    every = rows["all"]
+    assert every["due"] == 40 + 20 + 8 + 2 + 13
+    assert every["due"] == sum(
+        every[k] for k in ("started", "skipped", "missed", "other", "paused")
+    )
+    assert (every["absent"], every["duplicates"], every["wrong_ids"]) == (0, 0, 0)
+    assert rows[schedules.PAUSED]["paused"] == rows[schedules.PAUSED]["due"] == 13
+    assert every["lag_p99_ms"] is not None
+
+    one = db[schedules.RUNS].find_one({"scheduled.name": "every-5s"})
+    assert one is not None
+    db[schedules.RUNS].delete_one({"_id": one["_id"]})
+    other = db[schedules.RUNS].find_one({"scheduled.name": "every-2s"})
+    assert other is not None and other["_id"] == run_id("every-2s", other["scheduled"]["fire"])
+    db[schedules.RUNS].insert_one({**other, "_id": "a-second-document"})
+    rows = {row["schedule"]: row for row in schedules.account(db, start, clock.now(), collection)}
+    assert rows["every-5s"]["absent"] == 1
+    assert (rows["every-2s"]["duplicates"], rows["every-2s"]["wrong_ids"]) == (1, 1)
+    table = schedules.markdown(
+        {
+            "options": schedules.Options().__dict__,
+            "window": {"start": start.isoformat()},
+            "killed": {"replica": "replica-2"},
+            "rows": list(rows.values()),
+            "stop_problems": [],
+        }
+    )
+    assert table.count("\n| ") == len(rows) + 1
+
+
+@pytest.mark.mongodb
+@pytest.mark.skipif(not MONGODB_URI, reason="MONGODB_URI is not set")
+def test_the_schedules_bench_runs_a_fleet_of_processes_killing_and_restarting_one() -> None:
+    options = schedules.Options(
+        seconds=4, replicas=2, kill_at=1, down=1, tick=0.5, lock_timeout=3, work=0.1
+    )
+    result = schedules.run(str(MONGODB_URI), options)
+    assert result["stop_problems"] == []
+    every = result["rows"][-1]
+    assert every["due"] > 0
+    assert (every["absent"], every["duplicates"], every["wrong_ids"]) == (0, 0, 0)
+    [paused] = [row for row in result["rows"] if row["schedule"] == schedules.PAUSED]
+    assert paused["paused"] == paused["due"]

@@ -107,6 +107,48 @@ async def test_a_running_step_holds_a_lease(replicas: MakeEither) -> None:
     assert value(registry, "orchestrator_claims_total", collection="jobs", phase="Running") == 1
 
 
+async def test_schedules_fires_are_counted_by_result_with_the_lag_of_each_start(
+    replicas: MakeEither, db: Database[Any], clock: FakeClock
+) -> None:
+    registry = CollectorRegistry()
+    replica = await replicas("pod-1", listeners=[PrometheusListener(registry)])
+    orch = replica.orch
+
+    @replica.phase("reports", "Make")
+    async def make(lease: Any) -> Any:
+        return await lease.relock(3600)  # still running: the next fires of "report" skip
+
+    @orch.schedule("report", "reports", every=5)
+    def report(fire: Any) -> dict[str, Any]:
+        return {"phase": "Make"}
+
+    @orch.schedule("sweep", "reports", every=10, catch_up=25, overlap="allow_all")
+    def sweep(fire: Any) -> dict[str, Any]:
+        return {"phase": "Swept"}
+
+    await replica.run_once(heartbeat=False)
+    for seconds in (6, 6, 100, 3):  # the jump leaves "sweep" fires past its catch-up window
+        clock.advance(seconds)
+        await replica.run_once(heartbeat=False)
+
+    fires = "orchestrator_schedule_fires_total"
+    for schedule in db["orchestrator.schedules"].find():
+        name, counts = schedule["_id"], schedule["counts"]
+        for result in ("started", "skipped", "missed"):
+            counted = value(registry, fires, schedule=name, result=result) or 0
+            assert counted == counts.get(result, 0), (name, result)
+        runs = list(db.reports.find({"scheduled.name": name}))
+        assert value(registry, "orchestrator_schedule_lag_seconds_count", schedule=name) == len(
+            runs
+        )
+        lags = [(r["createdAt"] - r["scheduled"]["fire"]).total_seconds() for r in runs]
+        lag = value(registry, "orchestrator_schedule_lag_seconds_sum", schedule=name)
+        assert lag == pytest.approx(sum(lags), abs=0.01 * len(runs))
+    assert (value(registry, fires, schedule="report", result="skipped") or 0) >= 2
+    assert (value(registry, fires, schedule="sweep", result="missed") or 0) >= 5
+    assert (value(registry, "orchestrator_schedule_lag_seconds_sum", schedule="sweep") or 0) > 10
+
+
 def _status(leased: int) -> Status:
     row = PhaseCount("jobs", "Running", 3, leased, 0, 1, 0)
     return Status(at=FakeClock().now(), server_time=True, phases=[row])

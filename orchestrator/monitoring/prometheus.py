@@ -2,13 +2,14 @@
 
 ``PrometheusListener`` counts what the replicas of this process report (register the same
 listener on each): steps by collection, phase and outcome, step durations and claim
-latencies, leases held, lost and extended, failed attempts by error type, idle probes and
-the server-clock offset. With ``status=db`` it also registers a ``StatusCollector``, which
-at scrape time reports how many documents of each collection and phase are leased,
-waiting, overdue and failed, and what operators paused, from the ``orchestrator status``
-aggregation, at most once every ``status_max_age`` seconds whatever the scrape rate, and
-never holding a scrape longer than ``status_timeout`` seconds however slow the database;
-given the operator page's status cache, the page and the metrics share one aggregation.
+latencies, leases held, lost and extended, failed attempts by error type, idle probes,
+the server-clock offset, and schedules' fire times by result with their lag. With
+``status=db`` it also registers a ``StatusCollector``, which at scrape time reports how
+many documents of each collection and phase are leased, waiting, overdue and failed, and
+what operators paused, from the ``orchestrator status`` aggregation, at most once every
+``status_max_age`` seconds whatever the scrape rate, and never holding a scrape longer
+than ``status_timeout`` seconds however slow the database; given the operator page's
+status cache, the page and the metrics share one aggregation.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ from orchestrator.core.events import (
     LeaseExtendedEvent,
     LeaseLostEvent,
     Listener,
+    ScheduleFiredEvent,
     StepClaimedEvent,
     StepFinishedEvent,
 )
@@ -201,9 +203,24 @@ class PrometheusListener(Listener):
             ("collection", "result"),
             registry=registry,
         )
+        self.schedule_fires = Counter(
+            "orchestrator_schedule_fires",
+            "Fire times of schedules dealt with, by schedule and result (started, skipped,"
+            " buffered, declined, coalesced, missed, failed); a missed range counts each.",
+            ("schedule", "result"),
+            registry=registry,
+        )
+        self.schedule_lag = Histogram(
+            "orchestrator_schedule_lag_seconds",
+            "Seconds from a fire time to the start of its document (started fires only).",
+            ("schedule",),
+            registry=registry,
+            buckets=buckets,
+        )
         self._steps, self._claims = _Children(self.steps), _Children(self.claims)
         self._duration, self._latency = _Children(self.step_duration), _Children(self.claim_latency)
         self._held = _Children(self.leases_held)
+        self._fires, self._lag = _Children(self.schedule_fires), _Children(self.schedule_lag)
         self.status: StatusCollector | None = None
         if status is not None:
             self.status = StatusCollector(
@@ -244,6 +261,11 @@ class PrometheusListener(Listener):
     def idle_probe(self, event: IdleProbeEvent) -> None:
         result = "error" if event.found is None else "found" if event.found else "empty"
         self.idle_probes.labels(event.collection, result).inc()
+
+    def schedule_fired(self, event: ScheduleFiredEvent) -> None:
+        self._fires(event.schedule, event.result).inc(event.count)
+        if event.lag is not None:
+            self._lag(event.schedule).observe(event.lag)
 
 
 _DOCUMENT_GAUGES = (

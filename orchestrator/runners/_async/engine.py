@@ -317,7 +317,9 @@ class AsyncOrchestrator:
                 await self._store.ensure_slots(self.settings.slots_collection, handler.key, limit)
         for collection in self._schedules.collections:
             await self._store.ensure_schedule_runs_index(collection)
-        await self._schedules.publish()
+        if self._schedules.unpublished:
+            await self._steps.measure_if_due()  # the documents' first fires are the server's
+            await self._schedules.publish()
 
     async def measure_clock(self) -> None:
         """Measure the server's clock if a measurement is due (workers do before each

@@ -318,7 +318,9 @@ class Orchestrator:
                 self._store.ensure_slots(self.settings.slots_collection, handler.key, limit)
         for collection in self._schedules.collections:
             self._store.ensure_schedule_runs_index(collection)
-        self._schedules.publish()
+        if self._schedules.unpublished:
+            self._steps.measure_if_due()  # the documents' first fires are the server's
+            self._schedules.publish()
 
     def measure_clock(self) -> None:
         """Measure the server's clock if a measurement is due (workers do before each
