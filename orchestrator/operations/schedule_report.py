@@ -19,6 +19,7 @@ from typing import Any
 from orchestrator.core.clock import as_utc
 from orchestrator.core.documents import Document, id_json_or_text
 from orchestrator.core.errors import ConfigError
+from orchestrator.core.queries.schedules import fire_of
 from orchestrator.core.redact import redact
 from orchestrator.core.replicas import Disagreement
 from orchestrator.core.schedules import SCHEDULED_FIELD, FireResult, ScheduleState, spec_of
@@ -218,14 +219,12 @@ class ScheduleRun:
 
     @classmethod
     def read(cls, doc: Mapping[str, Any]) -> ScheduleRun:
-        scheduled = doc.get(SCHEDULED_FIELD)
-        fire = scheduled.get("fire") if isinstance(scheduled, Mapping) else None
         phase = doc.get("phase")
         error = doc.get("lastError")
         message = error.get("message") if isinstance(error, Mapping) else None
         return cls(
             id=doc.get("_id"),
-            fire=_date(fire),
+            fire=fire_of(doc),
             phase=phase if isinstance(phase, str) else None,
             updated=_date(doc.get("updatedAt")),
             error=redact(message) if isinstance(message, str) else None,

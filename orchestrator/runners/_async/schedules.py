@@ -24,6 +24,7 @@ from orchestrator.core.fire_times import Cron, Every, FireTimes
 from orchestrator.core.lease_values import Outcome
 from orchestrator.core.queries import schedules as queries
 from orchestrator.core.registry import Target, resolve
+from orchestrator.core.scheduler import heartbeat
 from orchestrator.core.schedules import (
     SCHEDULE_PHASE,
     Decision,
@@ -354,9 +355,15 @@ class AsyncSchedules:
         it writes anything more, as the heartbeat would: if another replica took the
         schedule meanwhile, the renewal raises ``LeaseLost`` and this step ends, having
         started nothing that the other one now accounts for."""
-        settings = self._engine.settings
-        soon = self._engine.clock.now() + timedelta(seconds=settings.lock_timeout / 2)
-        if lease.expired(soon):
+        due = heartbeat(
+            self._engine.clock.now(),
+            claimed_at=lease.claimed_at,
+            locked_at=lease.locked_at,
+            lock_timeout=self._engine.settings.lock_timeout,
+            step_timeout=None,
+            extend=True,
+        )
+        if due == "extend":
             await lease.extend()
 
     async def _active(self, spec: ScheduleSpec) -> bool:
