@@ -340,6 +340,62 @@ async def test_the_replica_started_last_writes_its_spec_and_every_replica_fires_
     assert gaps == {timedelta(seconds=20)}
 
 
+async def test_a_new_spec_goes_on_past_the_fires_a_step_started_before_its_write_was_lost(
+    replicas: MakeEither, db: Database[Any], clock: FakeClock
+) -> None:
+    old = await replicas("pod-old")
+    workflow(old)
+    every(old, seconds=5)
+    await ticks([old], clock, 31)
+    started = fires(db, "tick")
+    assert len(started) >= 4
+    # The last step's write never landed: the stored next fire is two fires back, and
+    # the counts do not have those two.
+    db[SCHEDULES].update_one(
+        {"_id": "tick"},
+        {"$set": {"next": started[-2], "counts": {"started": len(started) - 2}}},
+    )
+    new = await replicas("pod-new")
+    workflow(new)
+    every(new, seconds=20)
+    await new.run_once(heartbeat=False)
+    doc = schedule_doc(db, "tick")
+    assert doc["spec"]["every"] == 20
+    # From past the latest run the old spec started, on the new spec's times; the two
+    # runs whose record was lost are counted, once.
+    assert (
+        doc["next"].replace(tzinfo=UTC)
+        == due_between(started[-1], started[-1] + timedelta(seconds=20), 20)[0]
+    )
+    assert doc["counts"] == {"started": len(started)}
+    await ticks([old, new], clock, 60)
+    later = fires(db, "tick")[len(started) :]
+    assert later and all(f > started[-1] and f.second % 20 == 0 for f in later)
+    assert schedule_doc(db, "tick")["counts"]["started"] == len(fires(db, "tick"))
+
+
+async def test_a_step_of_the_old_spec_writing_after_the_new_one_leaves_the_new_times_firing(
+    replicas: MakeEither, db: Database[Any], clock: FakeClock
+) -> None:
+    replica = await replicas()
+    workflow(replica)
+    every(replica, seconds=20)
+    await replica.run_once(heartbeat=False)
+    # A replica of the old deploy (every 5 s) was mid-step when this spec was written:
+    # its write sets the next fire on its own times.
+    now = replica.clock.now()
+    off_grid = due_between(now, now + timedelta(seconds=20), 5)
+    off_grid = [f for f in off_grid if f.second % 20][:1]
+    db[SCHEDULES].update_one(
+        {"_id": "tick"}, {"$set": {"next": off_grid[0], "lockedUntil": off_grid[0]}}
+    )
+    await ticks([replica], clock, 70)
+    started = fires(db, "tick")
+    assert started[0] == due_between(off_grid[0], off_grid[0] + timedelta(seconds=20), 20)[0]
+    assert len(started) >= 3
+    assert all(f.second % 20 == 0 for f in started)
+
+
 async def test_a_stored_spec_that_is_garbage_is_replaced_by_the_declared_one(
     replicas: MakeEither, db: Database[Any], clock: FakeClock
 ) -> None:
@@ -488,7 +544,11 @@ def test_a_document_the_server_refuses_for_good_fails_its_fire_and_the_next_come
 ) -> None:
     db = memory_database(clock=clock)
     faults = Faults(clock=clock, delay=clock.advance)
-    orch = Orchestrator(faults.wrap(db), replica_id="pod-1", clock=clock, clock_refresh=1e6)
+    # One worker: the refusal scripted in the function is met by its own submit, not by
+    # another worker's claim at that moment.
+    orch = Orchestrator(
+        faults.wrap(db), replica_id="pod-1", clock=clock, clock_refresh=1e6, max_concurrency=1
+    )
     orch.phase("jobs", "Make")(lambda lease: lease.advance("Done"))
     calls: list[datetime] = []
 

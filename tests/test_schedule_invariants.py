@@ -228,11 +228,19 @@ class ScheduleMachine(RuleBasedStateMachine):
         spec fires, from the next fire time it names."""
         doc = self.db[SCHEDULES].find_one({"_id": "b"})
         assert doc is not None
+        runs = list(self.db["jobs"].find({f"{SCHEDULED_FIELD}.name": "b"}))
         self._add("async", [ROLLED])
         self.members[-1].run_once()
         after = self.db[SCHEDULES].find_one({"_id": "b"})
         assert after is not None and after["spec"]["every"] == 3
-        reached = aware(doc["next"])  # where the new spec goes on from
+        # Where the new spec goes on from: where the old one had got to, its stored next
+        # fire or past the latest run a step submitted before its write was lost.
+        reached = aware(doc["next"])
+        fires = [aware(run[SCHEDULED_FIELD]["fire"]) for run in runs]
+        if any(fire >= reached for fire in fires):
+            following = self.segments["b"][-1].times.after(max(fires))
+            assert following is not None
+            reached = following
         first = ROLLED.times.after(reached - timedelta(microseconds=1))
         assert first is not None
         self.segments["b"][-1].end = reached

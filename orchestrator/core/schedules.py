@@ -36,6 +36,7 @@ __all__ = [
     "ScheduleSpec",
     "ScheduleState",
     "Source",
+    "Takeover",
     "decide",
     "due_plan",
     "jitter_of",
@@ -358,6 +359,54 @@ def due_plan(spec: ScheduleSpec, first: datetime | None, now: datetime) -> DuePl
         next=fire,
         more=more,
     )
+
+
+@dataclass(frozen=True)
+class Takeover:
+    """Where a schedule's new spec goes on from when it replaces the stored one, and what
+    of the old one's fires the replacement accounts for (``started``, ``missed``): those a
+    step started past the stored next fire before its write was lost."""
+
+    first: datetime | None
+    started: int = 0
+    missed: int = 0
+
+    def counted(self, counts: Mapping[str, int]) -> dict[str, int]:
+        """``counts`` with the old spec's fires this takeover accounts for."""
+        total = dict(counts)
+        for result, count in ((FireResult.STARTED, self.started), (FireResult.MISSED, self.missed)):
+            if count:
+                total[result.value] = total.get(result.value, 0) + count
+        return total
+
+
+def takeover(
+    old: ScheduleSpec | None,
+    new: ScheduleSpec,
+    known: datetime | None,
+    runs: list[datetime],
+    now: datetime,
+) -> Takeover:
+    """The new spec goes on from where the old one had got to: its stored next fire
+    (``known``), or past the latest of its runs at or after that (``runs``: a step
+    submitted them, then lost its write). The old fires up to there were passed: those
+    with a run are counted started, the others missed (the step that passed them kept no
+    record). With no stored next fire (or garbage), from ``now``."""
+    if known is None:
+        return Takeover(new.times.after(now))
+    reached: datetime | None = known
+    started = passed = 0
+    found = [] if old is None else [f for f in on_grid(old.times, runs) if f >= known]
+    if old is not None and found:
+        last = max(found)
+        fires, _ = fires_between(
+            old.times, known - timedelta(microseconds=1), last, MAX_MISSED_COUNTED
+        )
+        started = len(set(found))
+        passed = max(len(fires), started)
+        reached = old.times.after(last)
+    first = new.times.after(reached - timedelta(microseconds=1)) if reached else None
+    return Takeover(first or new.times.after(now), started, passed - started)
 
 
 def on_grid(times: FireTimes, fires: list[datetime]) -> list[datetime]:

@@ -25,6 +25,7 @@ from orchestrator.core.schedules import (
     jitter_of,
     run_id,
     spec_of,
+    takeover,
 )
 
 pytestmark = pytest.mark.pure
@@ -123,6 +124,34 @@ def test_the_overlap_policy_decides_a_fire_while_runs_go_on(
     overlap: Overlap, active: bool, buffered: bool, decision: Decision
 ) -> None:
     assert decide(overlap, active, buffered) is decision
+
+
+# -- a new spec taking over --------------------------------------------------------------
+
+
+def test_a_new_spec_goes_on_from_the_stored_next_fire_on_its_own_times() -> None:
+    taken = takeover(spec(), spec(times=Every(15)), at(20), [], at(100))
+    assert (taken.first, taken.started, taken.missed) == (at(30), 0, 0)
+
+
+def test_a_new_spec_goes_on_past_the_runs_a_step_started_before_its_write_was_lost() -> None:
+    # The stored next fire is 20; a step started 40 and 50 (not 20, 30) and lost its
+    # write: the old spec got to 60, its fires 20..50 passed, two of them started.
+    runs = [at(40), at(50), at(7), at(55)]  # 7 and 55: a trigger's own instants, no fire
+    taken = takeover(spec(), spec(times=Every(15)), at(20), runs, at(100))
+    assert (taken.first, taken.started, taken.missed) == (at(60), 2, 2)
+    assert taken.counted({"started": 3, "skipped": 1}) == {
+        "started": 5,
+        "skipped": 1,
+        "missed": 2,
+    }
+
+
+def test_a_garbage_spec_or_next_fire_leaves_nothing_to_account_for() -> None:
+    assert takeover(None, spec(), at(20), [at(40)], at(100)) == takeover(
+        None, spec(), at(20), [], at(0)
+    )
+    assert takeover(spec(), spec(), None, [at(40)], at(95)).first == at(100)
 
 
 # -- names and ids ----------------------------------------------------------------------

@@ -22,12 +22,14 @@ __all__ = [
     "existing_runs_filter",
     "fire_of",
     "held_filter",
+    "next_filter",
     "pause_filter",
     "pause_update",
     "request_update",
     "respec_update",
     "runs_between_filter",
     "runs_filter",
+    "runs_since_filter",
     "schedule_document",
     "served_update",
     "wake_filter",
@@ -72,16 +74,21 @@ def schedule_document(
 
 
 def respec_update(
-    spec: ScheduleSpec, first: datetime, replica: str, until: datetime | None
+    spec: ScheduleSpec,
+    first: datetime,
+    replica: str,
+    counts: Mapping[str, int],
+    until: datetime | None,
 ) -> dict[str, Any]:
     """A replica declaring another spec than the stored one writes its own (the replica
-    started last wins): the next fire from now on by the new spec, and, when no step holds
-    the document (``until`` given, with ``wake_filter``), when it is claimable."""
+    started last wins): the next fire from now on by the new spec, the counts with the old
+    one's fires it accounted for, and, when no step holds the document (``until`` given,
+    with ``wake_filter``), when it is claimable. A buffered fire stays: it was due."""
     update: dict[str, Any] = {
         "spec": spec.stored(),
         "declaredBy": replica,
         "next": bson_time(first),
-        "buffered": None,
+        "counts": dict(counts),
     }
     if until is not None:
         update["lockedUntil"] = bson_time(until)
@@ -92,6 +99,14 @@ def wake_filter(name: str) -> dict[str, Any]:
     """The schedule's document while no step holds it (a write then may set when it is
     claimable without taking a lease from anyone)."""
     return {**exact_id_filter(name), "lockToken": {"$exists": False}}
+
+
+def next_filter(name: str, known: datetime | None) -> dict[str, Any]:
+    """The schedule's document while its next fire is still ``known`` (no step has moved
+    it since it was read; None: it held no date, and any is taken)."""
+    if known is None:
+        return exact_id_filter(name)
+    return {**exact_id_filter(name), "next": {"$eq": bson_time(known)}}
 
 
 def held_filter(name: str, token: str) -> dict[str, Any]:
@@ -112,7 +127,12 @@ def active_runs_filter(name: str, matches: Iterable[Mapping[str, Any]]) -> dict[
 def runs_between_filter(name: str, start: datetime, end: datetime) -> dict[str, Any]:
     """Its runs whose fire time is in [``start``, ``end``) (``RUNS_INDEX`` serves it)."""
     fire = {"$gte": bson_time(start), "$lt": bson_time(end)}
-    return {**runs_filter(name), f"{SCHEDULED_FIELD}.fire": fire}
+    return {**runs_filter(name), FIRE_FIELD: fire}
+
+
+def runs_since_filter(name: str, start: datetime) -> dict[str, Any]:
+    """Its runs whose fire time is ``start`` or later."""
+    return {**runs_filter(name), FIRE_FIELD: {"$gte": bson_time(start)}}
 
 
 def fire_of(doc: Mapping[str, Any]) -> datetime | None:

@@ -43,6 +43,7 @@ from orchestrator.core.schedules import (
     run_document,
     run_id,
     spec_of,
+    takeover,
 )
 from orchestrator.mongo import Lease
 from orchestrator.mongo._sync.contract import LeaseStore
@@ -60,6 +61,9 @@ MAX_ERROR = 500
 MAX_RUNS_READ = 2000
 """Runs of a schedule one step reads at most to tell a missed fire from one a dead step
 started (those are at most one step's share; more are an operator's backfills)."""
+RESPEC_ATTEMPTS = 5
+"""Reads of a schedule's document a replica writing its own spec over another makes while
+steps keep moving it (each move is a fire passed); past them it tries at its next tick."""
 STEP_ATTEMPTS = 1_000_000
 """A schedule's step fails only when the store does (a function's failure is recorded on
 the fire): it retries, with the retry policy's backoff, rather than leave for the failed
@@ -178,8 +182,8 @@ class Schedules:
         first replica, or the stored spec replaced by this replica's declaration when they
         differ (the replica started last wins)."""
         for name in [n for n in self.declared if n not in self._written]:
-            self._write_document(self.declared[name].spec)
-            self._written.add(name)
+            if self._write_document(self.declared[name].spec):
+                self._written.add(name)
 
     def _check_overlaps(self, names: list[str]) -> None:
         """A policy other than allow_all tells a running run from a finished one by the
@@ -196,42 +200,67 @@ class Schedules:
     def _matches(self, collection: str) -> list[Mapping[str, Any]]:
         return [h.match for h in self._engine.handlers if h.collection == collection]
 
-    def _write_document(self, spec: ScheduleSpec) -> None:
+    def _write_document(self, spec: ScheduleSpec) -> bool:
+        """Make the schedule's document, or write this spec over another one stored; False
+        when steps kept moving the stored one meanwhile (``publish`` tries again later)."""
         engine = self._engine
         store = self._store
         name = engine.settings.schedules_collection
         now = engine.clock.now()
         first = spec.times.after(now)
         if first is None:
-            return  # refused at declaration: a spec that never fires is never declared
+            return True  # refused at declaration: a spec that never fires is never declared
         until = first + jitter_of(spec.name, first, spec.jitter)
         made = queries.schedule_document(spec, first, until, engine.replica_id, now)
-        stored = store.insert(name, made, ("_id",))
-        phase = stored.get("phase")
+        for attempt in range(RESPEC_ATTEMPTS):
+            stored = store.insert(name, made, ("_id",))
+            if attempt == 0:
+                self._warn_stopped(spec.name, stored.get("phase"))
+            if spec.same(stored.get("spec")) or self._respec(spec, stored, now):
+                return True
+        return False
+
+    def _warn_stopped(self, name: str, phase: object) -> None:
         if phase != SCHEDULE_PHASE:
             self._reporter.line(
                 logging.WARNING,
-                f"schedule {spec.name!r} is in phase {phase!r}, not {SCHEDULE_PHASE!r}: it fires"
+                f"schedule {name!r} is in phase {phase!r}, not {SCHEDULE_PHASE!r}: it fires"
                 " no more until an operator retries it into that phase (pause a schedule"
                 " rather than cancel it)",
                 "schedule-stopped",
-                schedule=spec.name,
+                schedule=name,
             )
-        if spec.same(stored.get("spec")):
-            return
-        # Another spec is stored (an earlier deploy, an edit, or garbage): this one fires,
-        # from where the stored one had got to (its fires before then were dealt with;
-        # this one's since then are due, or missed, as after any wait), so no fire time
-        # falls between the two. When no step holds the document its wait changes too;
-        # else the step's own write decides it, and the next step reads this spec.
-        known = ScheduleState.read(stored).next
-        if known is not None:
-            first = spec.times.after(known - timedelta(microseconds=1)) or first
-            until = first + jitter_of(spec.name, first, spec.jitter)
-        awake = queries.respec_update(spec, first, engine.replica_id, until)
-        if not store.write(name, queries.wake_filter(spec.name), awake):
-            held = queries.respec_update(spec, first, engine.replica_id, None)
-            store.write(name, {"_id": {"$eq": spec.name}}, held)
+
+    def _respec(self, spec: ScheduleSpec, stored: Mapping[str, Any], now: datetime) -> bool:
+        """Another spec is stored (an earlier deploy, an edit, or garbage): this one fires,
+        from where the stored one had got to (``takeover``), so no fire time falls between
+        the two and none is counted twice. False when a step moved the stored next fire
+        meanwhile (this one read too early). When no step holds the document its wait
+        changes too; else the step's own write decides it (and the next step goes on from
+        that step's next fire, on this spec's times)."""
+        store = self._store
+        name = self._engine.settings.schedules_collection
+        state = ScheduleState.read(stored)
+        try:
+            old: ScheduleSpec | None = spec_of(spec.name, stored.get("spec"))
+        except ConfigError:
+            old = None  # garbage: it fired nothing to account for
+        runs: list[datetime] = []
+        if old is not None and state.next is not None:
+            query = queries.runs_since_filter(spec.name, state.next)
+            runs = store.run_fires(old.collection, query, MAX_RUNS_READ)
+        taken = takeover(old, spec, state.next, runs, now)
+        if taken.first is None:
+            return True
+        counts = taken.counted(state.counts)
+        until = taken.first + jitter_of(spec.name, taken.first, spec.jitter)
+        replica = self._engine.replica_id
+        unmoved = queries.next_filter(spec.name, state.next)
+        awake = queries.respec_update(spec, taken.first, replica, counts, until)
+        if store.write(name, {**unmoved, **queries.wake_filter(spec.name)}, awake):
+            return True
+        held = queries.respec_update(spec, taken.first, replica, counts, None)
+        return store.write(name, unmoved, held)
 
     # -- the step -----------------------------------------------------------------------
 
@@ -248,7 +277,10 @@ class Schedules:
             fields["spec"] = spec.stored()
         state = ScheduleState.read(doc)
         now = self._engine.clock.now()
-        plan = due_plan(spec, state.next or spec.times.after(now), now)
+        # The stored next fire on this spec's times: a step of the spec before it (a
+        # rolling deploy) may have written its own after this spec was.
+        known = state.next and spec.times.after(state.next - timedelta(microseconds=1))
+        plan = due_plan(spec, known or spec.times.after(now), now)
         queue = [(state.buffered, Source.BUFFERED)] if state.buffered is not None else []
         queue += [(fire, Source.DUE) for fire in plan.start]
         for request in state.requests:
