@@ -35,6 +35,7 @@ from orchestrator.core.redact import redact
 from orchestrator.core.resource import EPOCH, ErrorRecord, Resource
 from orchestrator.core.settings import DEFAULT_DATABASE, Settings
 from orchestrator.core.steps import StepTimeout, StopReport
+from orchestrator.core.trees import Delivered, Owner, Signal
 from orchestrator.mongo import AsyncLease, Lease
 from orchestrator.operations import AsyncOperations, Operations, Status
 from orchestrator.runners._async.engine import AsyncOrchestrator
@@ -56,6 +57,7 @@ __all__ = [
     "Clock",
     "ClockMeasuredEvent",
     "ConfigError",
+    "Delivered",
     "ErrorRecord",
     "ExponentialBackoff",
     "IdleProbeEvent",
@@ -70,11 +72,13 @@ __all__ = [
     "Orchestrator",
     "OrchestratorError",
     "Outcome",
+    "Owner",
     "ProgressiveBackoff",
     "Resource",
     "ScheduleFiredEvent",
     "Settings",
     "ShardKeyRequired",
+    "Signal",
     "Status",
     "StepClaimedEvent",
     "StepFinishedEvent",

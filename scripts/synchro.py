@@ -59,6 +59,8 @@ REPLACEMENTS = {
     "AsyncScheduleActions": "ScheduleActions",
     "pause_between_async": "pause_between",
     "AsyncSchedules": "Schedules",
+    "AsyncTrees": "Trees",
+    "AsyncFamily": "Family",
     "_async": "_sync",  # orchestrator.<package>._async.* -> orchestrator.<package>._sync.*
     "connect_async": "connect",
     "check_reachable_async": "check_reachable",

@@ -21,6 +21,7 @@ import anyio.to_thread
 from orchestrator import (
     AsyncOrchestrator,
     BlockingLease,
+    Delivered,
     Lease,
     Orchestrator,
     Outcome,
@@ -63,6 +64,21 @@ class AwaitableLease:
     async def extend(self) -> None:
         self._lease.extend()
 
+    async def create_child(self, target: Target, name: str, doc: Any) -> dict[str, Any]:
+        return self._lease.create_child(target, name, doc)
+
+    async def children(self) -> list[dict[str, Any]]:
+        return self._lease.children()
+
+    async def move_children(self, phase: str) -> int:
+        return self._lease.move_children(phase)
+
+    async def wait_for(self, name: str, **given: Any) -> Outcome:
+        return self._lease.wait_for(name, **given)
+
+    async def wait_for_children(self, **given: Any) -> Outcome:
+        return self._lease.wait_for_children(**given)
+
 
 class Replica:
     """One replica of either engine, with awaitable methods."""
@@ -82,6 +98,9 @@ class Replica:
 
     async def run_once(self, *, heartbeat: bool = True) -> dict[str, int]:
         return await self._call("run_once", heartbeat=heartbeat)  # type: ignore[no-any-return]
+
+    async def signal(self, *args: Any, **kwargs: Any) -> Delivered:
+        return await self._call("signal", *args, **kwargs)  # type: ignore[no-any-return]
 
     async def measure_clock(self) -> None:
         await self._call("measure_clock")

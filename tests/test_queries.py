@@ -216,6 +216,7 @@ def test_success_moves_the_last_error_aside_and_failure_marks_the_handler() -> N
         "failedBy": "",
         "lastToken": "",
         "orchestratorExpiresAt": "",  # a phase no live replica retains: undated
+        "orchestratorWait": "",  # the phase it waited in is left: so is its wait
     }
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
@@ -45,6 +45,16 @@ from orchestrator.core.outcomes import LeaseWrite, StepOutcome
 from orchestrator.core.queries import claims, lease_writes, submissions
 from orchestrator.core.resource import EPOCH
 from orchestrator.core.retention import NO_RETENTION, Retention
+from orchestrator.core.trees import (
+    OWNS_FIELD,
+    WAIT_FIELD,
+    Need,
+    Wait,
+    WaitKind,
+    check_need,
+    check_signal_name,
+    check_timeout,
+)
 
 if TYPE_CHECKING:
     from orchestrator.core.clock import ServerClock
@@ -123,6 +133,10 @@ class LeaseCore(Generic[R]):
         self._release: Release | None = None  # once released by a write (not a removal)
         self._unconfirmed_until: datetime | None = None  # in UNCONFIRMED: it may have landed
         self._carry: Carry | None = None  # once a release carried the lease on
+        self.waiting: Wait | None = None
+        """The wait its step's relock stored (``wait_write``): judged again once written."""
+        self.made: list[str] = []
+        """The collections its step made children in (``trees``)."""
 
     @property
     def id(self) -> Any:
@@ -203,14 +217,17 @@ class LeaseCore(Generic[R]):
         write = self._releasing(update, LeaseWrite.RELOCK, now, until, StepOutcome.RELOCKED)
         return write, Outcome(StepOutcome.RELOCKED, self.phase, wait, self.token)
 
-    def advance_write(self, phase: str, fields: dict[str, Any]) -> tuple[Write, Outcome]:
+    def advance_write(
+        self, phase: str, fields: dict[str, Any], managed: Mapping[str, Any] | None = None
+    ) -> tuple[Write, Outcome]:
+        """``managed``: fields of the orchestrator's set with it (a wait that ended)."""
         if not isinstance(phase, str) or not phase or phase.startswith("$"):
             raise ConfigError(f"advance() needs a phase name, not {phase!r}")
         if self.handler.to and phase not in self.handler.to:
             raise ConfigError(
                 f"{self.handler.name} may advance to {list(self.handler.to)}, not {phase!r}"
             )
-        data = self._fields(fields)
+        data = {**self._fields(fields), **(managed or {})}
         now = self._clock.now()
         until, wait = self._free_until(now)
         update = lease_writes.expiring(
@@ -225,6 +242,62 @@ class LeaseCore(Generic[R]):
             next_phase=phase,
         )
         return write, Outcome(StepOutcome.ADVANCED, phase, wait, self.token)
+
+    def plan_wait(  # noqa: PLR0913  the keywords of the lease's two waits
+        self,
+        kind: WaitKind,
+        *,
+        then: str,
+        name: str | None = None,
+        need: Any = Need.ALL,
+        on_failure: str | None = None,
+        cancel_siblings: bool = False,
+        timeout: Any = None,
+        on_timeout: str | None = None,
+    ) -> Wait:
+        """The wait a handler asked for, checked now (a bad phase is the handler's error,
+        not one met later when the wait ends)."""
+        for what, phase in (("then", then), ("on_failure", on_failure), ("on_timeout", on_timeout)):
+            if phase is None and what != "then":
+                continue
+            if not isinstance(phase, str) or not phase or phase.startswith("$"):
+                raise ConfigError(f"{what} needs a phase name, not {phase!r}")
+            if self.handler.to and phase not in self.handler.to:
+                raise ConfigError(
+                    f"{self.handler.name} may advance to {list(self.handler.to)}, not {phase!r}"
+                )
+        if not isinstance(cancel_siblings, bool):
+            raise ConfigError(f"cancel_siblings is True or False, not {cancel_siblings!r}")
+        seconds = check_timeout(timeout)
+        now = self._clock.now()
+        return Wait(
+            kind=kind,
+            then=then,
+            since=now,
+            name=None if name is None else check_signal_name(name),
+            need=check_need(need),
+            on_failure=on_failure,
+            cancel_siblings=cancel_siblings,
+            deadline=None if seconds is None else now + timedelta(seconds=seconds),
+            on_timeout=on_timeout,
+        )
+
+    def wait_write(self, wait: Wait, owns: Sequence[str]) -> tuple[Write, Outcome]:
+        """Relock with ``wait`` stored: claimable when what it waits for wakes it, at its
+        deadline, or after a lock timeout at the latest (when its wait is judged again: a
+        wake lost with a replica that died is made up for then). ``owns``: the
+        collections its children are in."""
+        now = self._clock.now()
+        seconds = self.settings.lock_timeout
+        if wait.deadline is not None:
+            seconds = min(seconds, max((wait.deadline - now).total_seconds(), 0.0))
+        seconds = self._bounded(seconds)
+        until = now + timedelta(seconds=seconds)
+        managed = {WAIT_FIELD: wait.stored(), OWNS_FIELD: list(owns)}
+        update = lease_writes.relock_update(until, managed)
+        write = self._releasing(update, LeaseWrite.RELOCK, now, until, StepOutcome.RELOCKED)
+        self.waiting = wait
+        return write, Outcome(StepOutcome.RELOCKED, self.phase, seconds, self.token)
 
     def release_write(self) -> tuple[Write, Outcome]:
         now = self._clock.now()

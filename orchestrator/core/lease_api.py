@@ -14,8 +14,13 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from orchestrator.core.documents import Document
     from orchestrator.core.lease_values import Outcome
-    from orchestrator.core.registry import Handler
+    from orchestrator.core.registry import Handler, Target
+    from orchestrator.core.resource import Resource
+    from orchestrator.core.trees import Owner, Signal
 
 __all__ = ["BlockingLease", "LeaseInfo", "StepLease"]
 
@@ -96,6 +101,45 @@ class BlockingLease(LeaseInfo[R_co], Protocol[R_co]):
 
     def extend(self) -> None:
         """Renew the lease for another lock timeout."""
+
+    @property
+    def owner(self) -> Owner | None:
+        """The document that owns this one (its parent), or None."""
+
+    @property
+    def signals(self) -> list[Signal]:
+        """The signals sent to this document, oldest first."""
+
+    def signal(self, name: str) -> Signal | None:
+        """The latest signal named ``name``, or None."""
+
+    def create_child(
+        self, target: Target, name: str, doc: Mapping[str, Any] | Resource
+    ) -> Document:
+        """Make the child ``name`` of this document unless it is there; it as stored."""
+
+    def children(self) -> list[Document]:
+        """This document's children, whatever their phase."""
+
+    def move_children(self, phase: str) -> int:
+        """Send its children not in ``phase`` there; how many."""
+
+    def wait_for(
+        self, name: str, *, then: str, timeout: Any = None, on_timeout: str | None = None
+    ) -> Outcome:
+        """Release until a signal ``name`` comes, then enter ``then``."""
+
+    def wait_for_children(
+        self,
+        *,
+        then: str,
+        need: Any = "all",
+        on_failure: str | None = None,
+        cancel_siblings: bool = False,
+        timeout: Any = None,
+        on_timeout: str | None = None,
+    ) -> Outcome:
+        """Release until its children have ended, then enter ``then``."""
 
 
 class StepLease(LeaseInfo[Any], Protocol):

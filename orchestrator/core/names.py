@@ -36,6 +36,8 @@ UNIQUE_PREFIX = "orchestrator_unique_"
 """Names the unique index of each set of ``submit``'s keys (its fields follow)."""
 
 SCHEDULE_RUNS_INDEX_NAME = "orchestrator_schedule_runs"
+OWNER_INDEX_NAME = "orchestrator_owner"
+"""A collection's children by their owner (``queries.trees.OWNER_INDEX``)."""
 """A schedule's runs' index (``queries.schedules.RUNS_INDEX``) on the collections
 schedules submit to."""
 

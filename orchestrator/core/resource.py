@@ -11,6 +11,15 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
+from orchestrator.core.trees import (
+    OWNER_FIELD,
+    OWNS_FIELD,
+    SENT_FIELD,
+    SIGNALS_FIELD,
+    TAKEN_FIELD,
+    WAIT_FIELD,
+)
+
 EPOCH = datetime(1970, 1, 1)
 """``lockedUntil`` of a document nobody holds: long past, so claimable at once."""
 
@@ -42,6 +51,12 @@ LEASE_FIELDS = frozenset(
         TRACE_FIELD,
         PRIORITY_FIELD,
         EXPIRY_FIELD,
+        OWNER_FIELD,
+        OWNS_FIELD,
+        WAIT_FIELD,
+        SIGNALS_FIELD,
+        SENT_FIELD,
+        TAKEN_FIELD,
     }
 )
 """Fields the orchestrator owns: handlers cannot set them through a lease."""

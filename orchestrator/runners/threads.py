@@ -8,14 +8,17 @@ import concurrent.futures
 import contextlib
 import queue
 import threading
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from datetime import datetime
 from typing import Any, Generic, TypeVar
 
+from orchestrator.core.documents import Document
 from orchestrator.core.errors import LeaseLost, OrchestratorError
 from orchestrator.core.lease_values import Outcome
 from orchestrator.core.outcomes import LeaseWrite
-from orchestrator.core.registry import Handler
+from orchestrator.core.registry import Handler, Target
+from orchestrator.core.resource import Resource
+from orchestrator.core.trees import Owner, Signal
 from orchestrator.mongo import AsyncLease
 
 __all__ = ["LOOP_CHECK", "HandlerThreads", "ThreadLease"]
@@ -233,6 +236,56 @@ class ThreadLease(Generic[R]):
 
     def extend(self) -> None:
         self._run(self._lease.extend())
+
+    @property
+    def owner(self) -> Owner | None:
+        return self._lease.owner
+
+    @property
+    def signals(self) -> list[Signal]:
+        return self._lease.signals
+
+    def signal(self, name: str) -> Signal | None:
+        return self._lease.signal(name)
+
+    def create_child(
+        self, target: Target, name: str, doc: Mapping[str, Any] | Resource
+    ) -> Document:
+        return self._run(self._lease.create_child(target, name, doc))
+
+    def children(self) -> list[Document]:
+        return self._run(self._lease.children())
+
+    def move_children(self, phase: str) -> int:
+        return self._run(self._lease.move_children(phase))
+
+    def wait_for(
+        self, name: str, *, then: str, timeout: Any = None, on_timeout: str | None = None
+    ) -> Outcome:
+        return self._run(
+            self._lease.wait_for(name, then=then, timeout=timeout, on_timeout=on_timeout)
+        )
+
+    def wait_for_children(
+        self,
+        *,
+        then: str,
+        need: Any = "all",
+        on_failure: str | None = None,
+        cancel_siblings: bool = False,
+        timeout: Any = None,
+        on_timeout: str | None = None,
+    ) -> Outcome:
+        return self._run(
+            self._lease.wait_for_children(
+                then=then,
+                need=need,
+                on_failure=on_failure,
+                cancel_siblings=cancel_siblings,
+                timeout=timeout,
+                on_timeout=on_timeout,
+            )
+        )
 
     def __repr__(self) -> str:
         return f"<ThreadLease of {self._lease!r}>"

@@ -16,6 +16,7 @@ from orchestrator.core.in_house import NO_IN_HOUSE, InHouse
 from orchestrator.core.queries.lease_writes import advance_update, expiring, release_update
 from orchestrator.core.resource import EXPIRY_FIELD
 from orchestrator.core.retention import NO_RETENTION, Retention
+from orchestrator.core.trees import WAIT_FIELD
 
 _ANY = object()
 
@@ -135,5 +136,12 @@ def operator_move_update(
     for deletion; into any other, undated (a retry out of a retained phase must not be
     deleted on the way), whatever the replicas say."""
     update = advance_update(phase, now, {})
-    update["$unset"] = {"lockToken": "", "failedBy": "", "lastToken": "", EXPIRY_FIELD: ""}
+    # A wait stored is over too: the phase it waited in is left.
+    update["$unset"] = {
+        "lockToken": "",
+        "failedBy": "",
+        "lastToken": "",
+        EXPIRY_FIELD: "",
+        WAIT_FIELD: "",
+    }
     return expiring(update, phase, now, kept)

@@ -96,6 +96,12 @@ class LeaseStore(Protocol):
     def find_ids(self, name: str, query: Mapping[str, Any], most: int) -> list[Any]:
         """The ``_id`` of at most ``most`` documents ``query`` selects (a schedule's runs)."""
 
+    def find_fields(
+        self, name: str, query: Mapping[str, Any], fields: Sequence[str], most: int
+    ) -> list[Document]:
+        """At most ``most`` documents ``query`` selects, with ``_id`` and ``fields`` only (a
+        parent's children, as its wait counts them)."""
+
     def run_fires(self, name: str, query: Mapping[str, Any], most: int) -> list[datetime]:
         """The fire times (``scheduled.fire``, aware) of at most ``most`` documents
         ``query`` selects, earliest first; a document without a date there is skipped."""
@@ -128,6 +134,10 @@ class LeaseStore(Protocol):
     def ensure_schedule_runs_index(self, name: str) -> str:
         """The index serving a schedule's look for its runs (``schedules.RUNS_INDEX``);
         its name."""
+
+    def ensure_owner_index(self, name: str) -> None:
+        """The index serving a parent's look for its children (``trees.OWNER_INDEX``),
+        made once per store."""
 
     def ensure_retention_index(self, name: str) -> str:
         """The TTL index deleting documents past their retention

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import contextlib
 import threading
+from collections.abc import Mapping
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 import pymongo
 
@@ -25,20 +26,55 @@ from orchestrator.core.lease import Carrier, LeaseCore
 from orchestrator.core.lease_values import Carry, Outcome, Write
 from orchestrator.core.outcomes import LeaseWrite
 from orchestrator.core.queries import lease_writes, limit_slots
+from orchestrator.core.registry import resolve
+from orchestrator.core.trees import (
+    OWNER_FIELD,
+    OWNS_FIELD,
+    TAKEN_FIELD,
+    WAIT_FIELD,
+    Need,
+    Owner,
+    Signal,
+    Wait,
+    WaitKind,
+    signals_of,
+)
 from orchestrator.mongo.driver_errors import DocumentTooLarge
 
 if TYPE_CHECKING:
+    from orchestrator.core.documents import Document
     from orchestrator.core.limits import Slot
-    from orchestrator.core.registry import Handler
+    from orchestrator.core.registry import Handler, Target
+    from orchestrator.core.resource import Resource
     from orchestrator.mongo._sync.contract import LeaseStore
 
-__all__ = ["Lease"]
+__all__ = ["Family", "Lease"]
 
 R = TypeVar("R")
 
 _UNCONFIRMED = "its extension was not confirmed before it expired"
 _EXPIRED = "it expired before its extension was sent"
 _SLOT_TAKEN = "its slot of the handler's global_limit was taken (it expired) before its renewal"
+
+
+class Family(Protocol):
+    """What a lease asks of its engine about the documents its own owns (the engine's
+    ``trees``: it knows the models, the handlers and the collections)."""
+
+    def create_child(
+        self,
+        lease: Lease[Any],
+        target: Target,
+        name: str,
+        doc: Mapping[str, Any] | Resource,
+    ) -> Document:
+        """The child ``name`` of ``lease``'s document, made unless it is there."""
+
+    def children(self, lease: Lease[Any]) -> list[Document]:
+        """The children of ``lease``'s document, whatever their phase."""
+
+    def move_children(self, lease: Lease[Any], phase: str) -> int:
+        """Its children not in ``phase`` sent there; how many."""
 
 
 class Lease(Generic[R]):
@@ -59,6 +95,8 @@ class Lease(Generic[R]):
         self._core = core
         self._store = store
         self._lock = threading.Lock()  # serialises the step's writes with the heartbeat's
+        self.family: Family | None = None
+        """Set by the engine: what makes and finds this document's children."""
 
     # -- what it says about itself (the core's) -------------------------------------------
 
@@ -280,6 +318,123 @@ class Lease(Generic[R]):
         with contextlib.suppress(StoreError):
             self._free_slots()
         return self._core.lose(action, reason)
+
+    # -- trees and events (``orchestrator.core.trees``) ----------------------------------
+
+    @property
+    def owner(self) -> Owner | None:
+        """The document that owns this one (its parent), or None."""
+        return Owner.read(self.doc.get(OWNER_FIELD))
+
+    @property
+    def signals(self) -> list[Signal]:
+        """The signals sent to this document, oldest first (the latest ``MAX_SIGNALS``)."""
+        return signals_of(self.doc)
+
+    def signal(self, name: str) -> Signal | None:
+        """The latest signal named ``name`` (the one a wait for it ended on), or None."""
+        found = [s for s in self.signals if s.name == name]
+        return found[-1] if found else None
+
+    def create_child(
+        self, target: Target, name: str, doc: Mapping[str, Any] | Resource
+    ) -> Document:
+        """Make the child ``name`` of this document in ``target`` (a collection or a
+        model), owned by it, in its first phase and due at once; idempotent: a retried
+        step finds the child it made (its ``_id`` derives from this document and
+        ``name`` unless ``doc`` gives one). Returns it as stored."""
+        self._core.check(LeaseWrite.EXTEND)
+        made = self._family_of().create_child(self, target, name, doc)
+        collection, _ = resolve(target)
+        if collection not in self._core.made:
+            self._core.made.append(collection)
+        return made
+
+    def children(self) -> list[Document]:
+        """This document's children, whatever their phase (``_id``, ``phase`` and owner)."""
+        return self._family_of().children(self)
+
+    def move_children(self, phase: str) -> int:
+        """Send this document's children not in ``phase`` there, as an operator's move
+        does (a step running on one loses its lease at its next write): a deletion's
+        first step, say, before it waits for them. A retried step moves none twice."""
+        self._core.check(LeaseWrite.EXTEND)
+        return self._family_of().move_children(self, phase)
+
+    def wait_for(
+        self,
+        name: str,
+        *,
+        then: str,
+        timeout: Any = None,
+        on_timeout: str | None = None,
+    ) -> Outcome:
+        """Release until a signal ``name`` comes (``orch.signal``; one sent before is
+        found too, unless an earlier wait ended on it), then enter ``then`` at once; with
+        ``timeout`` (seconds), ``on_timeout`` (or the failed phase) once it passes."""
+        wait = self._core.plan_wait(
+            WaitKind.SIGNAL, then=then, name=name, timeout=timeout, on_timeout=on_timeout
+        )
+        return self.wait_on(wait)
+
+    def wait_for_children(
+        self,
+        *,
+        then: str,
+        need: Any = Need.ALL,
+        on_failure: str | None = None,
+        cancel_siblings: bool = False,
+        timeout: Any = None,
+        on_timeout: str | None = None,
+    ) -> Outcome:
+        """Release until this document's children have ended (``need``: ``"all"``,
+        ``"any"`` or a number; ended: in a phase no handler claims, or deleted), then
+        enter ``then`` at once. A child that failed (its failed or cancelled phase) counts
+        as ended unless ``on_failure`` names the phase it sends this one to (with
+        ``cancel_siblings``, the others are cancelled first). ``timeout`` and
+        ``on_timeout`` as ``wait_for``'s."""
+        wait = self._core.plan_wait(
+            WaitKind.CHILDREN,
+            then=then,
+            need=need,
+            on_failure=on_failure,
+            cancel_siblings=cancel_siblings,
+            timeout=timeout,
+            on_timeout=on_timeout,
+        )
+        return self.wait_on(wait)
+
+    @property
+    def made(self) -> list[str]:
+        """The collections this step made children in."""
+        return list(self._core.made)
+
+    @property
+    def waiting(self) -> Wait | None:
+        """The wait this step's outcome stored, if it was one."""
+        return self._core.waiting
+
+    def wait_on(self, wait: Wait) -> Outcome:
+        """Store ``wait`` (the engine's: a wait judged and not over, written again)."""
+        stored = self.doc.get(OWNS_FIELD)
+        owns = [c for c in stored if isinstance(c, str)] if isinstance(stored, list) else []
+        owns = list(dict.fromkeys([*owns, *self._core.made]))
+        with self._lock:
+            return self._write(*self._core.wait_write(wait, owns))
+
+    def end_wait(self, phase: str, taken: list[str] | None) -> Outcome:
+        """Enter ``phase``, the stored wait over (the engine's); ``taken``: the inbox's
+        signals waits have ended on, the one this one did last."""
+        managed: dict[str, Any] = {WAIT_FIELD: None}
+        if taken is not None:
+            managed[TAKEN_FIELD] = taken
+        with self._lock:
+            return self._write(*self._core.advance_write(phase, {}, managed))
+
+    def _family_of(self) -> Family:
+        if self.family is None:
+            raise StoreError("this lease has no engine to make or find its children")
+        return self.family
 
     # -- what the loop calls --------------------------------------------------------------
 

@@ -53,6 +53,7 @@ from orchestrator.core.names import (
     CLAIM_INDEX_NAME,
     ERRORS_INDEX_NAME,
     IN_HOUSE_INDEX_NAME,
+    OWNER_INDEX_NAME,
     REPLICA_INDEX_NAME,
     REPLICAS_COLLECTION,
     RETENTION_INDEX_NAME,
@@ -68,6 +69,7 @@ from orchestrator.core.queries import (
     submissions,
 )
 from orchestrator.core.queries import schedules as schedule_queries
+from orchestrator.core.queries import trees as tree_queries
 from orchestrator.core.redact import redact
 from orchestrator.core.replicas import ReplicaRecord
 from orchestrator.core.scheduler import Found
@@ -241,6 +243,14 @@ class Store:
         with driver_errors(f"read from {name}"):
             docs = self.collection(name).find(dict(query), {"_id": 1}).limit(most).to_list()
         return [doc["_id"] for doc in docs]
+
+    def find_fields(
+        self, name: str, query: Mapping[str, Any], fields: Sequence[str], most: int
+    ) -> list[Document]:
+        """At most ``most`` documents ``query`` selects, with ``_id`` and ``fields`` only."""
+        with driver_errors(f"read from {name}"):
+            cursor = self.collection(name).find(dict(query), dict.fromkeys(fields, 1))
+            return list(cursor.limit(most).to_list())
 
     def run_fires(self, name: str, query: Mapping[str, Any], most: int) -> list[datetime]:
         """The fire times of at most ``most`` of a schedule's runs, earliest first."""
@@ -432,6 +442,20 @@ class Store:
         return self.ensure_index(
             name, schedule_queries.RUNS_INDEX, index_name=SCHEDULE_RUNS_INDEX_NAME, unique=False
         )
+
+    def ensure_owner_index(self, name: str) -> None:
+        """The index serving a parent's look for its children (``trees.OWNER_INDEX``), made
+        once per store, at the first child made in ``name``."""
+        marker = (name, (OWNER_INDEX_NAME,))
+        if marker in self._unique_done:
+            return
+        with self._lock:
+            if marker in self._unique_done:
+                return
+            self.ensure_index(
+                name, tree_queries.OWNER_INDEX, index_name=OWNER_INDEX_NAME, unique=False
+            )
+            self._unique_done.add(marker)
 
     def ensure_retention_index(self, name: str) -> str:
         """The TTL index by which the server deletes documents past the date their retained

@@ -31,6 +31,7 @@ from orchestrator.core.resource import EPOCH, Resource
 from orchestrator.core.retention import NO_RETENTION, Retention
 from orchestrator.core.settings import Settings
 from orchestrator.core.steps import StopReport, stop_summary
+from orchestrator.core.trees import Delivered
 from orchestrator.mongo import AsyncLease, AsyncStore
 from orchestrator.mongo._async.clock_probe import measure
 from orchestrator.mongo._async.contract import AsyncLeaseStore
@@ -138,6 +139,7 @@ class AsyncOrchestrator:
             calls=self._calls,
             on_due=self._come_due,
             reading_pauses=self._pauses.probing,
+            registration=self._registration,
         )
         self._record = AsyncReplicaRecorder(
             parts,
@@ -281,6 +283,19 @@ class AsyncOrchestrator:
             new.keys,
             due_now=until == EPOCH,
         )
+
+    async def signal(
+        self, target: Target, doc_id: Any, name: str, payload: Any = None
+    ) -> Delivered:
+        """Send the signal ``name`` (with ``payload``, anything MongoDB stores) to the
+        document ``doc_id`` of ``target``: stored in its inbox (the latest
+        ``trees.MAX_SIGNALS`` kept, oldest dropped and counted), and if it waits for that
+        name (``lease.wait_for``), due at once (claimed here at once when this replica's
+        handlers take it). Fenced like every write: a step running on it keeps its lease
+        (its wait, stored next, finds the signal). ``DocumentNotFound`` for no such
+        document; ``ConfigError`` for a bad name or a payload MongoDB cannot store."""
+        self._crew.enter()
+        return await self._steps.trees.signal(target, doc_id, name, payload)
 
     def retain(self, target: Target, phases: Mapping[str, Any]) -> None:
         """Keep documents of ``target`` in each phase named for as long as it says (``"30d"``,

@@ -34,7 +34,9 @@ from orchestrator.mongo._async.clock_probe import measure
 from orchestrator.runners._async.limits import AsyncLimits
 from orchestrator.runners._async.parts import AsyncReplicaParts
 from orchestrator.runners._async.taking import AsyncClaims, Held
+from orchestrator.runners._async.trees import AsyncTrees
 from orchestrator.runners.calls import AsyncHandlerCalls
+from orchestrator.runners.registration import Registration
 from orchestrator.runners.step import IN_STEP, Step
 from orchestrator.runners.workers import AsyncWorkers, StepEnd, best_effort
 
@@ -47,7 +49,7 @@ _CARRYING = (StepOutcome.UNLOCKED, StepOutcome.ADVANCED)
 class AsyncSteps:
     """One replica's steps, carried out on its ``store`` under its ``books``."""
 
-    def __init__(
+    def __init__(  # noqa: PLR0913  the replica's parts a step touches
         self,
         parts: AsyncReplicaParts,
         *,
@@ -57,7 +59,11 @@ class AsyncSteps:
         calls: AsyncHandlerCalls,
         on_due: Callable[[Sequence[Handler]], object],
         reading_pauses: Callable[[], Callable[[list[Pause]], None]],
+        registration: Registration,
     ) -> None:
+        self.trees = AsyncTrees(parts, registration=registration, steps=self)
+        """The waits a claim judges, the wakes a step's end sends, the children and
+        signals its leases and the engine send."""
         self._engine = engine  # what a step's context names (``IN_STEP``)
         self._store = parts.store
         self._clock = parts.clock
@@ -72,7 +78,7 @@ class AsyncSteps:
         # are given to (numbered when sent, so an answer that lands late is not applied).
         self._reading_pauses = reading_pauses
         limits = AsyncLimits(parts, on_due=on_due)
-        self._claims = AsyncClaims(parts, local=local, limits=limits)
+        self._claims = AsyncClaims(parts, local=local, limits=limits, family=self.trees)
 
     # -- the server's clock -------------------------------------------------------------
 
@@ -204,6 +210,7 @@ class AsyncSteps:
                     await self._hand_back(carried.lease, "its step was taken back")
                 return False
             self._report.finished(step, outcome)
+            await self.trees.after(step.lease, outcome)
             if carried is None:
                 return True
             step, stopping = carried, self._books.stopping
@@ -330,14 +337,20 @@ class AsyncSteps:
     async def _execute(self, step: Step[Held]) -> StepOutcome:
         lease = step.lease
         handler = lease.handler
-        if handler.model is not None:
+        # A waiting document's step judges its wait (``trees``): its handler runs once
+        # the wait has ended, in the phase it went on to.
+        waits = self.trees.waits(lease)
+        if handler.model is not None and not waits:
             try:
                 lease.resource = handler.model.model_validate(lease.doc)
             except ValidationError as exc:
                 why = explain(exc, handler.model.__name__, handler.model)
                 return await self._settle(step, "ValidationError", why, True)
         try:
-            result = await self._calls.call(handler.func, lease)
+            if waits:
+                result: object = await self.trees.resume(lease)
+            else:
+                result = await self._calls.call(handler.func, lease)
         except (Exception, asyncio.CancelledError) as exc:  # a cancellation the handler raised
             if self._crew.cancelling(exc):
                 raise

@@ -25,7 +25,7 @@ from orchestrator.core.limits import Slot
 from orchestrator.core.queries import claims, submissions
 from orchestrator.core.registry import Handler
 from orchestrator.core.retention import NO_RETENTION
-from orchestrator.mongo._async.lease import AsyncLease
+from orchestrator.mongo._async.lease import AsyncFamily, AsyncLease
 from orchestrator.runners._async.limits import AsyncLimits
 from orchestrator.runners._async.parts import AsyncReplicaParts
 from orchestrator.runners.step import Step
@@ -39,7 +39,15 @@ Held = AsyncLease[Any]
 class AsyncClaims:
     """One replica's ways to a step's lease, on its ``store`` under its ``books``."""
 
-    def __init__(self, parts: AsyncReplicaParts, *, local: Clock, limits: AsyncLimits) -> None:
+    def __init__(
+        self,
+        parts: AsyncReplicaParts,
+        *,
+        local: Clock,
+        limits: AsyncLimits,
+        family: AsyncFamily | None = None,
+    ) -> None:
+        self._family = family  # what its leases ask about their children
         self._store = parts.store
         self._clock = parts.clock
         self._settings = parts.settings
@@ -215,6 +223,7 @@ class AsyncClaims:
         )
         lease: Held = AsyncLease(store=self._store, core=core)
         lease.carrier = self._books.reserve
+        lease.family = self._family
         return lease
 
     async def _taken_over(self, lease: Held, now: datetime) -> None:

@@ -35,7 +35,9 @@ from orchestrator.mongo._sync.clock_probe import measure
 from orchestrator.runners._sync.limits import Limits
 from orchestrator.runners._sync.parts import ReplicaParts
 from orchestrator.runners._sync.taking import Claims, Held
+from orchestrator.runners._sync.trees import Trees
 from orchestrator.runners.calls import HandlerCalls
+from orchestrator.runners.registration import Registration
 from orchestrator.runners.step import IN_STEP, Step
 from orchestrator.runners.workers import StepEnd, Workers, best_effort
 
@@ -48,7 +50,7 @@ _CARRYING = (StepOutcome.UNLOCKED, StepOutcome.ADVANCED)
 class Steps:
     """One replica's steps, carried out on its ``store`` under its ``books``."""
 
-    def __init__(
+    def __init__(  # noqa: PLR0913  the replica's parts a step touches
         self,
         parts: ReplicaParts,
         *,
@@ -58,7 +60,11 @@ class Steps:
         calls: HandlerCalls,
         on_due: Callable[[Sequence[Handler]], object],
         reading_pauses: Callable[[], Callable[[list[Pause]], None]],
+        registration: Registration,
     ) -> None:
+        self.trees = Trees(parts, registration=registration, steps=self)
+        """The waits a claim judges, the wakes a step's end sends, the children and
+        signals its leases and the engine send."""
         self._engine = engine  # what a step's context names (``IN_STEP``)
         self._store = parts.store
         self._clock = parts.clock
@@ -73,7 +79,7 @@ class Steps:
         # are given to (numbered when sent, so an answer that lands late is not applied).
         self._reading_pauses = reading_pauses
         limits = Limits(parts, on_due=on_due)
-        self._claims = Claims(parts, local=local, limits=limits)
+        self._claims = Claims(parts, local=local, limits=limits, family=self.trees)
 
     # -- the server's clock -------------------------------------------------------------
 
@@ -205,6 +211,7 @@ class Steps:
                     self._hand_back(carried.lease, "its step was taken back")
                 return False
             self._report.finished(step, outcome)
+            self.trees.after(step.lease, outcome)
             if carried is None:
                 return True
             step, stopping = carried, self._books.stopping
@@ -329,14 +336,20 @@ class Steps:
     def _execute(self, step: Step[Held]) -> StepOutcome:
         lease = step.lease
         handler = lease.handler
-        if handler.model is not None:
+        # A waiting document's step judges its wait (``trees``): its handler runs once
+        # the wait has ended, in the phase it went on to.
+        waits = self.trees.waits(lease)
+        if handler.model is not None and not waits:
             try:
                 lease.resource = handler.model.model_validate(lease.doc)
             except ValidationError as exc:
                 why = explain(exc, handler.model.__name__, handler.model)
                 return self._settle(step, "ValidationError", why, True)
         try:
-            result = self._calls.call(handler.func, lease)
+            if waits:
+                result: object = self.trees.resume(lease)
+            else:
+                result = self._calls.call(handler.func, lease)
         except (Exception, asyncio.CancelledError) as exc:  # a cancellation the handler raised
             if self._crew.cancelling(exc):
                 raise

@@ -26,7 +26,7 @@ from orchestrator.core.limits import Slot
 from orchestrator.core.queries import claims, submissions
 from orchestrator.core.registry import Handler
 from orchestrator.core.retention import NO_RETENTION
-from orchestrator.mongo._sync.lease import Lease
+from orchestrator.mongo._sync.lease import Family, Lease
 from orchestrator.runners._sync.limits import Limits
 from orchestrator.runners._sync.parts import ReplicaParts
 from orchestrator.runners.step import Step
@@ -40,7 +40,15 @@ Held = Lease[Any]
 class Claims:
     """One replica's ways to a step's lease, on its ``store`` under its ``books``."""
 
-    def __init__(self, parts: ReplicaParts, *, local: Clock, limits: Limits) -> None:
+    def __init__(
+        self,
+        parts: ReplicaParts,
+        *,
+        local: Clock,
+        limits: Limits,
+        family: Family | None = None,
+    ) -> None:
+        self._family = family  # what its leases ask about their children
         self._store = parts.store
         self._clock = parts.clock
         self._settings = parts.settings
@@ -216,6 +224,7 @@ class Claims:
         )
         lease: Held = Lease(store=self._store, core=core)
         lease.carrier = self._books.reserve
+        lease.family = self._family
         return lease
 
     def _taken_over(self, lease: Held, now: datetime) -> None:

@@ -1,0 +1,76 @@
+"""What trees and events send: a child's owner, the look for a parent's children, the wake
+of a waiting document, a signal's delivery."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from orchestrator.core.clock import bson_time
+from orchestrator.core.queries.operators import exact_id_filter
+from orchestrator.core.resource import EPOCH
+from orchestrator.core.trees import (
+    MAX_SIGNALS,
+    OWNER_FIELD,
+    SENT_FIELD,
+    SIGNALS_FIELD,
+    WAIT_FIELD,
+    Signal,
+    WaitKind,
+)
+
+__all__ = [
+    "OWNER_INDEX",
+    "children_filter",
+    "deliver_update",
+    "move_children_filter",
+    "waiting_filter",
+    "wake_update",
+]
+
+OWNER_INDEX: list[tuple[str, int]] = [(f"{OWNER_FIELD}.collection", 1), (f"{OWNER_FIELD}.id", 1)]
+"""On each collection children are made in: a parent's children (its waits, cascades)."""
+
+
+def children_filter(collection: str, parent_id: Any) -> dict[str, Any]:
+    """The children a document of ``collection`` owns (``OWNER_INDEX`` serves it)."""
+    return {
+        f"{OWNER_FIELD}.collection": {"$eq": collection},
+        f"{OWNER_FIELD}.id": {"$eq": parent_id},
+    }
+
+
+def move_children_filter(collection: str, parent_id: Any, phases: Iterable[str]) -> dict[str, Any]:
+    """Its children in none of ``phases`` (a move to a phase leaves those already there,
+    so a retried step does not take a running child's lease again)."""
+    return {**children_filter(collection, parent_id), "phase": {"$nin": list(phases)}}
+
+
+def waiting_filter(doc_id: Any, kind: WaitKind, name: str | None = None) -> dict[str, Any]:
+    """The document while it waits (for ``kind``; for a signal, of ``name``) and no step
+    holds it: a wake may make it due without taking a lease from anyone."""
+    query: dict[str, Any] = {
+        **exact_id_filter(doc_id),
+        f"{WAIT_FIELD}.kind": {"$eq": kind.value},
+        "lockToken": {"$exists": False},
+    }
+    if name is not None:
+        query[f"{WAIT_FIELD}.name"] = {"$eq": name}
+    return query
+
+
+def wake_update() -> dict[str, Any]:
+    """Due at once (its wait is judged by the step that claims it)."""
+    return {"$set": {"lockedUntil": bson_time(EPOCH)}}
+
+
+def deliver_update(signal: Signal, *, wake: bool) -> dict[str, Any]:
+    """A signal into the inbox, the oldest dropped past ``MAX_SIGNALS``; ``wake``: with
+    ``waiting_filter``, due at once too."""
+    update: dict[str, Any] = {
+        "$push": {SIGNALS_FIELD: {"$each": [signal.stored()], "$slice": -MAX_SIGNALS}},
+        "$inc": {SENT_FIELD: 1},
+    }
+    if wake:
+        update["$set"] = {"lockedUntil": bson_time(EPOCH)}
+    return update
