@@ -16,7 +16,9 @@ send while many documents relock on spread-out waits (``bench/relocks.py``);
 ``MONGODB_URI=... uv run python -m bench server-time`` is the server's time per command kind
 and the history's document size (``bench/server_time.py``); ``MONGODB_URI=... uv run
 python -m bench schedules`` runs a fleet of replica processes on five schedules, kills and
-restarts one, and accounts for every fire time (``bench/schedules.py``).
+restarts one, and accounts for every fire time (``bench/schedules.py``); ``uv run python -m
+bench trees`` counts what a child's completion costs and times the wakes of a parent and of
+a signal (``bench/trees.py``; on ``MONGODB_URI``'s server too when set).
 """
 
 from __future__ import annotations
@@ -29,7 +31,17 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench import contention, figures, instructions, relocks, report, scale, schedules, server_time
+from bench import (
+    contention,
+    figures,
+    instructions,
+    relocks,
+    report,
+    scale,
+    schedules,
+    server_time,
+    trees,
+)
 
 
 def run(size_name: str) -> dict[str, Any]:
@@ -132,6 +144,7 @@ COMMANDS: dict[str, Callable[[list[str]], int]] = {
     "relocks": relocks.main,
     "server-time": server_time.main,
     "schedules": schedules.main,
+    "trees": trees.main,
 }
 """The benchmarks apart from the figures, by their first argument."""
 

@@ -200,11 +200,49 @@ class Delivered:
 @dataclass(frozen=True)
 class Tally:
     """A parent's children as a wait counts them: how many, how many ended (in a phase no
-    handler claims, or deleted), of those how many failed."""
+    handler claims, or deleted), of those how many failed; ``ended_keys`` and
+    ``failed_keys`` name them (``child_key``)."""
 
     total: int
     ended: int
     failed: int
+    ended_keys: tuple[str, ...] = ()
+    failed_keys: tuple[str, ...] = ()
+
+
+ENDED_KEY = "ended"
+"""In a stored children wait: the keys of the children known to have ended (each child's
+end adds its own, the judgement after the wait is written adds those it counted)."""
+FAILED_KEY = "failed"
+TOTAL_KEY = "total"
+"""In a stored children wait: how many children the judgement after its write counted."""
+
+
+def child_key(collection: str, child_id: Any) -> str:
+    """A child as a parent's wait names it."""
+    return f"{collection}/{child_id}"
+
+
+def may_end(stored: Any) -> bool:
+    """Whether a stored children wait, with the ends added to it so far, may be over:
+    worth waking its document to judge it (a judgement that finds it is not wakes none).
+    Until the judgement after its write has counted the children (``TOTAL_KEY``), the
+    judgement decides, not the children's ends."""
+    if not isinstance(stored, Mapping):
+        return False
+    try:
+        wait = Wait.read(stored)
+    except ConfigError:
+        return True  # garbage: the judgement records it
+    if wait is None or wait.kind is not WaitKind.CHILDREN:
+        return False
+    ended, failed, total = stored.get(ENDED_KEY), stored.get(FAILED_KEY), stored.get(TOTAL_KEY)
+    if failed and wait.on_failure is not None:
+        return True
+    if not isinstance(total, int) or isinstance(total, bool):
+        return False
+    count = len(ended) if isinstance(ended, list) else 0
+    return _enough(wait.need, Tally(total, min(count, total), 0))
 
 
 def signals_of(doc: Mapping[str, Any]) -> list[Signal]:

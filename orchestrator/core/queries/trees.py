@@ -3,17 +3,20 @@ of a waiting document, a signal's delivery."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from orchestrator.core.clock import bson_time
 from orchestrator.core.queries.operators import exact_id_filter
 from orchestrator.core.resource import EPOCH
 from orchestrator.core.trees import (
+    ENDED_KEY,
+    FAILED_KEY,
     MAX_SIGNALS,
     OWNER_FIELD,
     SENT_FIELD,
     SIGNALS_FIELD,
+    TOTAL_KEY,
     WAIT_FIELD,
     Signal,
     WaitKind,
@@ -22,7 +25,9 @@ from orchestrator.core.trees import (
 __all__ = [
     "OWNER_INDEX",
     "children_filter",
+    "children_wait_filter",
     "deliver_update",
+    "ended_update",
     "move_children_filter",
     "waiting_filter",
     "wake_update",
@@ -57,6 +62,26 @@ def waiting_filter(doc_id: Any, kind: WaitKind, name: str | None = None) -> dict
     if name is not None:
         query[f"{WAIT_FIELD}.name"] = {"$eq": name}
     return query
+
+
+def children_wait_filter(doc_id: Any) -> dict[str, Any]:
+    """The document while it waits for its children, held or not."""
+    return {**exact_id_filter(doc_id), f"{WAIT_FIELD}.kind": {"$eq": WaitKind.CHILDREN.value}}
+
+
+def ended_update(
+    ended: Sequence[str], failed: Sequence[str], total: int | None = None
+) -> dict[str, Any]:
+    """Children's ends added to their parent's wait (a set: an end added twice counts
+    once); with ``total``, how many children the judgement after the wait's write found."""
+    update: dict[str, Any] = {
+        "$addToSet": {f"{WAIT_FIELD}.{ENDED_KEY}": {"$each": list(ended)}},
+    }
+    if failed:
+        update["$addToSet"][f"{WAIT_FIELD}.{FAILED_KEY}"] = {"$each": list(failed)}
+    if total is not None:
+        update["$set"] = {f"{WAIT_FIELD}.{TOTAL_KEY}": total}
+    return update
 
 
 def wake_update() -> dict[str, Any]:

@@ -253,6 +253,20 @@ class AsyncStore:
             cursor = self.collection(name).find(dict(query), dict.fromkeys(fields, 1))
             return list(await cursor.limit(most).to_list())
 
+    async def update_and_read(
+        self, name: str, query: Mapping[str, Any], update: Mapping[str, Any], fields: Sequence[str]
+    ) -> Document | None:
+        """Update the one document ``query`` selects; it as updated (``_id`` and
+        ``fields``), or None when none matched."""
+        with driver_errors(f"update {name}/{query.get('_id')}"):
+            found = await self.collection(name).find_one_and_update(
+                dict(query),
+                dict(update),
+                projection=dict.fromkeys(fields, 1),
+                return_document=ReturnDocument.AFTER,
+            )
+        return found
+
     async def run_fires(self, name: str, query: Mapping[str, Any], most: int) -> list[datetime]:
         """The fire times of at most ``most`` of a schedule's runs, earliest first."""
         field = schedule_queries.FIRE_FIELD

@@ -102,6 +102,12 @@ class LeaseStore(Protocol):
         """At most ``most`` documents ``query`` selects, with ``_id`` and ``fields`` only (a
         parent's children, as its wait counts them)."""
 
+    def update_and_read(
+        self, name: str, query: Mapping[str, Any], update: Mapping[str, Any], fields: Sequence[str]
+    ) -> Document | None:
+        """Update the one document ``query`` selects; it as updated (``_id`` and
+        ``fields``), or None when none matched (a child's end added to its parent's wait)."""
+
     def run_fires(self, name: str, query: Mapping[str, Any], most: int) -> list[datetime]:
         """The fire times (``scheduled.fire``, aware) of at most ``most`` documents
         ``query`` selects, earliest first; a document without a date there is skipped."""

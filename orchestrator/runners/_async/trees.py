@@ -13,7 +13,7 @@ for that name. A replica whose handlers take what it woke claims it at once.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.core import steps
@@ -43,7 +43,9 @@ from orchestrator.core.trees import (
     check_child_name,
     check_signal_name,
     child_id,
+    child_key,
     judge,
+    may_end,
     signals_of,
     taken_of,
 )
@@ -166,15 +168,17 @@ class AsyncTrees:
 
     async def after(self, lease: AsyncLease[Any], outcome: StepOutcome) -> None:
         """What a step that ended may have to wake: its own wait, met meanwhile; its owner,
-        when it ended (the parent judges whether that ends its wait); the children it
-        made, claimed here at once if this replica takes them. Best effort: what fails
-        here is made up for by the waits' judgement each lock timeout."""
+        when it ended (its end added to the owner's wait, which wakes it if that may end
+        it). Best effort: what fails here is made up for by the waits' judgement each lock
+        timeout."""
         try:
             if lease.waiting is not None and outcome is StepOutcome.RELOCKED:
                 await self._judge_written(lease, lease.waiting)
             owner = lease.owner
-            if owner is not None and self._ended(lease, outcome):
-                await self._wake(owner.collection, owner.id, WaitKind.CHILDREN)
+            end = self._end_of(lease, outcome)
+            if owner is not None and end is not None:
+                key = child_key(lease.collection, lease.id)
+                await self._add_ends(owner.collection, owner.id, [key], [key] if end else [])
         except StoreError as exc:
             self._report.line(
                 logging.WARNING,
@@ -185,15 +189,37 @@ class AsyncTrees:
 
     async def _judge_written(self, lease: AsyncLease[Any], wait: Wait) -> None:
         """Judge a wait just written: what ended it while the step ran (a signal, the last
-        child) found it held, and woke nothing."""
-        store = self._store
-        fields = ["phase", WAIT_FIELD, OWNS_FIELD, SIGNALS_FIELD, TAKEN_FIELD]
-        docs = await store.find_fields(lease.collection, exact_id_filter(lease.id), fields, 1)
-        if not docs:
+        child) found it held, and woke nothing. A children wait is given the children's
+        count and the ends counted, in one write whose answer (with the ends children
+        added meanwhile) says whether to wake it."""
+        if wait.kind is WaitKind.CHILDREN:
+            tally = await self._tally(lease.collection, lease.doc, lease)
+            await self._add_ends(
+                lease.collection, lease.id, tally.ended_keys, tally.failed_keys, tally.total
+            )
             return
-        verdict, _ = await self._judge(lease.collection, docs[0], wait)
-        if verdict is not Verdict.WAITING:
-            await self._wake(lease.collection, lease.id, wait.kind, wait.name)
+        fields = [WAIT_FIELD, SIGNALS_FIELD, TAKEN_FIELD]
+        docs = await self._store.find_fields(lease.collection, exact_id_filter(lease.id), fields, 1)
+        if docs:
+            verdict, _ = await self._judge(lease.collection, docs[0], wait)
+            if verdict is not Verdict.WAITING:
+                await self._wake(lease.collection, lease.id, wait.kind, wait.name)
+
+    async def _add_ends(
+        self,
+        collection: str,
+        doc_id: Any,
+        ended: Sequence[str],
+        failed: Sequence[str],
+        total: int | None = None,
+    ) -> None:
+        """Add children's ends to the wait of ``doc_id`` (if it waits for its children),
+        and wake it if they may end the wait: one write, a second for the one that may."""
+        query = queries.children_wait_filter(doc_id)
+        update = queries.ended_update(ended, failed, total)
+        found = await self._store.update_and_read(collection, query, update, [WAIT_FIELD])
+        if found is not None and may_end(found.get(WAIT_FIELD)):
+            await self._wake(collection, doc_id, WaitKind.CHILDREN)
 
     async def _judge(
         self, collection: str, doc: Mapping[str, Any], wait: Wait
@@ -203,20 +229,25 @@ class AsyncTrees:
             return judge(wait, now, signals=signals_of(doc), taken=taken_of(doc))
         return judge(wait, now, tally=await self._tally(collection, doc))
 
-    async def _tally(self, collection: str, doc: Mapping[str, Any]) -> Tally:
+    async def _tally(
+        self, collection: str, doc: Mapping[str, Any], lease: AsyncLease[Any] | None = None
+    ) -> Tally:
         handlers = self._handlers
         settings = self._settings
-        total = ended = failed = 0
-        for where in _owns(doc):
+        total = 0
+        ended: list[str] = []
+        failed: list[str] = []
+        for where in _owns(doc, lease):
             failing = {h.failed_phase for h in handlers if h.collection == where}
             failing.add(settings.cancelled_phase)
             for child in await self._children_in(where, collection, doc.get("_id")):
                 total += 1
                 phase = child.get("phase")
                 if not isinstance(phase, str) or not steps.could_take(handlers, where, phase):
-                    ended += 1
-                    failed += phase in failing
-        return Tally(total, ended, failed)
+                    ended.append(child_key(where, child.get("_id")))
+                    if phase in failing:
+                        failed.append(ended[-1])
+        return Tally(total, len(ended), len(failed), tuple(ended), tuple(failed))
 
     async def _cancel_children(self, lease: AsyncLease[Any]) -> None:
         """A failed child's siblings still going on, cancelled (its wait's
@@ -240,17 +271,24 @@ class AsyncTrees:
             collection, query, ["phase", OWNER_FIELD], MAX_CHILDREN
         )
 
-    def _ended(self, lease: AsyncLease[Any], outcome: StepOutcome) -> bool:
-        """Whether the step left its document ended: deleted, or in a phase no handler here
-        claims."""
+    def _end_of(self, lease: AsyncLease[Any], outcome: StepOutcome) -> bool | None:
+        """How the step left its document: None, not ended; else ended (deleted, or in a
+        phase no handler here claims), True when it failed (its failed or cancelled
+        phase)."""
         if outcome is StepOutcome.REMOVED:
-            return True
-        if outcome not in (StepOutcome.ADVANCED, StepOutcome.FAILED):
             return False
+        if outcome not in (StepOutcome.ADVANCED, StepOutcome.FAILED):
+            return None
         left = lease.outcome
         phase = left.phase if left is not None else None
-        return isinstance(phase, str) and not steps.could_take(
-            self._handlers, lease.collection, phase
+        if not isinstance(phase, str) or steps.could_take(self._handlers, lease.collection, phase):
+            return None
+        return (
+            outcome is StepOutcome.FAILED
+            or phase == self._settings.cancelled_phase
+            or any(
+                h.failed_phase == phase for h in self._handlers if h.collection == lease.collection
+            )
         )
 
     async def _wake(
