@@ -1,10 +1,13 @@
 """``orchestrator history``: what happened to one document, as a timeline, oldest first
 (read down to now, as a log is): each step a replica ran on it and each operator's action,
-from the bounded history the document carries (``orchestrator.core.history``)."""
+from the bounded history the document carries (``orchestrator.core.history``); before it,
+the document's place in its tree (``Operations.tree``): its parent, what it waits for, its
+children and its inbox of signals."""
 
 from __future__ import annotations
 
 import json
+import shlex
 from typing import Any
 
 import click
@@ -16,6 +19,7 @@ from orchestrator.cli.selecting import ID_JSON_HELP, collection_option, row_of, 
 from orchestrator.core.documents import id_json_or_text
 from orchestrator.core.redact import visible
 from orchestrator.operations import Entry, Row
+from orchestrator.operations.tree_report import CHILDREN_SHOWN, Tree
 
 
 @click.command(epilog=EPILOG, short_help="A document's timeline: its steps and operators' actions.")
@@ -56,8 +60,10 @@ def history(
     doc = the_document(operations, collection, doc_id, exact)
     entries = operations.history(collection, doc["_id"])
     row = row_of(operations, collection, doc)
+    tree = operations.tree(collection, doc)
     if as_json:
-        click.echo(json.dumps(_as_json(collection, doc["_id"], row, entries), indent=2))
+        shown = {**_as_json(collection, doc["_id"], row, entries), "tree": tree.to_dict()}
+        click.echo(json.dumps(shown, indent=2))
         return 0
     name = document_name(collection, str(doc["_id"]), row.key if row else None)
     click.echo(visible(name))
@@ -67,6 +73,8 @@ def history(
         click.echo(visible(f"now: {phase}, {state}, {attempts}{gave_up}"))
         if row.expires_at is not None:
             click.echo(f"deleted by the server from {when(row.expires_at)} UTC (its retention)")
+    for line in _tree_lines(tree, f"{collection}/{doc['_id']}"):
+        click.echo(visible(line))
     if not entries:
         click.echo(
             "no history recorded: the replicas keep none (their history setting is 0), or "
@@ -84,6 +92,46 @@ def history(
             for line in entry.traceback.splitlines():
                 click.echo(f"       {visible(line)}")
     return 0
+
+
+def _tree_lines(tree: Tree, name: str) -> list[str]:
+    """Its parent, its wait, its children and its inbox, as lines (none of what it lacks);
+    ``name``: ``collection/id``, as ``find --owner`` takes it."""
+    lines = []
+    if tree.parent is not None:
+        parent = tree.parent
+        lines.append(f"parent: {parent.collection}/{parent.id} (its child {parent.name!r})")
+    elif tree.parent_unreadable:
+        lines.append("parent: unreadable (orchestratorOwner holds no owner)")
+    if tree.waiting is not None:
+        lines.append(tree.waiting.words())
+    if tree.owns:
+        counted = tree.counted
+        lines.append(
+            f"children ({counted.total} in {', '.join(tree.owns)}"
+            + ("" if counted.ended is None else f"; {counted.ended} ended")
+            + "):"
+        )
+        for child in tree.children:
+            ended = {True: "ended", False: "going on", None: "ended?"}[child.ended]
+            failed = " (failed)" if child.failed else ""
+            phase = child.phase if child.phase is not None else "(no phase)"
+            lines.append(f"  {child.collection}/{child.id}  {phase}  {ended}{failed}")
+        for where in tree.cut:
+            lines.append(
+                f"  ... more in {where} than the {CHILDREN_SHOWN} listed: orchestrator find "
+                f"-c {where} --owner {shlex.quote(name)} lists them all"
+            )
+        if counted.cut:
+            lines.append(f"  not looked in: {', '.join(counted.cut)}")
+    inbox = tree.inbox
+    if inbox.signals or inbox.sent:
+        lines.append(f"signals: {inbox.words()}; latest first:")
+        for signal in inbox.signals:
+            taken = "  (a wait took it)" if signal.taken else ""
+            payload = f"  {signal.payload}" if signal.payload else ""
+            lines.append(f"  {when(signal.at) or '(no time)'}  {signal.name}{payload}{taken}")
+    return lines
 
 
 def _line(entry: Entry) -> str:

@@ -82,6 +82,16 @@ def error_cell(row: Row) -> tuple[str, ...]:
     return tuple(lines)
 
 
+def tree_lines(row: Row) -> tuple[str, ...]:
+    """Its parent and what it waits for, a line each (none when it has neither)."""
+    lines = []
+    if row.owner is not None:
+        lines.append(f"child of {row.owner}")
+    if row.wait is not None:
+        lines.append(row.wait)
+    return tuple(lines)
+
+
 @dataclass
 class Listing:
     """Documents, each with cells under ``headers`` (the document column comes first)."""
@@ -176,5 +186,6 @@ __all__ = [
     "plain_id",
     "shown",
     "state_of",
+    "tree_lines",
     "when",
 ]

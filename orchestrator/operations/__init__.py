@@ -32,7 +32,8 @@ left alone as ``Skipped``; both carry the same ``Refusal``.
   it, a page of rows), ``rules`` (the actions, where they send a document, a live
   lease and who holds it, who acts and how the live replicas keep a change), ``results``
   (what an action did), ``status_report`` (the report's types), ``schedule_report``
-  (the schedules' rows, runs and requests); ``actor`` (who acts by default), ``pacing``
+  (the schedules' rows, runs and requests), ``tree_report`` (a document's
+  parent, children, wait and inbox); ``actor`` (who acts by default), ``pacing``
   (a pause between two tries, on either form).
 """
 
@@ -83,6 +84,7 @@ from orchestrator.operations.schedule_report import (
     Triggered,
 )
 from orchestrator.operations.status_report import PhaseCount, RecentError, Status
+from orchestrator.operations.tree_report import Tree
 
 __all__ = [
     "Action",
@@ -123,6 +125,7 @@ __all__ = [
     "Skipped",
     "Status",
     "StatusCache",
+    "Tree",
     "Triggered",
     "UnhandledPhase",
     "UnindexedField",

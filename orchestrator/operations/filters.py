@@ -18,6 +18,8 @@ Which index serves which filter (``plan``):
 - a business key (``FIELD=VALUE``): an index whose first field is FIELD (the unique
   index of ``submit``'s keys, or one of the application's); a field no index starts
   with is refused (``UnindexedField``), naming the indexes there are.
+- a parent (``owner``: its children): ``trees.OWNER_INDEX``, which the replicas make on
+  every collection they make children in (a collection without it is refused too).
 """
 
 from __future__ import annotations
@@ -44,11 +46,13 @@ from orchestrator.core.clock import as_utc, bson_time
 from orchestrator.core.errors import OperatorError, Refusal
 from orchestrator.core.history import HISTORY_FIELD
 from orchestrator.core.in_house import NO_IN_HOUSE, InHouse
-from orchestrator.core.names import CLAIM_INDEX_NAME, ERRORS_INDEX_NAME
+from orchestrator.core.names import CLAIM_INDEX_NAME, ERRORS_INDEX_NAME, OWNER_INDEX_NAME
 from orchestrator.core.queries.claims import CLAIM_INDEX
 from orchestrator.core.queries.operators import ERRORS_INDEX
+from orchestrator.core.queries.trees import OWNER_INDEX, children_filter
 from orchestrator.core.retention import expiry_of
 from orchestrator.operations.rules import holding
+from orchestrator.operations.tree_report import parent_of, wait_line
 
 MAX_LIMIT = 500
 """Most documents one page holds."""
@@ -80,13 +84,15 @@ class UnindexedField(OperatorError):
 class Filter:
     """What an operator asks for in one collection: any of the phases ``phases`` (none:
     every phase), in lease state ``state``, whose last error is of type ``error_type``,
-    whose fields equal ``fields`` (a business key: ``FIELD=VALUE`` pairs)."""
+    whose fields equal ``fields`` (a business key: ``FIELD=VALUE`` pairs), the children
+    of ``owner`` (its collection and exact ``_id``)."""
 
     collection: str
     phases: tuple[str, ...] = ()
     state: LeaseState | None = None
     error_type: str | None = None
     fields: tuple[tuple[str, Any], ...] = ()
+    owner: tuple[str, Any] | None = None
 
     def __post_init__(self) -> None:
         for phase in self.phases:
@@ -109,6 +115,8 @@ class Filter:
             shown["error"] = self.error_type
         for name, value in self.fields:
             shown[name] = _plain(value)
+        if self.owner is not None:
+            shown["owner"] = f"{self.owner[0]}/{_text(self.owner[1])}"
         return shown
 
 
@@ -193,6 +201,8 @@ def plan(
         parts.append({"lastError.type": {"$eq": browse.error_type}})
     for name, value in browse.fields:
         parts.append({name: {"$eq": value}})
+    if browse.owner is not None:
+        parts.append(children_filter(*browse.owner))
     if browse.fields:
         first = browse.fields[0][0]
         hint = _index_starting(first, indexes)
@@ -205,6 +215,15 @@ def plan(
             )
         sort: list[tuple[str, int]] = [("_id", 1)]
         served = f"the index on ({', '.join(k for k, _ in hint)})"
+    elif browse.owner is not None:
+        if _index_starting(OWNER_INDEX[0][0], indexes) is None:
+            raise UnindexedField(
+                f"no index of {browse.collection!r} serves the children of a document "
+                f"({OWNER_INDEX_NAME}: the replicas make it where they make children), so "
+                "finding them would scan the collection"
+            )
+        hint, sort = list(OWNER_INDEX), [("_id", 1)]
+        served = f"{OWNER_INDEX_NAME} (the owner's collection and id)"
     elif browse.state is LeaseState.FAILED or browse.error_type is not None:
         hint, sort = list(ERRORS_INDEX), ERROR_ORDER
         served = f"{ERRORS_INDEX_NAME} (phase, lastError.at desc, _id desc)"
@@ -240,7 +259,9 @@ class Row:
     it) that gave up on it and leaves it alone in its failed phase. An in-house pod's
     lease (``in_house``) shows its own expiry, held by ``IN_HOUSE_HOLDER``.
     ``expires_at``: when the server deletes it, dated by its retained phase
-    (``retention.expiry_of``; None when it is not dated)."""
+    (``retention.expiry_of``; None when it is not dated). ``owner``: its parent as
+    ``collection/id`` (``unreadable`` when the field holds no owner), ``wait``: what it
+    waits for, in words (``tree_report.wait_line``; children not counted)."""
 
     id: str
     ref: str | None
@@ -256,6 +277,8 @@ class Row:
     failed_by: str | None
     updated_at: datetime | None
     expires_at: datetime | None = None
+    owner: str | None = None
+    wait: str | None = None
 
     @classmethod
     def read(
@@ -295,6 +318,8 @@ class Row:
             failed_by=None if mark is None else (names or {}).get(_text(mark), _text(mark)),
             updated_at=as_utc(updated) if isinstance(updated, datetime) else None,
             expires_at=expiry_of(doc),
+            owner=_owner(doc),
+            wait=wait_line(doc),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -332,6 +357,13 @@ def business_key(doc: Mapping[str, Any], keys: Sequence[tuple[str, ...]]) -> str
         if all(v is not None for v in values):
             return ", ".join(f"{n}={_text(v)}" for n, v in zip(fields, values, strict=True))
     return None
+
+
+def _owner(doc: Mapping[str, Any]) -> str | None:
+    parent, unreadable = parent_of(doc)
+    if parent is not None:
+        return f"{parent.collection}/{parent.id}"
+    return "unreadable" if unreadable else None
 
 
 def _ref(doc_id: Any) -> str | None:

@@ -11,7 +11,9 @@ Reads (GET):
   ``documents``, ``next`` (pass it as ``after`` for the next page), ``index``.
 - ``/api/document?c=&ref=`` (or ``id=``, an id or business key as typed): the document's
   fields as relaxed Extended JSON, its lease state (``row``, ``badge``), ``seen`` (what
-  an action on it posts back) and its ``history``.
+  an action on it posts back), its ``history``, and its ``tree`` (``Tree.to_dict()``:
+  its parent, its children with their phase and whether they ended, what it waits for
+  in words and fields, its inbox of signals with their payloads shortened and redacted).
 - ``/api/audit?limit=``: the audit trail, latest first; ``/api/pauses``: the pauses in
   force, each with the live replicas that honour it and those that do not yet.
 - ``/api/schedules``: every schedule (``ScheduleRow.to_dict()``); ``/api/schedule?name=
@@ -183,6 +185,7 @@ async def document(site: Site, request: Request) -> dict[str, Any]:
     badge = fleet.badge(collection, row)
     fields = {name: value for name, value in doc.items() if name != HISTORY_FIELD}
     seen = {"phase": doc.get("phase"), "lockToken": doc.get("lockToken")}
+    tree = await site.operations.tree(collection, doc, replicas=fleet.replicas)
     return {
         "collection": collection,
         "ref": id_json(doc["_id"]),
@@ -191,6 +194,7 @@ async def document(site: Site, request: Request) -> dict[str, Any]:
         "seen": _relaxed(seen),
         "document": _relaxed(fields),
         "history": [entry.to_dict() for entry in entries(doc)],
+        "tree": tree.to_dict(),
     }
 
 

@@ -19,7 +19,9 @@ The pages:
 - ``/documents``: the documents a filter selects, a page at a time (``browse.py``), and
   the bulk actions on them;
 - ``/document``: one document (by ``ref``, ``id`` or business key), its lease as a badge
-  that knows the failed phase and the ``failedBy`` mark, its history as a timeline;
+  that knows the failed phase and the ``failedBy`` mark, what it waits for, its parent
+  and children (``AsyncOperations.tree``), its inbox of signals, its history as a
+  timeline;
 - ``/confirm``, ``/bulk``, ``/pause``, ``/resume``: confirmations, and their POSTs
   (``actions.py``); ``/audit``: the audit trail;
 - ``/schedules``, ``/schedule``: the schedules, one with its runs linked to their
@@ -78,6 +80,7 @@ from orchestrator.core.names import (
 )
 from orchestrator.core.retention import describe
 from orchestrator.operations import AsyncOperations, AsyncStatusCache, LeaseState, Row, id_json
+from orchestrator.operations.tree_report import CHILDREN_SHOWN
 from orchestrator.web import actions, api, browse, schedules
 from orchestrator.web.site import Actor, Links, Site, default_actor
 from orchestrator.web.views import (
@@ -232,6 +235,7 @@ async def document(site: Site, request: Request, links: Links) -> Response:
     fleet = replace(Fleet.of(status), at=now)
     row = Row.read(doc, now, fleet.keys(collection), fleet.names(), fleet.in_house())
     badge = fleet.badge(collection, row)
+    tree = await site.operations.tree(collection, doc, replicas=status.replicas)
     return await site.render(
         request,
         links,
@@ -254,6 +258,8 @@ async def document(site: Site, request: Request, links: Links) -> Response:
         previous_error=error_view(doc.get("previousError")),
         history=list(reversed(entries(doc))),
         fields=other_fields(doc),
+        tree=tree,
+        children_shown=CHILDREN_SHOWN,
     )
 
 

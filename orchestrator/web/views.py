@@ -217,6 +217,8 @@ class Fleet:
                 f"{row.holder}'s lease ran out unreleased (it died or is stuck): any replica "
                 "may take it over",
             )
+        if row.state is LeaseState.WAITING and row.wait is not None:
+            return Badge("waiting", f"{row.wait}; looked at again by {when(row.until, self.at)}")
         if row.state is LeaseState.WAITING:
             return Badge(
                 "waiting",

@@ -23,8 +23,10 @@ from orchestrator.core.trees import (
 )
 
 __all__ = [
+    "CHILD_PROJECTION",
     "OWNER_INDEX",
     "children_filter",
+    "children_phases_pipeline",
     "children_wait_filter",
     "deliver_update",
     "ended_update",
@@ -43,6 +45,20 @@ def children_filter(collection: str, parent_id: Any) -> dict[str, Any]:
         f"{OWNER_FIELD}.collection": {"$eq": collection},
         f"{OWNER_FIELD}.id": {"$eq": parent_id},
     }
+
+
+CHILD_PROJECTION = {"phase": 1, OWNER_FIELD: 1}
+"""What a parent's list of children reads of each (a child may be large)."""
+
+
+def children_phases_pipeline(collection: str, parent_id: Any) -> list[dict[str, Any]]:
+    """The children a document of ``collection`` owns, counted per phase (their match
+    served by ``OWNER_INDEX``): what an operator's view of its wait counts (sent by
+    ``Operations.tree``)."""
+    return [
+        {"$match": children_filter(collection, parent_id)},
+        {"$group": {"_id": "$phase", "count": {"$sum": 1}}},
+    ]
 
 
 def move_children_filter(collection: str, parent_id: Any, phases: Iterable[str]) -> dict[str, Any]:

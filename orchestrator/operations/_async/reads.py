@@ -28,11 +28,24 @@ from orchestrator.core.errors import (
 )
 from orchestrator.core.in_house import InHouse
 from orchestrator.core.queries import operators
+from orchestrator.core.queries import trees as tree_queries
 from orchestrator.core.replicas import ReplicaRecord, disagreements
 from orchestrator.operations import filters
 from orchestrator.operations._async.reports import AsyncReports, AsyncReportStore
 from orchestrator.operations.filters import Filter, Page, Plan, Row
 from orchestrator.operations.status_report import PhaseCount, RecentError, Status
+from orchestrator.operations.tree_report import (
+    CHILDREN_SHOWN,
+    OWNS_READ,
+    ChildRow,
+    Counted,
+    Inbox,
+    Judge,
+    Tree,
+    Waiting,
+    owns_of,
+    parent_of,
+)
 
 __all__ = ["INDEXES_RECHECK", "TAKEOVERS_SHOWN", "AsyncReads"]
 
@@ -190,6 +203,43 @@ class AsyncReads:
         """The document's history, oldest first (``history``)."""
         return history.entries(await self.document(collection, doc_id))
 
+    async def tree(
+        self, collection: str, doc: Mapping[str, Any], live: Sequence[ReplicaRecord] | None = None
+    ) -> Tree:
+        """As ``AsyncOperations.tree``."""
+        if live is None:
+            live = await self.replicas()
+        judge = Judge(live)
+        owns = owns_of(doc)
+        looked, cut = owns[:OWNS_READ], owns[OWNS_READ:]
+        rows: list[tuple[str, Any, int]] = []
+        children: list[ChildRow] = []
+        more: list[str] = []
+        for where in looked:
+            found = await self.reports.child_phases(where, collection, doc.get("_id"))
+            rows.extend((where, phase, count) for phase, count in found)
+            if not found:
+                continue
+            query = tree_queries.children_filter(collection, doc.get("_id"))
+            docs = await self.reports.find_many(
+                where, query, [("_id", 1)], CHILDREN_SHOWN + 1, tree_queries.CHILD_PROJECTION
+            )
+            if len(docs) > CHILDREN_SHOWN:
+                more.append(where)
+            children.extend(ChildRow.read(where, d, judge) for d in docs[:CHILDREN_SHOWN])
+        counted = Counted.of(rows, judge, cut)
+        parent, unreadable = parent_of(doc)
+        return Tree(
+            parent=parent,
+            parent_unreadable=unreadable,
+            owns=owns,
+            children=children,
+            counted=counted,
+            waiting=Waiting.of(doc, counted),
+            inbox=Inbox.of(doc),
+            cut=more,
+        )
+
     async def page(
         self, query: Filter, now: datetime, after: str | None, limit: int
     ) -> tuple[Plan, list[Row], list[Document]]:
@@ -215,7 +265,11 @@ class AsyncReads:
         phases = [] if query.phases else await self.reports.phases(query.collection)
         if not query.phases and not phases:
             return None
-        indexes = await self.reports.index_keys(query.collection) if query.fields else []
+        indexes = (
+            await self.reports.index_keys(query.collection)
+            if query.fields or query.owner is not None
+            else []
+        )
         return filters.plan(query, now, phases, indexes, after=after, in_house=in_house)
 
     # -- what every action reads ------------------------------------------------------

@@ -28,6 +28,7 @@ from orchestrator.core.in_house import NO_IN_HOUSE, InHouse
 from orchestrator.core.names import REPLICAS_COLLECTION, UNIQUE_PREFIX
 from orchestrator.core.pauses import Pause, Scope
 from orchestrator.core.queries import operators, replica_records
+from orchestrator.core.queries import trees as tree_queries
 from orchestrator.core.replicas import ReplicaRecord
 from orchestrator.core.sharding import ShardState
 from orchestrator.mongo import Store
@@ -224,6 +225,15 @@ class ReportStore(Protocol):
         (``projection``: their fields read, all when None)."""
         ...
 
+    def child_phases(self, name: str, owner: str, owner_id: Any) -> list[tuple[Any, int]]:
+        """How many children of ``name`` the document ``owner_id`` of ``owner`` owns, per
+        phase, in one aggregation (``queries.trees.children_phases_pipeline``).
+
+        :return: (phase as stored, count) pairs, in no promised order
+        :raises StoreError: the aggregation failed
+        """
+        ...
+
     def shard_state(self, name: str) -> ShardState:
         """Whether ``name`` is sharded, and on what, as the server tells (asked once per
         collection; ``UNKNOWN`` when this user may not read it).
@@ -395,6 +405,14 @@ class Reports:
                 dict(query), None if projection is None else dict(projection)
             )
             return cursor.sort(list(sort)).limit(limit).to_list()
+
+    def child_phases(self, name: str, owner: str, owner_id: Any) -> list[tuple[Any, int]]:
+        with driver_errors(f"count the children in {name}"):
+            cursor = self._store.collection(name).aggregate(
+                tree_queries.children_phases_pipeline(owner, owner_id)
+            )
+            rows = cursor.to_list()
+        return [(row.get("_id"), int(row.get("count", 0))) for row in rows]
 
     def shard_state(self, name: str) -> ShardState:
         return self._store.shard_state(name)

@@ -56,6 +56,7 @@ from orchestrator.operations.schedule_report import (
     Triggered,
 )
 from orchestrator.operations.status_report import Status
+from orchestrator.operations.tree_report import Tree
 
 __all__ = ["Operations"]
 
@@ -161,6 +162,22 @@ class Operations:
     def history(self, collection: str, doc_id: Any) -> list[history.Entry]:
         """The document's history, oldest first (``history``)."""
         return self._read.history(collection, doc_id)
+
+    def tree(
+        self,
+        collection: str,
+        doc: Mapping[str, Any],
+        *,
+        replicas: Sequence[ReplicaRecord] | None = None,
+    ) -> Tree:
+        """``doc`` (read from ``collection``) in its tree: its parent (``orchestratorOwner``),
+        its children in the collections it owns (up to ``CHILDREN_SHOWN`` listed per
+        collection, all counted per phase: one aggregation and one read per collection, at
+        most ``OWNS_READ`` collections), each judged ended or not by the live replicas'
+        handlers; what it waits for, with its children's counts; its inbox of signals.
+        A stored field holding garbage is shown as such, never raised. ``replicas``: the
+        live replicas already read (a status report's), else read now."""
+        return self._read.tree(collection, doc, replicas)
 
     # -- acting on one document -------------------------------------------------------
 
