@@ -93,6 +93,35 @@ async def test_a_child_id_held_by_another_document_is_refused_in_one_line(
     assert doc(db, "domains", "taken") == {"_id": "taken", "phase": "Done"}
 
 
+async def test_a_cycle_of_owners_is_refused(replicas: MakeEither, db: Database[Any]) -> None:
+    replica = await replicas()
+    said: list[str] = []
+
+    @replica.phase("nodes", "Growing")
+    async def growing(lease: Any) -> Any:
+        owner = lease.owner
+        # Itself, then its own parent, as its child: each is there and is not that child.
+        for child_id in (lease.doc["_id"], None if owner is None else owner.id):
+            if child_id is None:
+                continue
+            try:
+                await lease.create_child("nodes", "loop", {"_id": child_id, "phase": "Growing"})
+            except ConfigError as exc:
+                said.append(str(exc))
+        if owner is None:
+            await lease.create_child("nodes", "leaf", {"phase": "Growing"})
+        return await lease.advance("Grown")
+
+    await replica.submit("nodes", {"_id": "root", "phase": "Growing"})
+    await replica.run_once(heartbeat=False)
+    await replica.run_once(heartbeat=False)
+    assert len(said) == 3 and all("is not the child 'loop'" in s for s in said)
+    assert {d["_id"]: d.get(OWNER_FIELD, {}).get("id") for d in db["nodes"].find()} == {
+        "root": None,
+        "nodes/root/leaf": "root",
+    }
+
+
 # -- waiting for children ---------------------------------------------------------------
 
 
