@@ -221,6 +221,24 @@ async def test_a_wait_on_children_that_ended_before_it_was_written_ends_at_once(
     assert doc(db, "gateways", "g1")["phase"] == "Live"
 
 
+async def test_children_no_handler_here_takes_are_never_judged_ended_and_that_is_said(
+    replicas: MakeEither, db: Database[Any], clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    replica = await replicas()
+
+    @replica.phase("gateways", "Creating")
+    async def creating(lease: Any) -> Any:
+        await lease.create_child("domains", "domain", {"phase": "Done"})
+        return await lease.wait_for_children(then="Ready")
+
+    await replica.submit("gateways", {"_id": "g1", "phase": "Creating"})
+    await replica.run_once(heartbeat=False)
+    clock.advance(replica.settings.lock_timeout + 1)
+    await replica.run_once(heartbeat=False)
+    assert doc(db, "gateways", "g1")["phase"] == "Creating"  # "Done" may be anything there
+    assert "domains is a collection no handler of this replica takes" in caplog.text
+
+
 # -- deletion, children first -----------------------------------------------------------
 
 

@@ -81,6 +81,7 @@ class Trees:
         self._retention = parts.retention
         self._registration = registration
         self._books = parts.books
+        self._said: set[str] = set()  # collections whose children a wait cannot judge, said
         self._steps = steps  # a submit's insert (lent to a free worker at once), the clock
 
     @property
@@ -233,22 +234,48 @@ class Trees:
     def _tally(
         self, collection: str, doc: Mapping[str, Any], lease: Lease[Any] | None = None
     ) -> Tally:
+        """A document's children as its wait counts them. Counted not ended, whatever
+        their phase: children in a collection none of this replica's handlers take (it
+        cannot tell their end from their start), and any past ``MAX_CHILDREN`` in one
+        collection; each said once in the log. A wait is never over early."""
         handlers = self._handlers
-        settings = self._settings
         total = 0
         ended: list[str] = []
         failed: list[str] = []
         for where in _owns(doc, lease):
+            children = self._children_in(where, collection, doc.get("_id"))
+            known = any(h.collection == where for h in handlers)
+            cut = len(children) >= MAX_CHILDREN
+            total += len(children) + cut  # cut: at least one more, not read: going on
+            if not known or cut:
+                self._unjudged(where, known)
+            if not known:
+                continue
             failing = {h.failed_phase for h in handlers if h.collection == where}
-            failing.add(settings.cancelled_phase)
-            for child in self._children_in(where, collection, doc.get("_id")):
-                total += 1
+            failing.add(self._settings.cancelled_phase)
+            for child in children:
                 phase = child.get("phase")
                 if not isinstance(phase, str) or not steps.could_take(handlers, where, phase):
                     ended.append(child_key(where, child.get("_id")))
                     if phase in failing:
                         failed.append(ended[-1])
         return Tally(total, len(ended), len(failed), tuple(ended), tuple(failed))
+
+    def _unjudged(self, collection: str, known: bool) -> None:
+        if collection in self._said:
+            return
+        self._said.add(collection)
+        why = (
+            f"has more than {MAX_CHILDREN} children in it: those past them are not read"
+            if known
+            else "is a collection no handler of this replica takes: their end is not known here"
+        )
+        self._report.line(
+            logging.WARNING,
+            f"a wait for children in {collection} counts some as going on for ever: {collection}"
+            f" {why} (register its handlers on the replicas that judge the wait)",
+            "children-unjudged",
+        )
 
     def _cancel_children(self, lease: Lease[Any]) -> None:
         """A failed child's siblings still going on, cancelled (its wait's
