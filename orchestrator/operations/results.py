@@ -18,11 +18,13 @@ from orchestrator.operations.rules import Action, Children
 
 @dataclass(frozen=True)
 class Descendant:
-    """A document a cancel's cascade met: in ``collection``, its id as text (``id``),
-    owned by ``owner`` (``collection/id`` of its owner), in ``phase`` as read."""
+    """A document a cancel's cascade met: in ``collection``, its id as text (``id``) and
+    as canonical Extended JSON (``ref``, exact), owned by ``owner`` (its owner's
+    ``collection/id``, as text), in ``phase`` as read."""
 
     collection: str
     id: str
+    ref: str
     owner: str
     phase: str | None
 

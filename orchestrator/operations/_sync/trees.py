@@ -53,7 +53,7 @@ class Budget:
     documents it met already, by collection and id (an owner's cycle, stored garbage,
     is never followed round)."""
 
-    room: int = MAX_CASCADE
+    room: int = field(default_factory=lambda: MAX_CASCADE)
     met: set[tuple[str, str]] = field(default_factory=set)
 
 
@@ -86,6 +86,13 @@ class _Owner:
 
     @property
     def name(self) -> str:
+        """``collection/id``, the id as text (as a history's reader reads it)."""
+        return f"{self.collection}/{self.id}"
+
+    @property
+    def ref(self) -> str:
+        """``collection/id``, the id as canonical Extended JSON (as the audit trail names
+        documents: exactly)."""
         return f"{self.collection}/{id_json_or_text(self.id)}"
 
 
@@ -163,7 +170,7 @@ class TreeActions:
         budget.met.add((collection, id_json_or_text(root.get("_id"))))
         target = cancelled_phase(reach.live.records)
         queue = deque([_Owner.of(collection, root)])
-        root_name = queue[0].name
+        root_ref = queue[0].ref
         cancelled: list[Descendant] = []
         left: list[Descendant] = []
         cut = False
@@ -187,14 +194,15 @@ class TreeActions:
                     budget.met.add(mark)
                     budget.room -= 1
                     queue.append(_Owner.of(where, child))
-                    seen = Descendant(where, mark[1], owner.name, _phase(child))
+                    text = str(child.get("_id"))
+                    seen = Descendant(where, text, mark[1], owner.name, _phase(child))
                     if self._cancel(where, child, owner.name, target, reach):
                         cancelled.append(seen)
                         done.append(child["_id"])
                     else:
                         left.append(seen)
                 if done:
-                    self._record(where, owner.name, root_name, target, reach, ids=done)
+                    self._record(where, owner.ref, root_ref, target, reach, ids=done)
                 if cut:
                     break
         return Cascade(Children.CANCEL, tuple(cancelled), tuple(left), cut)
@@ -231,7 +239,7 @@ class TreeActions:
         self, where: str, owner: str, root: str, target: str, reach: Reach, *, ids: list[Any]
     ) -> None:
         """The audit record of the descendants in ``where`` cancelled as ``owner``'s, in the
-        cancel of ``root`` (each ``collection/id``)."""
+        cancel of ``root`` (each ``_Owner.ref``)."""
         reads, signed = self._reads, reach.signed
         reads.reports.append_audit(
             reads.audit_collection,
