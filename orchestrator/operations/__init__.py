@@ -59,6 +59,7 @@ from orchestrator.operations._async.status_cache import AsyncStatusCache
 from orchestrator.operations._sync.reports import Reports, ReportStore
 from orchestrator.operations._sync.service import Operations
 from orchestrator.operations._sync.status_cache import StatusCache
+from orchestrator.operations._sync.trees import MAX_CASCADE
 from orchestrator.operations.actor import default_actor
 from orchestrator.operations.filters import (
     Filter,
@@ -97,6 +98,7 @@ from orchestrator.operations.schedule_report import (
 from orchestrator.operations.status_report import PhaseCount, RecentError, Status
 
 __all__ = [
+    "MAX_CASCADE",
     "Action",
     "AmbiguousId",
     "AsyncOperations",
