@@ -57,6 +57,7 @@ REPLACEMENTS = {
     "AsyncSingleActions": "SingleActions",
     "AsyncBulkActions": "BulkActions",
     "AsyncScheduleActions": "ScheduleActions",
+    "AsyncTreeActions": "TreeActions",
     "pause_between_async": "pause_between",
     "AsyncSchedules": "Schedules",
     "AsyncTrees": "Trees",

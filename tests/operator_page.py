@@ -4,7 +4,8 @@
 live lease, held by a dead replica (overdue), and waiting out a relock; and the records of
 three live replicas (the seeding one, one running a step, one with another lock
 timeout) and a dead one. ``seed_invoices`` adds invoices with a business key, three of
-them failed.
+them failed; ``seed_certificates`` a certificate waiting for a signal; ``seed_tree`` a
+gateway owning two others, one still going on.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from orchestrator.core.replicas import (
     RunningStep,
     new_record,
 )
+from orchestrator.core.trees import OWNER_FIELD, OWNS_FIELD
 from orchestrator.mongo import Store
 from orchestrator.operations import AsyncOperations, AsyncStatusCache
 from orchestrator.testing import FakeClock, async_view
@@ -157,6 +159,41 @@ def seed_invoices(seeded: Seeded) -> list[str]:
     orch.run_once()
     orch.heartbeat()  # its record now names the invoices' handler
     return ids
+
+
+def seed_certificates(seeded: Seeded) -> dict[str, Any]:
+    """A certificate (``domain`` a.example, unique) waiting for the signal
+    ``dns-verified``, then Issued with its payload as ``verified``. The certificate."""
+    orch = seeded.orch
+
+    @orch.phase("certificates", "Requesting")
+    def requesting(lease: Lease[Any]) -> Any:
+        return lease.wait_for("dns-verified", then="Validating")
+
+    @orch.phase("certificates", "Validating")
+    def validating(lease: Lease[Any]) -> Any:
+        signal = lease.signal("dns-verified")
+        return lease.advance("Issued", verified=None if signal is None else signal.payload)
+
+    made = orch.submit(
+        "certificates", {"phase": "Requesting", "domain": "a.example"}, unique="domain"
+    )
+    orch.run_once()
+    orch.heartbeat()  # its record now names the certificates' handlers
+    return made
+
+
+def seed_tree(db: Database[Any]) -> None:
+    """``gw-parent`` (Ready) owning ``gw-child-1``, still going on (Provisioning, which
+    pod-1 takes), and ``gw-child-2``, done with (Ready, which no replica takes)."""
+    owner = {"collection": "gateways", "id": "gw-parent", "name": "child"}
+    db.gateways.insert_many(
+        [
+            {"_id": "gw-parent", "phase": "Ready", OWNS_FIELD: ["gateways"]},
+            {"_id": "gw-child-1", "phase": "Provisioning", OWNER_FIELD: owner},
+            {"_id": "gw-child-2", "phase": "Ready", OWNER_FIELD: owner},
+        ]
+    )
 
 
 def replica_records(now: datetime, handlers: Sequence[Handler] = ()) -> list[ReplicaRecord]:

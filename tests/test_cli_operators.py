@@ -23,10 +23,12 @@ from orchestrator.core.audit import takeover_record
 from orchestrator.core.clock import bson_time
 from orchestrator.core.history import HISTORY_FIELD
 from orchestrator.core.names import AUDIT_COLLECTION, PAUSES_COLLECTION
+from orchestrator.core.trees import SIGNALS_FIELD
 from orchestrator.testing import FakeClock
 from tests.cli_kit import URI, assert_one_line_error, publish, run
 from tests.conftest import MakeEither, MakeReplica
-from tests.engines import hold, wait
+from tests.engines import Replica, hold, wait
+from tests.test_operator_trees import BACKUP, DB, DOMAIN, grown
 
 
 @pytest.fixture
@@ -405,6 +407,109 @@ def test_actions_refuse_in_one_line(
     else:  # selects nothing: done, nothing changed
         assert code == 0, err
         assert "unlocked 0 documents" in out
+
+
+# -- signals and a cancel's cascade -------------------------------------------------------------
+
+
+def certificates(replica: Replica, box: dict[str, Any]) -> None:
+    @replica.phase("certificates", "Requesting")
+    async def requesting(lease: Any) -> Any:
+        return await lease.wait_for("dns-verified", then="Validating")
+
+    @replica.phase("certificates", "Validating")
+    async def validating(lease: Any) -> Any:
+        box["payload"] = lease.signal("dns-verified").payload
+        return await lease.advance("Issued")
+
+
+@pytest.mark.anyio
+async def test_signal_wakes_a_waiting_document_for_the_replicas_next_tick(
+    replicas: MakeEither, connected: Database[Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    replica = await replicas()
+    box: dict[str, Any] = {}
+    certificates(replica, box)
+    await replica.submit(
+        "certificates", {"phase": "Requesting", "domain": "a.example"}, unique="domain"
+    )
+    await replica.run_once(heartbeat=False)
+    publish(connected, replica.orch)
+    line = "signal certificates a.example dns-verified --payload '{\"txt\": 1}' --why checked"
+    code, out, err = run(command(line), capsys)
+    assert code == 0, err
+    stored = connected.certificates.find_one({"domain": "a.example"})
+    name = f"certificates/{stored['_id']} (domain=a.example)"
+    assert f"signal 'dns-verified' sent to {name}: it was waiting for it, and is due now" in out
+    assert "recorded: by " in out and "why: checked" in out
+    await replica.run_once(heartbeat=False)
+    assert connected.certificates.find_one({"domain": "a.example"})["phase"] == "Issued"
+    assert box["payload"] == {"txt": 1}
+    [entry] = list(connected[AUDIT_COLLECTION].find({"action": "signal"}))
+    assert entry["scope"]["key"] == "domain=a.example" and entry["why"] == "checked"
+
+
+def test_signal_to_a_document_not_waiting_keeps_it_for_a_later_wait(
+    connected: Database[Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    connected.certificates.insert_one({"_id": 42, "phase": "New"})
+    line = "signal -c certificates --id-json '{\"$numberInt\": \"42\"}' ping --why 'just so'"
+    code, out, err = run(command(line), capsys)
+    assert code == 0, err
+    assert (
+        "signal 'ping' sent to certificates/42: it was not waiting for it; kept in its inbox" in out
+    )
+    assert [s["name"] for s in connected.certificates.find_one({"_id": 42})[SIGNALS_FIELD]] == [
+        "ping"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("line", "needles"),
+    [
+        ("signal certificates c1 ping", ["--why"]),
+        ("signal certificates c1 --why x", ["give COLLECTION ID NAME", "2 argument(s)"]),
+        ("signal -c certificates c1 ping extra --why x", ["give ID NAME"]),
+        ("signal certificates c1 ping --payload '{oops' --why x", ["--payload", "not JSON"]),
+        ("signal certificates nope ping --why x", ["no document 'nope'"]),
+        ("signal certificatez c1 ping --why x", ["unknown collection 'certificatez'"]),
+        ("signal certificates c1 '' --why x", ["a signal's name is a non-empty string"]),
+        (
+            "signal certificates c1 ping --payload '{\"$set\": 1}' --why x",
+            ["field payload.$set is not allowed"],
+        ),
+    ],
+)
+def test_signal_refuses_in_one_line_and_sends_nothing(
+    line: str, needles: list[str], connected: Database[Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    connected.certificates.insert_one({"_id": "c1", "phase": "New"})
+    code, _, err = run(command(line), capsys)
+    assert_one_line_error(code, err, *needles)
+    assert connected.certificates.find_one({"_id": "c1"}) == {"_id": "c1", "phase": "New"}
+    assert connected[AUDIT_COLLECTION].count_documents({}) == 0
+
+
+@pytest.mark.anyio
+async def test_cancel_reaches_what_the_document_owns_unless_abandoned(
+    replicas: MakeEither, connected: Database[Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    await grown(replicas, connected, {})
+    code, out, err = run(command("cancel g1 -c gateways --children abandon --why x"), capsys)
+    assert code == 0, err
+    assert "the documents it owns, if any, are left as they are (--children abandon)" in out
+    assert connected.backups.find_one({"_id": BACKUP})["phase"] == "Copying"
+    connected.gateways.update_one({"_id": "g1"}, {"$set": {"phase": "Creating"}})
+    code, out, err = run(command("cancel g1 -c gateways --why 'customer left'"), capsys)
+    assert code == 0, err
+    assert "cancelled gateways/g1: Creating -> Cancelled" in out
+    assert "also cancelled, as owned by what was cancelled:" in out
+    assert f"  databases/{DB} (owned by gateways/g1), was Provisioning" in out
+    assert f"  backups/{BACKUP} (owned by databases/{DB}), was Copying" in out
+    assert f"left as they are (done with, or moving on each try):\n  domains/{DOMAIN}" in out
+    assert connected.backups.find_one({"_id": BACKUP})["phase"] == "Cancelled"
+    code, _, err = run(command("cancel g1 -c gateways --children orphan"), capsys)
+    assert_one_line_error(code, err, "--children", "'orphan' is not one of 'cancel', 'abandon'")
 
 
 # -- pause, resume, audit, status --------------------------------------------------------------

@@ -37,6 +37,7 @@ def test_the_stores_and_the_cli_default_to_it() -> None:
         if "db" in {p.name for p in command.params}
     }
     operators = {"status", "find", "history", "retry", "unlock", "cancel", "pause", "resume"}
+    operators.add("signal")
     operators.add("schedules")
     assert set(defaults) == {"demo", "web", "audit", *operators}
     assert defaults["demo"].default == DEFAULT_DATABASE

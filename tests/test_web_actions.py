@@ -16,9 +16,18 @@ import pytest
 from fastapi.testclient import TestClient
 from pymongo.database import Database
 
+from orchestrator.core.names import AUDIT_COLLECTION
 from orchestrator.operations import Operations, Scope
 from orchestrator.testing import FakeClock
-from tests.operator_page import Page, mounted, read, seed, seed_invoices
+from tests.operator_page import (
+    Page,
+    mounted,
+    read,
+    seed,
+    seed_certificates,
+    seed_invoices,
+    seed_tree,
+)
 
 XSS = '<script>alert("x")</script>'
 
@@ -52,6 +61,78 @@ def test_a_cancel_sends_the_document_to_the_cancelled_phase_and_takes_a_running_
     assert "Cancel…" not in done.links  # cancelled already
     [entry] = Operations(db).audit()
     assert (entry.action, entry.by, entry.why) == ("cancel", "web testclient", "customer withdrew")
+
+
+def test_a_signal_sent_from_the_page_wakes_the_waiting_document_for_the_replicas_tick(
+    db: Database[Any], clock: FakeClock, page: TestClient
+) -> None:
+    seeded = seed(db, clock)
+    cert = seed_certificates(seeded)
+    shown = read(page.get("/ops/document?c=certificates&id=a.example"))
+    [link] = [url for text, url in shown.links.items() if text == "Send signal…"]
+    target, fields, confirm = post_form(
+        page, link, name="dns-verified", payload='{"txt": "abc"}', reason="TXT checked"
+    )
+    assert target == "/ops/signal"
+    assert "If the document waits for that signal" in " ".join(confirm.text.split())
+    response = page.post(target, data=fields, follow_redirects=False)
+    assert "done=signalled-woke" in response.headers["location"]
+    done = read(page.get(response.headers["location"]))
+    assert "Signal sent: it was waiting for it, and is due now" in done.text
+    seeded.orch.run_once()
+    issued = db.certificates.find_one({"_id": cert["_id"]})
+    assert issued["phase"] == "Issued" and issued["verified"] == {"txt": "abc"}
+    [entry] = db[AUDIT_COLLECTION].find({"action": "signal"})
+    assert (entry["by"], entry["why"]) == ("web testclient", "TXT checked")
+    again = page.post(target, data={**fields, "payload": ""}, follow_redirects=False)
+    assert "done=signalled&" in again.headers["location"] + "&"  # waits for nothing now
+
+
+@pytest.mark.parametrize(
+    ("changes", "status", "needle"),
+    [
+        ({"name": ""}, 400, "name the signal to send"),
+        ({"payload": "{oops"}, 400, "the payload is not JSON"),
+        ({"payload": '{"$set": 1}'}, 400, "payload.$set is not allowed"),
+        ({"name": "x" * 201}, 400, "a signal's name is a non-empty string"),
+        ({"ref": '"nope"'}, 404, "no document"),
+    ],
+)
+def test_a_bad_signal_from_the_page_is_refused_and_sends_nothing(
+    changes: dict[str, str],
+    status: int,
+    needle: str,
+    db: Database[Any],
+    clock: FakeClock,
+    page: TestClient,
+) -> None:
+    seed_certificates(seed(db, clock))
+    url = "/ops/confirm?action=signal&c=certificates&id=a.example"
+    target, fields, _ = post_form(page, url, **{"name": "ping", "reason": "x", **changes})
+    refused = read(page.post(target, data=fields), status)
+    assert needle in refused.text
+    assert db[AUDIT_COLLECTION].count_documents({"action": "signal"}) == 0
+
+
+def test_a_cancel_from_the_page_reaches_what_it_owns_unless_left(
+    db: Database[Any], clock: FakeClock, page: TestClient
+) -> None:
+    seed(db, clock)
+    seed_tree(db)
+    url = "/ops/confirm?action=cancel&c=gateways&id=gw-parent"
+    target, fields, shown = post_form(page, url, reason="gone")
+    assert "The documents it owns (its children, and theirs)" in " ".join(shown.text.split())
+    ticked = fields.pop("children")  # a browser sends the box only when it is ticked
+    assert ticked == "abandon"
+    done = read(page.post(target, data=fields))
+    assert "What it owns, if anything, was cancelled with it" in done.text
+    assert db.gateways.find_one({"_id": "gw-child-1"})["phase"] == "Cancelled"
+    assert db.gateways.find_one({"_id": "gw-child-2"})["phase"] == "Ready"
+    db.gateways.update_many({}, {"$set": {"phase": "Provisioning"}})
+    target, fields, _ = post_form(page, url, reason="gone again")
+    done = read(page.post(target, data=fields))
+    assert "What it owns was left as it is." in done.text
+    assert db.gateways.find_one({"_id": "gw-child-1"})["phase"] == "Provisioning"
 
 
 def test_a_retry_to_a_phase_no_replica_handles_is_refused_then_sent_anyway_if_asked(
@@ -237,7 +318,9 @@ def test_the_banner_of_a_finished_action_is_shown_once(
     assert "Unlocked" not in page.get(after).text
 
 
-@pytest.mark.parametrize("path", ["/ops/bulk", "/ops/cancel", "/ops/pause", "/ops/resume"])
+@pytest.mark.parametrize(
+    "path", ["/ops/bulk", "/ops/cancel", "/ops/signal", "/ops/pause", "/ops/resume"]
+)
 def test_every_new_action_is_a_same_site_post(
     path: str, db: Database[Any], clock: FakeClock, page: TestClient
 ) -> None:

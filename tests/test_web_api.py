@@ -12,9 +12,10 @@ import pytest
 from fastapi.testclient import TestClient
 from pymongo.database import Database
 
+from orchestrator.core.names import AUDIT_COLLECTION
 from orchestrator.operations import Operations
 from orchestrator.testing import FakeClock
-from tests.operator_page import mounted, seed, seed_invoices
+from tests.operator_page import mounted, seed, seed_certificates, seed_invoices, seed_tree
 
 
 @pytest.fixture
@@ -135,6 +136,59 @@ def test_a_filter_is_acted_on_with_a_dry_run_first(
     assert ok(api.post("/ops/api/cancel", json=cancel), 422)["handled"] == ["Charging"]
 
 
+def test_a_signal_wakes_the_document_waiting_for_it_for_the_replicas_next_tick(
+    db: Database[Any], clock: FakeClock, api: TestClient
+) -> None:
+    seeded = seed(db, clock)
+    cert = seed_certificates(seeded)
+    found = ok(api.get("/ops/api/document", params={"c": "certificates", "id": "a.example"}))
+    body = {
+        "c": "certificates",
+        "ref": found["ref"],
+        "name": "dns-verified",
+        "payload": {"txt": "abc", "at": {"$date": "2026-01-01T00:00:00Z"}},
+        "reason": "TXT checked",
+    }
+    sent = ok(api.post("/ops/api/signal", json=body))
+    assert (sent["action"], sent["name"], sent["woke"]) == ("signal", "dns-verified", True)
+    assert sent["ref"] == found["ref"] and len(sent["id"]) == 16
+    seeded.orch.run_once()
+    issued = db.certificates.find_one({"_id": cert["_id"]})
+    assert issued["phase"] == "Issued" and issued["verified"]["txt"] == "abc"
+    [entry] = db[AUDIT_COLLECTION].find({"action": "signal"})
+    assert (entry["by"], entry["why"], entry["scope"]["key"]) == (
+        "web testclient",
+        "TXT checked",
+        "domain=a.example",
+    )
+    again = ok(api.post("/ops/api/signal", json={**body, "name": "renew"}))
+    assert again["woke"] is False  # Issued: it waits for nothing; kept in its inbox
+
+
+def test_a_cancel_reaches_what_the_document_owns_unless_abandoned(
+    db: Database[Any], clock: FakeClock, api: TestClient
+) -> None:
+    seed(db, clock)
+    seed_tree(db)
+    parent = ok(api.get("/ops/api/document", params={"c": "gateways", "id": "gw-parent"}))
+    body = {"c": "gateways", "ref": parent["ref"], "seen": parent["seen"], "reason": "gone"}
+    done = ok(api.post("/ops/api/cancel", json=body))
+    assert done["cascade"]["policy"] == "cancel" and done["cascade"]["cut"] is False
+    assert [(d["id"], d["owner"]) for d in done["cascade"]["cancelled"]] == [
+        ("gw-child-1", "gateways/gw-parent")
+    ]
+    assert [(d["id"], d["phase"]) for d in done["cascade"]["left"]] == [("gw-child-2", "Ready")]
+    assert db.gateways.find_one({"_id": "gw-child-1"})["phase"] == "Cancelled"
+    db.gateways.update_many({}, {"$set": {"phase": "Provisioning"}})
+    parent = ok(api.get("/ops/api/document", params={"c": "gateways", "id": "gw-parent"}))
+    body = {**body, "seen": parent["seen"], "children": "abandon"}
+    done = ok(api.post("/ops/api/cancel", json=body))
+    assert done["cascade"] == {"policy": "abandon", "cancelled": [], "left": [], "cut": False}
+    assert db.gateways.find_one({"_id": "gw-child-1"})["phase"] == "Provisioning"
+    bulk = {"c": "gateways", "filter": {"phase": "Provisioning"}, "dry_run": True}
+    assert ok(api.post("/ops/api/cancel", json=bulk))["cascade"]["cancelled"] == []
+
+
 def test_pause_and_resume(db: Database[Any], clock: FakeClock, api: TestClient) -> None:
     seeded = seed(db, clock)
     body = {"c": "gateways", "phase": "Provisioning", "reason": "CA maintenance"}
@@ -162,6 +216,7 @@ def test_every_refusal_is_json_with_its_status(
     db.gateways.insert_many([{"_id": "42", "phase": "Ready"}, {"_id": 42, "phase": "Ready"}])
     gw = ok(api.get("/ops/api/document", params={"c": "gateways", "id": "gw-broken"}))
     one = {"c": "gateways", "ref": gw["ref"], "seen": gw["seen"]}
+    sig = {"c": "gateways", "ref": gw["ref"], "name": "ping"}
     cases: list[tuple[Any, int, str, str]] = [
         (api.get("/ops/api/documents", params={"c": "nope"}), 404, "NotFound", "no collection"),
         (
@@ -238,6 +293,49 @@ def test_every_refusal_is_json_with_its_status(
             "BadRequest",
             "phase is a string",
         ),
+        (
+            api.post("/ops/api/cancel", json={**one, "children": "orphan"}),
+            400,
+            "OperatorError",
+            "children is 'cancel' or 'abandon', not 'orphan'",
+        ),
+        (
+            api.post("/ops/api/retry", json={**one, "children": "abandon"}),
+            400,
+            "BadRequest",
+            "children is a cancel's",
+        ),
+        (
+            api.post("/ops/api/signal", json={"c": "gateways", "ref": gw["ref"]}),
+            400,
+            "BadRequest",
+            "the signal's name",
+        ),
+        (
+            api.post("/ops/api/signal", json={**sig, "name": ""}),
+            400,
+            "ConfigError",
+            "a signal's name is a non-empty string",
+        ),
+        (
+            api.post("/ops/api/signal", json={**sig, "payload": {"$set": 1}}),
+            400,
+            "ConfigError",
+            "payload.$set is not allowed",
+        ),
+        (
+            api.post("/ops/api/signal", json={**sig, "seen": gw["seen"]}),
+            400,
+            "BadRequest",
+            "unknown field(s) seen",
+        ),
+        (
+            api.post("/ops/api/signal", json={**sig, "ref": '"nope"'}),
+            404,
+            "DocumentNotFound",
+            "nope",
+        ),
+        (api.post("/ops/api/signal", json={**sig, "c": "nope"}), 404, "NotFound", "nope"),
         (
             api.post(
                 "/ops/api/retry",

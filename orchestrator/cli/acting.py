@@ -6,7 +6,8 @@ while it still matches), so what moved meanwhile is skipped, never acted on blin
 filter's action is previewed with ``--dry-run``; without ``--yes`` it shows the count and
 asks on a terminal, and is refused elsewhere (a script says ``--yes``). Every action is
 recorded, with who (this user at this host) and ``--why``, in the document's history and
-the audit trail.
+the audit trail. A cancel reaches the documents each cancelled one owns, and theirs,
+unless ``--children abandon``.
 """
 
 from __future__ import annotations
@@ -33,8 +34,12 @@ from orchestrator.cli.selecting import Selection, row_of, selection_options, the
 from orchestrator.core.documents import Document
 from orchestrator.core.redact import visible
 from orchestrator.operations import (
+    MAX_CASCADE,
     Action,
     Bulk,
+    Cancelled,
+    Cascade,
+    Children,
     DocumentChanged,
     DocumentNotFound,
     Filter,
@@ -49,6 +54,9 @@ from orchestrator.operations import (
 )
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+SHOWN = 20
+"""Documents a cancel's cascade lists (the audit trail has them all)."""
 
 PAST = {Action.RETRY: "retried", Action.UNLOCK: "unlocked", Action.CANCEL: "cancelled"}
 AFTER = {
@@ -68,7 +76,7 @@ class Order:
     """What the operator asked of the documents selected: ``action``, sending them ``to``
     a phase (None: the action's default), by ``force`` (a live lease taken, a phase no
     live replica handles accepted), only listed (``dry_run``), ``why``, and confirmed
-    already (``yes``)."""
+    already (``yes``); a cancel's ``children``."""
 
     action: Action
     dry_run: bool
@@ -76,6 +84,7 @@ class Order:
     yes: bool
     to: str | None = None
     force: bool = False
+    children: Children = Children.CANCEL
 
 
 def _action_options(
@@ -89,7 +98,8 @@ def _action_options(
         @functools.wraps(command)
         def run(*args: Any, dry_run: bool, why: str, yes: bool, **options: Any) -> Any:
             to, force = options.pop("to", None), options.pop("force", False)
-            order = Order(action, dry_run, why, yes, to, force)
+            children = Children(options.pop("children", Children.CANCEL))
+            order = Order(action, dry_run, why, yes, to, force, children)
             return command(*args, order=order, **options)
 
         decorated: Any = run
@@ -188,6 +198,14 @@ def unlock(*, selection: Selection, order: Order, connection: Connection) -> int
     is_flag=True,
     help="Accept a --to phase no live replica handles (the documents sit there until one does).",
 )
+@click.option(
+    "--children",
+    type=click.Choice([c.value for c in Children], case_sensitive=False),
+    default=Children.CANCEL.value,
+    help="What becomes of the documents each cancelled one owns (its children, theirs, and "
+    "so on): cancel those a live replica's handler would still take up, or abandon them "
+    "all as they are.",
+)
 @_action_options(Action.CANCEL)
 def cancel(*, selection: Selection, order: Order, connection: Connection) -> int:
     """Send documents to the cancelled phase, released, attempts reset: no handler takes
@@ -198,10 +216,16 @@ def cancel(*, selection: Selection, order: Order, connection: Connection) -> int
     and changes nothing. Names one document or every document the filters select, as
     retry does.
 
+    The documents a cancelled one owns (made by its steps' create_child), and theirs in
+    turn, are cancelled with it, each recorded as following its owner's cancel, unless
+    in a phase no live replica handles (done with: left); --children abandon leaves
+    them all. At most 10,000 are looked at, and the command says so when it stops there.
+
     \b
     Examples:
       orchestrator cancel INV-1003 -c invoices --why "customer withdrew"
       orchestrator cancel -c invoices --phase Charging --dry-run
+      orchestrator cancel gw-1 -c gateways --children abandon --why "children adopted"
     """
     return _carry_out(order, selection, connection)
 
@@ -254,6 +278,7 @@ def _bulk(operations: Operations, order: Order, query: Filter, *, dry_run: bool)
             to=order.to,
             force=order.force,
             any_phase=order.force,
+            children=order.children,
             why=order.why,
         )
     except UnhandledPhase as exc:
@@ -274,7 +299,9 @@ def _one(operations: Operations, order: Order, collection: str, doc: Document) -
             if action is Action.RETRY:
                 done = operations.retry(collection, doc, to, force=force, any_phase=force, why=why)
             else:
-                done = operations.cancel(collection, doc, to=to, any_phase=force, why=why)
+                done = operations.cancel(
+                    collection, doc, to=to, any_phase=force, children=order.children, why=why
+                )
             _said(name, doc, done)
     except LeaseHeld as held:
         raise CommandError(
@@ -319,6 +346,32 @@ def _said(name: str, doc: Document, done: Moved) -> None:
             else ""
         )
     click.echo(visible(text))
+    if isinstance(done, Cancelled):
+        _cascaded(done.cascade)
+
+
+def _cascaded(cascade: Cascade) -> None:
+    """What a cancel did to the documents the cancelled ones own."""
+    if cascade.policy is Children.ABANDON:
+        click.echo("the documents it owns, if any, are left as they are (--children abandon)")
+        return
+    for title, met, phase in (
+        ("also cancelled, as owned by what was cancelled:", cascade.cancelled, "was"),
+        ("left as they are (done with, or moving on each try):", cascade.left, "in"),
+    ):
+        if met:
+            click.echo(title)
+            for d in met[:SHOWN]:
+                owned = f"  {d.collection}/{d.id} (owned by {d.owner})"
+                click.echo(visible(f"{owned}, {phase} {d.phase}"))
+            if len(met) > SHOWN:
+                click.echo(f"  and {len(met) - SHOWN} more (the audit trail lists them)")
+    if cascade.cut:
+        click.echo(
+            f"orchestrator cancel: warning: it stopped at {MAX_CASCADE} documents owned; "
+            "those past them are not cancelled: cancel them with filters",
+            err=True,
+        )
 
 
 def _report(action: Action, result: Bulk) -> None:
@@ -346,6 +399,8 @@ def _report(action: Action, result: Bulk) -> None:
         for left in result.skipped:
             skipped.add_row(left.row, left.row.phase or "", left.why)
         skipped.print(out)
+    if action is Action.CANCEL and not result.dry_run and result.changed:
+        _cascaded(result.cascade)
 
 
 def _summary(action: Action, result: Bulk) -> str:

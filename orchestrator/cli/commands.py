@@ -7,10 +7,10 @@ choices. ``orchestrator.cli.main.main`` runs it and turns every error into one l
 
 The subcommands, by what they serve: ``running`` (``demo``, ``run``, ``web``); the
 operators' ``status``, ``finding`` (``find``), ``history``, ``acting`` (``retry``,
-``unlock``, ``cancel``), ``pausing`` (``pause``, ``resume``), ``scheduling``
-(``schedules``) and ``auditing`` (``audit``); and ``graph``. What they share is in
-``conventions``, ``connecting``, ``selecting`` (which documents) and ``listing`` (how
-they are printed).
+``unlock``, ``cancel``), ``signalling`` (``signal``), ``pausing`` (``pause``,
+``resume``), ``scheduling`` (``schedules``) and ``auditing`` (``audit``); and ``graph``.
+What they share is in ``conventions``, ``connecting``, ``selecting`` (which documents)
+and ``listing`` (how they are printed).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from orchestrator.cli.history import history
 from orchestrator.cli.pausing import pause, resume
 from orchestrator.cli.running import demo, run_worker, web
 from orchestrator.cli.scheduling import schedules
+from orchestrator.cli.signalling import signal
 from orchestrator.cli.status import status
 from orchestrator.core.distribution import DISTRIBUTION
 
@@ -42,6 +43,7 @@ from orchestrator.core.distribution import DISTRIBUTION
         retry,
         unlock,
         cancel,
+        signal,
         pause,
         resume,
         schedules,

@@ -2,7 +2,8 @@
 or cancelled (``Cancelled``), both a ``Moved`` document; and, for an action on every
 document of a filter, a ``Bulk`` of the rows changed and of those ``Skipped``, each with
 its ``Refusal``: the very value the ``OperatorError`` of a single-document action carries
-for the same condition."""
+for the same condition. A cancel says what it did to the documents the cancelled ones own
+(``Cascade``)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,54 @@ from typing import Any, ClassVar
 
 from orchestrator.core.errors import OperatorError, Refusal
 from orchestrator.operations.filters import Filter, Row
-from orchestrator.operations.rules import Action
+from orchestrator.operations.rules import Action, Children
+
+
+@dataclass(frozen=True)
+class Descendant:
+    """A document a cancel's cascade met: in ``collection``, its id as text (``id``) and
+    as canonical Extended JSON (``ref``, exact), owned by ``owner`` (its owner's
+    ``collection/id``, as text), in ``phase`` as read."""
+
+    collection: str
+    id: str
+    ref: str
+    owner: str
+    phase: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self.__dataclass_fields__}
+
+
+@dataclass(frozen=True)
+class Cascade:
+    """What a cancel did to the documents the cancelled ones own, and theirs in turn, by
+    ``policy``: ``cancelled`` those it sent to the cancelled phase; ``left`` those it
+    left as they were (done with already, in a phase no live replica handles; or moving
+    on every try to cancel them); ``cut``: it stopped at its bound (``MAX_CASCADE``
+    documents), those past it not looked at."""
+
+    policy: Children = Children.CANCEL
+    cancelled: tuple[Descendant, ...] = ()
+    left: tuple[Descendant, ...] = ()
+    cut: bool = False
+
+    def plus(self, other: Cascade) -> Cascade:
+        """Both cascades' documents (of a bulk cancel's documents, one after another)."""
+        return Cascade(
+            self.policy,
+            self.cancelled + other.cancelled,
+            self.left + other.left,
+            self.cut or other.cut,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "policy": self.policy.value,
+            "cancelled": [d.to_dict() for d in self.cancelled],
+            "left": [d.to_dict() for d in self.left],
+            "cut": self.cut,
+        }
 
 
 @dataclass(frozen=True)
@@ -41,9 +89,11 @@ class Retried(Moved):
 @dataclass(frozen=True)
 class Cancelled(Moved):
     """A cancel done: the document sent to the cancelled phase (or the application's own
-    cancelling phase), released, its attempts reset."""
+    cancelling phase), released, its attempts reset; ``cascade``: what was done to the
+    documents it owns."""
 
     action: ClassVar[Action] = Action.CANCEL
+    cascade: Cascade = Cascade()
 
 
 @dataclass(frozen=True)
@@ -70,7 +120,8 @@ class Bulk:
     ``changed`` the documents' rows as they were; ``skipped`` those left alone, each with
     its refusal (held by a live lease, no error phase to retry to, changed meanwhile);
     ``targets``: the phase each changed document was (or would be) sent to, by its row's
-    ``ref`` (else ``id``): a retry without ``target`` sends each to its own error phase."""
+    ``ref`` (else ``id``): a retry without ``target`` sends each to its own error phase;
+    ``cascade``: a cancel's, of the documents those it changed own (none in a dry run)."""
 
     action: Action
     filter: Filter
@@ -79,6 +130,7 @@ class Bulk:
     changed: list[Row] = field(default_factory=list)
     skipped: list[Skipped] = field(default_factory=list)
     targets: dict[str, str] = field(default_factory=dict)
+    cascade: Cascade = Cascade()
 
     def target_of(self, row: Row) -> str | None:
         """The phase ``row``'s document was (or would be) sent to."""
@@ -92,7 +144,8 @@ class Bulk:
             "target": self.target,
             "changed": [{**row.to_dict(), "to": self.target_of(row)} for row in self.changed],
             "skipped": [skipped.to_dict() for skipped in self.skipped],
+            **({"cascade": self.cascade.to_dict()} if self.action is Action.CANCEL else {}),
         }
 
 
-__all__ = ["Bulk", "Cancelled", "Moved", "Retried", "Skipped"]
+__all__ = ["Bulk", "Cancelled", "Cascade", "Descendant", "Moved", "Retried", "Skipped"]

@@ -1,6 +1,7 @@
 """An operator's rules, decided once without I/O for every tool (the command line, the
 page, ``AsyncOperations``/``Operations``): which actions there are, where a retry or a
-cancel sends a document, which phases may receive it, and who holds it now.
+cancel sends a document, which phases may receive it, which are done with, what a cancel
+does to the documents a document owns, and who holds it now.
 """
 
 from __future__ import annotations
@@ -27,6 +28,23 @@ class Action(StrEnum):
     RETRY = "retry"
     UNLOCK = "unlock"
     CANCEL = "cancel"
+
+
+class Children(StrEnum):
+    """What a cancel does to the documents the cancelled one owns (its children, theirs,
+    and so on): ``CANCEL`` them too, those not done with; ``ABANDON`` them, left as they
+    are."""
+
+    CANCEL = "cancel"
+    ABANDON = "abandon"
+
+
+def check_children(policy: Any) -> Children:
+    """``policy`` as a ``Children``; ``OperatorError`` for anything else."""
+    try:
+        return Children(policy)
+    except ValueError:
+        raise OperatorError(f"children is 'cancel' or 'abandon', not {policy!r}") from None
 
 
 @dataclass(frozen=True)
@@ -81,6 +99,20 @@ def check_target(
         return
     why = "no replica is live" if not records else "no handler of it, on any live replica"
     raise UnhandledPhase(collection, target, sorted(handled), why)
+
+
+def done_with(records: Sequence[ReplicaRecord], collection: str, phase: Any) -> bool:
+    """Whether a document of ``collection`` in ``phase`` is done with, as the ``records``
+    of the live replicas say: no handler of theirs takes that phase, by its name or by a
+    filter that may take any (unless it is a phase they leave documents in on purpose: a
+    failed or the cancelled phase). With no replica live, every phase is: nothing would
+    take it up."""
+    if not isinstance(phase, str):
+        return True
+    handled, open_filter = replicas.handled_phases(records, collection)
+    if phase in handled:
+        return False
+    return not open_filter or phase in replicas.resting_phases(records, collection)
 
 
 def cancelled_phase(records: Sequence[ReplicaRecord], default: str = "Cancelled") -> str:
@@ -145,12 +177,15 @@ def check_phase_name(target: str) -> None:
 
 __all__ = [
     "Action",
+    "Children",
     "Holding",
     "Live",
     "Signed",
     "cancelled_phase",
+    "check_children",
     "check_phase_name",
     "check_target",
+    "done_with",
     "error_phase",
     "history_length",
     "holder_name",

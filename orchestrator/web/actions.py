@@ -1,5 +1,7 @@
 """The page's actions, each a POST behind a confirmation page (GET): unlock, retry and
-cancel of one document (``/confirm``, then ``/unlock``, ``/retry``, ``/cancel``), of every
+cancel of one document (``/confirm``, then ``/unlock``, ``/retry``, ``/cancel``; a cancel
+reaches the documents it owns unless the operator ticks to leave them), a signal sent to
+one (``/confirm?action=signal``, then ``/signal``: a name, a JSON payload), of every
 document a filter selects (``/bulk``: the confirmation is a dry run, with the count and
 the first documents, and asks for a reason), and pause and resume of a collection, a
 phase or a handler (``/pause``, ``/resume``, with a reason).
@@ -21,13 +23,16 @@ from functools import partial
 from typing import Any
 
 from bson import json_util
+from bson.errors import BSONError
 from bson.json_util import CANONICAL_JSON_OPTIONS
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
+from orchestrator.core.errors import ConfigError
 from orchestrator.operations import (
     Action,
+    Children,
     DocumentChanged,
     DocumentNotFound,
     LeaseHeld,
@@ -52,6 +57,7 @@ leaves alone)."""
 def routes(site: Site) -> list[Route]:
     return [
         Route("/confirm", site.page(partial(confirm, site))),
+        Route("/signal", site.page(partial(signal, site)), methods=["POST"]),
         *(
             Route(f"/{action.value}", site.page(partial(act, site, action)), methods=["POST"])
             for action in Action
@@ -65,11 +71,25 @@ def routes(site: Site) -> list[Route]:
     ]
 
 
-def _action(name: str | None) -> Action:
+SIGNAL = "signal"
+"""The one-document action that is no ``Action`` (no bulk form of it, no phase moved)."""
+
+
+def _action(name: str | None, *, signal: bool = False) -> Action | str:
+    if signal and name == SIGNAL:
+        return SIGNAL
     try:
         return Action(name or "")
     except ValueError:
-        raise Refused(400, "unknown action: the page offers unlock, retry and cancel") from None
+        raise Refused(
+            400, "unknown action: the page offers unlock, retry, cancel and signal"
+        ) from None
+
+
+def _bulk_action(name: str | None) -> Action:
+    action = _action(name)
+    assert isinstance(action, Action)  # a signal is asked for by name only
+    return action
 
 
 # -- one document ---------------------------------------------------------------------------
@@ -77,7 +97,7 @@ def _action(name: str | None) -> Action:
 
 async def confirm(site: Site, request: Request, links: Links) -> Response:
     """The confirmation of an action on one document, carrying the state it is in now."""
-    action = _action(request.query_params.get("action"))
+    action = _action(request.query_params.get("action"), signal=True)
     collection, doc = await site.find(request.query_params, links)
     status = await site.status()
     now = await site.operations.now()
@@ -92,7 +112,7 @@ async def confirm(site: Site, request: Request, links: Links) -> Response:
         "confirm.html",
         status=status,
         at=now,
-        action=action.value,
+        action=str(action),
         collection=collection,
         doc_id=doc["_id"],
         row=row,
@@ -123,6 +143,7 @@ async def act(site: Site, action: Action, request: Request, links: Links) -> Res
     by, why = site.actor(request), given.get("reason", "").strip()
     target = given.get("phase", "").strip()
     any_phase = given.get("any_phase") == "yes"
+    children = Children.ABANDON if given.get("children") == "abandon" else Children.CANCEL
     async with _applying(site, collection, doc_id, links=links, action=action, fields=fields):
         if action is Action.UNLOCK:
             await site.operations.unlock(collection, seen, by=by, why=why)
@@ -137,11 +158,57 @@ async def act(site: Site, action: Action, request: Request, links: Links) -> Res
             done = "retried" if retried.server_time else "retried-local-clock"
         else:
             await site.operations.cancel(
-                collection, seen, to=target or None, any_phase=any_phase, by=by, why=why
+                collection,
+                seen,
+                to=target or None,
+                any_phase=any_phase,
+                children=children,
+                by=by,
+                why=why,
             )
-            done = "cancelled"
+            done = "cancelled" if children is Children.CANCEL else "cancelled-alone"
     site.changed()
     return RedirectResponse(links.document(collection, doc_id, done=done), 303)
+
+
+async def signal(site: Site, request: Request, links: Links) -> Response:
+    """A signal sent to one document, as confirmed: its name, its payload (JSON, empty:
+    none) and a reason; the document's page then says whether it woke it."""
+    given = _last(await form(request))
+    collection = await site.collection(given.get("c"))
+    doc_id = parse_ref(given.get("ref"))
+    name = given.get("name", "").strip()
+    if not name:
+        raise Refused(400, "name the signal to send")
+    payload = _payload(given.get("payload", "").strip())
+    try:
+        delivered = await site.operations.signal(
+            collection,
+            doc_id,
+            name,
+            payload,
+            by=site.actor(request),
+            why=given.get("reason", "").strip(),
+        )
+    except DocumentNotFound:
+        raise Refused(
+            404, f"no document {text(doc_id)} in collection {collection!r}", kind="NotFound"
+        ) from None
+    except ConfigError as exc:
+        raise Refused(400, str(exc)) from None
+    site.changed()
+    done = "signalled-woke" if delivered.woke else "signalled"
+    return RedirectResponse(links.document(collection, doc_id, done=done), 303)
+
+
+def _payload(typed: str) -> Any:
+    """A signal's payload as typed: JSON (Extended JSON read), or none when empty."""
+    if not typed:
+        return None
+    try:
+        return json_util.loads(typed)
+    except (ValueError, TypeError, BSONError) as exc:
+        raise Refused(400, f"the payload is not JSON: {' '.join(str(exc).split())}") from None
 
 
 @asynccontextmanager
@@ -186,7 +253,7 @@ async def bulk_confirm(site: Site, request: Request, links: Links) -> Response:
     """A bulk action's confirmation: what it would do now (a dry run), and the form that
     does it, with a reason."""
     params = request.query_params
-    action = _action(params.get("action"))
+    action = _bulk_action(params.get("action"))
     selection = selection_of(request)
     await site.collection(selection.collection)
     query = await selection.resolve(site.operations)
@@ -223,7 +290,7 @@ async def bulk(site: Site, request: Request, links: Links) -> Response:
     it is as it was read), with the reason given; its result page says what it did."""
     fields = await form(request)
     given = _last(fields)
-    action = _action(given.get("action"))
+    action = _bulk_action(given.get("action"))
     selection = Selection.read(fields)
     await site.collection(selection.collection)
     why = given.get("reason", "").strip()

@@ -26,7 +26,12 @@ Actions (POST, ``Content-Type: application/json``, a JSON object):
   while the document is still so), or every document of a filter, ``{"c", "filter":
   {"phase", "state", "error", "key"}, "dry_run", "reason"}``; ``to`` (retry, cancel: the
   phase), ``force`` (retry: take a live lease), ``any_phase`` (retry, cancel: a phase no
-  live replica handles).
+  live replica handles), ``children`` (cancel: ``"cancel"``, the default, or ``"abandon"``
+  the documents each owns; the answer's ``cascade`` says what was done to them).
+- ``/api/signal``: ``{"c", "ref", "name", "payload", "reason"}``: the signal ``name``
+  (``payload``: any JSON, Extended JSON read) sent to the document, as a replica sends it;
+  the answer's ``woke`` says whether it waited for it (then due at once, for the
+  replicas' next tick).
 - ``/api/pause``, ``/api/resume``: ``{"c", "phase", "handler", "reason"}``.
 - ``/api/schedule/pause``, ``/resume``, ``/trigger``: ``{"name", "reason"}``;
   ``/api/schedule/backfill``: ``{"name", "reason", "from", "to"}`` (dates as
@@ -60,6 +65,7 @@ from orchestrator.core.history import HISTORY_FIELD, entries
 from orchestrator.operations import (
     Action,
     AmbiguousId,
+    Children,
     DocumentChanged,
     DocumentNotFound,
     LeaseHeld,
@@ -83,8 +89,9 @@ from orchestrator.web.views import Fleet
 
 __all__ = ["routes"]
 
-ONE = frozenset({"c", "ref", "seen", "to", "force", "any_phase", "reason"})
-MANY = frozenset({"c", "filter", "dry_run", "to", "force", "any_phase", "reason"})
+ONE = frozenset({"c", "ref", "seen", "to", "force", "any_phase", "children", "reason"})
+MANY = frozenset({"c", "filter", "dry_run", "to", "force", "any_phase", "children", "reason"})
+SIGNAL = frozenset({"c", "ref", "name", "payload", "reason"})
 PAUSE = frozenset({"c", "phase", "handler", "reason"})
 SCHEDULE = frozenset({"name", "reason"})
 SCHEDULE_ACTIONS = ("pause", "resume", "trigger", "backfill")
@@ -107,6 +114,7 @@ def routes(site: Site) -> list[Route]:
         get("/audit", audit),
         get("/pauses", pauses),
         *(post(f"/{a.value}", partial(act, a)) for a in Action),
+        post("/signal", signal),
         post("/pause", partial(pause, True)),
         post("/resume", partial(pause, False)),
         get("/schedules", schedules),
@@ -225,8 +233,11 @@ async def act(action: Action, site: Site, request: Request) -> dict[str, Any]:
     force, any_phase = _flag(body, "force"), _flag(body, "any_phase")
     why = _text(body, "reason")
     by = site.actor(request)
+    children = _text(body, "children") or Children.CANCEL  # refused by Operations if neither
     if action is Action.UNLOCK and (to is not None or any_phase):
         raise Refused(400, "an unlock leaves the document in its phase: no to, no any_phase")
+    if action is not Action.CANCEL and "children" in body:
+        raise Refused(400, "children is a cancel's: what becomes of the documents it owns")
     if bulk:
         selection = Selection.from_json(collection, body["filter"])
         result = await site.operations.bulk(
@@ -236,6 +247,7 @@ async def act(action: Action, site: Site, request: Request) -> dict[str, Any]:
             to=to,
             force=force,
             any_phase=any_phase,
+            children=children,
             by=by,
             why=why,
         )
@@ -270,8 +282,9 @@ async def act(action: Action, site: Site, request: Request) -> dict[str, Any]:
             )
         else:
             moved = await site.operations.cancel(
-                collection, seen, to=to, any_phase=any_phase, by=by, why=why
+                collection, seen, to=to, any_phase=any_phase, children=children, by=by, why=why
             )
+            shown["cascade"] = moved.cascade.to_dict()
         after = moved.document
         shown.update(
             source=_relaxed(moved.source),
@@ -285,6 +298,35 @@ async def act(action: Action, site: Site, request: Request) -> dict[str, Any]:
     fleet = Fleet.of(await site.status())
     row = Row.read(after, now, fleet.keys(collection), fleet.names(), fleet.in_house())
     return {**shown, "document": row.to_dict()}
+
+
+async def signal(site: Site, request: Request) -> dict[str, Any]:
+    """The signal ``name`` (with ``payload``) sent to the document ``ref``, with a
+    ``reason``."""
+    body = await json_body(request)
+    _only(body, SIGNAL)
+    collection = await site.collection(_text(body, "c"))
+    doc_id = parse_ref(_text(body, "ref"))
+    name = body.get("name")
+    if not isinstance(name, str):
+        raise Refused(400, "name: the signal's name, a string")
+    delivered = await site.operations.signal(
+        collection,
+        doc_id,
+        name,
+        body.get("payload"),
+        by=site.actor(request),
+        why=_text(body, "reason"),
+    )
+    site.changed()
+    return {
+        "action": "signal",
+        "collection": collection,
+        "ref": id_json(doc_id),
+        "name": name,
+        "id": delivered.id,
+        "woke": delivered.woke,
+    }
 
 
 async def pause(pausing: bool, site: Site, request: Request) -> dict[str, Any]:

@@ -106,7 +106,18 @@ NOTICES = {
     ),
     "cancelled": (
         "Cancelled: sent to the cancelled phase and released; a step running on it loses "
-        "its lease at its next write."
+        "its lease at its next write. What it owns, if anything, was cancelled with it, but "
+        "for what no live replica would take up again."
+    ),
+    "cancelled-alone": (
+        "Cancelled: sent to the cancelled phase and released; a step running on it loses "
+        "its lease at its next write. What it owns was left as it is."
+    ),
+    "signalled-woke": (
+        "Signal sent: it was waiting for it, and is due now: a replica's next tick moves it on."
+    ),
+    "signalled": (
+        "Signal sent: it was not waiting for it; kept in its inbox for a later wait to find."
     ),
     "paused": (
         "Paused: every replica stops claiming it at its next heartbeat; steps running finish."

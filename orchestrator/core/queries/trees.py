@@ -4,10 +4,13 @@ of a waiting document, a signal's delivery."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from orchestrator.core.clock import bson_time
 from orchestrator.core.queries.operators import exact_id_filter
+from orchestrator.core.queries.submissions import check_fields
 from orchestrator.core.resource import EPOCH
 from orchestrator.core.trees import (
     ENDED_KEY,
@@ -20,15 +23,18 @@ from orchestrator.core.trees import (
     WAIT_FIELD,
     Signal,
     WaitKind,
+    check_signal_name,
 )
 
 __all__ = [
     "CHILD_PROJECTION",
     "OWNER_INDEX",
+    "Delivery",
     "children_filter",
     "children_phases_pipeline",
     "children_wait_filter",
     "deliver_update",
+    "delivery",
     "ended_update",
     "move_children_filter",
     "waiting_filter",
@@ -115,3 +121,30 @@ def deliver_update(signal: Signal, *, wake: bool) -> dict[str, Any]:
     if wake:
         update["$set"] = {"lockedUntil": bson_time(EPOCH)}
     return update
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """A signal's delivery to one document, whoever sends it (a replica's ``signal``, an
+    operator's): ``signal``, and two writes tried in turn until one lands: ``waking``
+    (into the document while it waits for that name and no step holds it, due at once
+    too), then ``storing`` (into the document as it is, for its next wait to find).
+    Neither lands: there is no such document."""
+
+    signal: Signal
+    waking: tuple[dict[str, Any], dict[str, Any]]
+    storing: tuple[dict[str, Any], dict[str, Any]]
+
+
+def delivery(doc_id: Any, name: str, payload: Any, now: datetime) -> Delivery:
+    """The delivery of signal ``name`` with ``payload`` to the document ``doc_id`` at
+    ``now``; ``ConfigError`` for a name that is none, or a payload the store would refuse
+    or read as update operators."""
+    check_signal_name(name)
+    check_fields({"payload": payload})
+    signal = Signal.new(name, payload, now)
+    return Delivery(
+        signal,
+        (waiting_filter(doc_id, WaitKind.SIGNAL, name), deliver_update(signal, wake=True)),
+        (exact_id_filter(doc_id), deliver_update(signal, wake=False)),
+    )

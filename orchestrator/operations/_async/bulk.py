@@ -2,7 +2,9 @@
 retry, unlock or cancel, page by page, each document changed only while it still matches
 the filter and is as it was read (its phase and lease); what moved meanwhile, or is
 refused as a single-document action would refuse it, is ``Skipped`` with that
-``Refusal``. One audit entry records the whole, also when it stops part way.
+``Refusal``. One audit entry records the whole, also when it stops part way. A document
+moved to a phase the replicas are done with wakes its waiting owner, and a cancel
+reaches what each document owns, as for one document (``trees.py``).
 ``BulkActions`` (``_sync/bulk.py``) is generated from it by ``scripts/synchro.py``.
 """
 
@@ -27,10 +29,12 @@ from orchestrator.core.queries import operators
 from orchestrator.operations import filters
 from orchestrator.operations._async.reads import AsyncReads
 from orchestrator.operations._async.single import AsyncSingleActions, Change
+from orchestrator.operations._async.trees import AsyncTreeActions, Reach
 from orchestrator.operations.filters import Filter, LeaseState, Plan, Row
-from orchestrator.operations.results import Bulk, Skipped
+from orchestrator.operations.results import Bulk, Cascade, Skipped
 from orchestrator.operations.rules import (
     Action,
+    Children,
     Live,
     Signed,
     cancelled_phase,
@@ -50,7 +54,8 @@ narrowed (or acted on in turns)."""
 @dataclass(frozen=True)
 class BulkOptions:
     """How a bulk action is carried out (``AsyncOperations.bulk`` says each): ``to``,
-    ``force``, ``any_phase``, ``dry_run``, at most ``limit`` documents, as ``signed``."""
+    ``force``, ``any_phase``, ``dry_run``, at most ``limit`` documents, a cancel's
+    ``children``, as ``signed``."""
 
     signed: Signed
     to: str | None = None
@@ -58,13 +63,15 @@ class BulkOptions:
     any_phase: bool = False
     dry_run: bool = False
     limit: int = MAX_BULK
+    children: Children = Children.CANCEL
 
 
 @dataclass(frozen=True)
 class _Run:
     """A bulk action under way: what it did so far (``result``), the ``plan`` of its
     filter, and what it judged once for every document: the ``live`` replicas, the
-    collection's ``shard_key``, the server's time ``now``."""
+    collection's ``shard_key``, the server's time ``now``; and its cancel's cascades'
+    ``reach``."""
 
     result: Bulk
     options: BulkOptions
@@ -72,15 +79,19 @@ class _Run:
     live: Live
     shard_key: tuple[str, ...]
     now: datetime
+    reach: Reach
 
 
 class AsyncBulkActions:
     """Bulk actions, reading through ``reads`` and writing as ``single`` does (its fenced
-    write and audit trail)."""
+    write and audit trail); the owners and what is owned, through ``trees``."""
 
-    def __init__(self, reads: AsyncReads, single: AsyncSingleActions) -> None:
+    def __init__(
+        self, reads: AsyncReads, single: AsyncSingleActions, trees: AsyncTreeActions
+    ) -> None:
         self._reads = reads
         self._single = single
+        self._trees = trees
 
     async def bulk(self, action: Action, query: Filter, options: BulkOptions) -> Bulk:
         """As ``AsyncOperations.bulk``."""
@@ -100,14 +111,15 @@ class AsyncBulkActions:
                 "in turns",
                 refusal=Refusal.TOO_MANY,
             )
-        result = Bulk(action, query, options.dry_run, target)
+        result = Bulk(action, query, options.dry_run, target, cascade=Cascade(options.children))
         shard_key = await reads.shard_key(query.collection, live)
         now = await reads.now()
         judged = Live.of(live)
         plan = await reads.plan(query, now, None, judged.in_house)
         if plan is None:
             return result
-        run = _Run(result, options, plan, judged, shard_key, now)
+        reach = Reach(options.signed, judged, now)
+        run = _Run(result, options, plan, judged, shard_key, now, reach)
         scope = {**query.describe(), **({"to": target} if target else {})}
         try:
             await self._each(run)
@@ -159,9 +171,10 @@ class AsyncBulkActions:
             update = operators.operator_move_update(to, run.now, kept)
         moved_to = to if to is not None else doc.get("phase")
         change = Change(action, update, moved_to, run.now, run.options.signed)
+        collection = run.result.filter.collection
         try:
-            await self._single.act(
-                run.result.filter.collection,
+            after = await self._single.act(
+                collection,
                 doc,
                 change,
                 run.live,
@@ -171,6 +184,11 @@ class AsyncBulkActions:
         except (DocumentChanged, DocumentNotFound) as exc:
             meanwhile = "changed meanwhile (no longer as read, or no longer matching the filter)"
             return Skipped(row, exc.refusal, meanwhile)
+        if action is not Action.UNLOCK:
+            await self._trees.wake_owner(collection, after, run.live)
+        if action is Action.CANCEL and run.options.children is Children.CANCEL:
+            cascade = await self._trees.cascade(collection, after, run.reach)
+            run.result.cascade = run.result.cascade.plus(cascade)
         return None
 
     async def _record(

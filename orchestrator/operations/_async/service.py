@@ -1,7 +1,8 @@
 """What an operator does with the documents the replicas work on, on PyMongo's async API:
 the status report; finding documents (by id, business key or filter, page by page) and
 reading their history; retry, unlock and cancel, of one document or of every document a
-filter selects; pausing and resuming work; the audit trail. ``Operations``
+filter selects (a cancel reaching the documents they own); signals; pausing and resuming
+work; the audit trail. ``Operations``
 (``orchestrator/operations/_sync/service.py``) is generated from it by
 ``scripts/synchro.py``; both are public as ``orchestrator.operations``.
 
@@ -14,7 +15,8 @@ releases the next one's.
 
 This is the service's face; the work is done by its parts, one concept each: the reads
 (``reads.py``), the actions on one document (``single.py``), on every document of a filter
-(``bulk.py``); the pauses and the audit trail are here.
+(``bulk.py``), on trees and events (``trees.py``: signals, a cancel's cascade, an owner's
+wake); the pauses and the audit trail are here.
 """
 
 from __future__ import annotations
@@ -37,16 +39,18 @@ from orchestrator.core.names import (
 )
 from orchestrator.core.pauses import Pause, Scope
 from orchestrator.core.replicas import ReplicaRecord
+from orchestrator.core.trees import Delivered
 from orchestrator.operations import filters
 from orchestrator.operations._async.bulk import MAX_BULK, AsyncBulkActions, BulkOptions
 from orchestrator.operations._async.reads import AsyncReads
 from orchestrator.operations._async.reports import AsyncReportStore
 from orchestrator.operations._async.schedules import AsyncScheduleActions
 from orchestrator.operations._async.single import AsyncSingleActions
+from orchestrator.operations._async.trees import AsyncTreeActions, Reach
 from orchestrator.operations.actor import default_actor
 from orchestrator.operations.filters import Filter, Page
-from orchestrator.operations.results import Bulk, Cancelled, Retried
-from orchestrator.operations.rules import Action, Signed
+from orchestrator.operations.results import Bulk, Cancelled, Cascade, Retried
+from orchestrator.operations.rules import Action, Children, Live, Signed, check_children
 from orchestrator.operations.schedule_report import (
     Backfilled,
     ScheduleRow,
@@ -71,7 +75,11 @@ class AsyncOperations:
     Failures are ``OrchestratorError``s: ``StoreError`` when the database fails,
     ``OperatorError`` (``DocumentNotFound``, ``AmbiguousId``, ``DocumentChanged``,
     ``LeaseHeld``, ``UnhandledPhase``, ``NoErrorPhase``, ``UnindexedField``) when a
-    request cannot be carried out as asked.
+    request cannot be carried out as asked; ``ConfigError`` for a signal that is none.
+
+    A retry or cancel that leaves a document in a phase the live replicas are done with
+    wakes its owner (``orchestratorOwner``) if the owner waits for its children: the
+    owner's next claim judges its wait, not a lock timeout later.
     """
 
     def __init__(
@@ -92,7 +100,8 @@ class AsyncOperations:
         )
         self._reports: AsyncReportStore = self._read.reports
         self._single = AsyncSingleActions(self._read)
-        self._bulk = AsyncBulkActions(self._read, self._single)
+        self._trees = AsyncTreeActions(self._read, self._single)
+        self._bulk = AsyncBulkActions(self._read, self._single, self._trees)
         self._schedules = AsyncScheduleActions(self._read, schedules_collection)
         self._pauses = pauses_collection
         self._audit = audit_collection
@@ -221,9 +230,11 @@ class AsyncOperations:
         :raises DocumentNotFound: it is gone
         """
         signed = self._signed(by, why)
-        return await self._single.retry(
+        retried = await self._single.retry(
             collection, seen, to, force=force, any_phase=any_phase, signed=signed
         )
+        await self._trees.wake_owner(collection, retried.document, Live.of(await self.replicas()))
+        return retried
 
     async def cancel(
         self,
@@ -232,6 +243,7 @@ class AsyncOperations:
         *,
         to: str | None = None,
         any_phase: bool = False,
+        children: Children | str = Children.CANCEL,
         by: str | None = None,
         why: str = "",
     ) -> Cancelled:
@@ -241,13 +253,60 @@ class AsyncOperations:
         running on it loses its lease as to any outside writer's change: its later
         writes raise ``LeaseLost`` (it is not interrupted: it stops at its next write).
 
+        ``children``: what becomes of the documents it owns (in the collections its
+        ``orchestratorOwns`` names), and theirs in turn: ``"cancel"`` (the default) sends
+        each the live replicas are not done with (a phase one of their handlers takes) to
+        the cancelled phase too, with its history entry and audit record naming the owner
+        whose cancel it follows; ``"abandon"`` leaves them. At most ``MAX_CASCADE``
+        documents are looked at (``Cancelled.cascade`` says what was done, and ``cut``
+        when it stopped there).
+
+        :raises OperatorError: ``children`` is neither
         :raises UnhandledPhase: ``to`` is no phase a live replica handles, and not
             ``any_phase``
         :raises DocumentChanged: it is no longer in the phase, under the lease, seen
         :raises DocumentNotFound: it is gone
         """
+        policy = check_children(children)
         signed = self._signed(by, why)
-        return await self._single.cancel(collection, seen, to, any_phase=any_phase, signed=signed)
+        cancelled = await self._single.cancel(
+            collection, seen, to, any_phase=any_phase, signed=signed
+        )
+        live = Live.of(await self.replicas())
+        await self._trees.wake_owner(collection, cancelled.document, live)
+        if policy is Children.ABANDON:
+            return replace(cancelled, cascade=Cascade(policy))
+        reach = Reach(signed, live, cancelled.at)
+        cascade = await self._trees.cascade(collection, cancelled.document, reach)
+        return replace(cancelled, cascade=cascade)
+
+    # -- signals ----------------------------------------------------------------------
+
+    async def signal(
+        self,
+        collection: str,
+        doc_id: Any,
+        name: str,
+        payload: Any = None,
+        *,
+        by: str | None = None,
+        why: str = "",
+    ) -> Delivered:
+        """Send the signal ``name`` (with ``payload``) to the document whose ``_id`` is
+        ``doc_id``, exactly, as a replica's ``signal`` sends it: into its bounded inbox,
+        and, if it waits for that name and no step holds it, waking it
+        (``Delivered.woke``); a wait written later finds it in the inbox. Recorded in the
+        audit trail (who, why, the signal's name, the document by id and business key).
+
+        This process is no replica: it claims nothing. The document woken is made due at
+        once (``lockedUntil`` the epoch), and the next tick of a replica whose handlers
+        take it claims it and moves it on to its wait's ``then`` phase.
+
+        :raises ConfigError: ``name`` is no signal name (an empty string, or longer than
+            200 characters), or ``payload`` cannot be stored as given
+        :raises DocumentNotFound: there is no such document
+        """
+        return await self._trees.signal(collection, doc_id, name, payload, self._signed(by, why))
 
     # -- acting on every document of a filter -------------------------------------------
 
@@ -260,6 +319,7 @@ class AsyncOperations:
         to: str | None = None,
         force: bool = False,
         any_phase: bool = False,
+        children: Children | str = Children.CANCEL,
         by: str | None = None,
         why: str = "",
         limit: int = MAX_BULK,
@@ -267,14 +327,19 @@ class AsyncOperations:
         """``action`` (retry, unlock or cancel) on every document ``query`` selects, each
         applied only while it still matches the filter and is as it was read (its phase
         and lease): what moved meanwhile is skipped, not acted on. A retry sends each
-        document to ``to``, or to the phase of its own last error. ``dry_run``: nothing
-        is changed; the result says what would be. One audit entry records the whole, also
-        when it stops part way (what it changed before, and why it stopped).
+        document to ``to``, or to the phase of its own last error; a cancel treats the
+        documents each owns by ``children``, as ``cancel`` does (``MAX_CASCADE`` for
+        all of them together; ``Bulk.cascade``). ``dry_run``: nothing is changed; the
+        result says what would be. One audit entry records the whole, also when it stops
+        part way (what it changed before, and why it stopped).
 
-        :raises OperatorError: the filter selects more than ``limit`` documents
+        :raises OperatorError: the filter selects more than ``limit`` documents;
+            ``children`` is neither ``"cancel"`` nor ``"abandon"``
         :raises UnhandledPhase: as for one document, for ``to`` or any error phase
         """
-        options = BulkOptions(self._signed(by, why), to, force, any_phase, dry_run, limit)
+        policy = check_children(children)
+        signed = self._signed(by, why)
+        options = BulkOptions(signed, to, force, any_phase, dry_run, limit, policy)
         return await self._bulk.bulk(action, query, options)
 
     # -- pauses and the audit trail -------------------------------------------------------

@@ -3,7 +3,9 @@
 retry, unlock or cancel, page by page, each document changed only while it still matches
 the filter and is as it was read (its phase and lease); what moved meanwhile, or is
 refused as a single-document action would refuse it, is ``Skipped`` with that
-``Refusal``. One audit entry records the whole, also when it stops part way.
+``Refusal``. One audit entry records the whole, also when it stops part way. A document
+moved to a phase the replicas are done with wakes its waiting owner, and a cancel
+reaches what each document owns, as for one document (``trees.py``).
 ``BulkActions`` (``_sync/bulk.py``) is generated from it by ``scripts/synchro.py``.
 """
 
@@ -28,10 +30,12 @@ from orchestrator.core.queries import operators
 from orchestrator.operations import filters
 from orchestrator.operations._sync.reads import Reads
 from orchestrator.operations._sync.single import Change, SingleActions
+from orchestrator.operations._sync.trees import Reach, TreeActions
 from orchestrator.operations.filters import Filter, LeaseState, Plan, Row
-from orchestrator.operations.results import Bulk, Skipped
+from orchestrator.operations.results import Bulk, Cascade, Skipped
 from orchestrator.operations.rules import (
     Action,
+    Children,
     Live,
     Signed,
     cancelled_phase,
@@ -51,7 +55,8 @@ narrowed (or acted on in turns)."""
 @dataclass(frozen=True)
 class BulkOptions:
     """How a bulk action is carried out (``AsyncOperations.bulk`` says each): ``to``,
-    ``force``, ``any_phase``, ``dry_run``, at most ``limit`` documents, as ``signed``."""
+    ``force``, ``any_phase``, ``dry_run``, at most ``limit`` documents, a cancel's
+    ``children``, as ``signed``."""
 
     signed: Signed
     to: str | None = None
@@ -59,13 +64,15 @@ class BulkOptions:
     any_phase: bool = False
     dry_run: bool = False
     limit: int = MAX_BULK
+    children: Children = Children.CANCEL
 
 
 @dataclass(frozen=True)
 class _Run:
     """A bulk action under way: what it did so far (``result``), the ``plan`` of its
     filter, and what it judged once for every document: the ``live`` replicas, the
-    collection's ``shard_key``, the server's time ``now``."""
+    collection's ``shard_key``, the server's time ``now``; and its cancel's cascades'
+    ``reach``."""
 
     result: Bulk
     options: BulkOptions
@@ -73,15 +80,17 @@ class _Run:
     live: Live
     shard_key: tuple[str, ...]
     now: datetime
+    reach: Reach
 
 
 class BulkActions:
     """Bulk actions, reading through ``reads`` and writing as ``single`` does (its fenced
-    write and audit trail)."""
+    write and audit trail); the owners and what is owned, through ``trees``."""
 
-    def __init__(self, reads: Reads, single: SingleActions) -> None:
+    def __init__(self, reads: Reads, single: SingleActions, trees: TreeActions) -> None:
         self._reads = reads
         self._single = single
+        self._trees = trees
 
     def bulk(self, action: Action, query: Filter, options: BulkOptions) -> Bulk:
         """As ``AsyncOperations.bulk``."""
@@ -101,14 +110,15 @@ class BulkActions:
                 "in turns",
                 refusal=Refusal.TOO_MANY,
             )
-        result = Bulk(action, query, options.dry_run, target)
+        result = Bulk(action, query, options.dry_run, target, cascade=Cascade(options.children))
         shard_key = reads.shard_key(query.collection, live)
         now = reads.now()
         judged = Live.of(live)
         plan = reads.plan(query, now, None, judged.in_house)
         if plan is None:
             return result
-        run = _Run(result, options, plan, judged, shard_key, now)
+        reach = Reach(options.signed, judged, now)
+        run = _Run(result, options, plan, judged, shard_key, now, reach)
         scope = {**query.describe(), **({"to": target} if target else {})}
         try:
             self._each(run)
@@ -160,9 +170,10 @@ class BulkActions:
             update = operators.operator_move_update(to, run.now, kept)
         moved_to = to if to is not None else doc.get("phase")
         change = Change(action, update, moved_to, run.now, run.options.signed)
+        collection = run.result.filter.collection
         try:
-            self._single.act(
-                run.result.filter.collection,
+            after = self._single.act(
+                collection,
                 doc,
                 change,
                 run.live,
@@ -172,6 +183,11 @@ class BulkActions:
         except (DocumentChanged, DocumentNotFound) as exc:
             meanwhile = "changed meanwhile (no longer as read, or no longer matching the filter)"
             return Skipped(row, exc.refusal, meanwhile)
+        if action is not Action.UNLOCK:
+            self._trees.wake_owner(collection, after, run.live)
+        if action is Action.CANCEL and run.options.children is Children.CANCEL:
+            cascade = self._trees.cascade(collection, after, run.reach)
+            run.result.cascade = run.result.cascade.plus(cascade)
         return None
 
     def _record(

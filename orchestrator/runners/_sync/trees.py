@@ -42,7 +42,6 @@ from orchestrator.core.trees import (
     Wait,
     WaitKind,
     check_child_name,
-    check_signal_name,
     child_id,
     child_key,
     judge,
@@ -336,20 +335,14 @@ class Trees:
     # -- signals ------------------------------------------------------------------------
 
     def signal(self, target: Target, doc_id: Any, name: str, payload: Any = None) -> Delivered:
-        check_signal_name(name)
         collection, _ = resolve(target)
-        submissions.check_fields({"payload": payload})
         self._steps.measure_if_due()
-        sent = Signal.new(name, payload, self._clock.now())
-        store = self._store
-        waiting = queries.waiting_filter(doc_id, WaitKind.SIGNAL, name)
-        if store.write(collection, waiting, queries.deliver_update(sent, wake=True)):
+        sending = queries.delivery(doc_id, name, payload, self._clock.now())
+        if self._store.write(collection, *sending.waking):
             self._come_due(collection, None)
-            return Delivered(sent.id, woke=True)
-        if store.write(
-            collection, exact_id_filter(doc_id), queries.deliver_update(sent, wake=False)
-        ):
-            return Delivered(sent.id, woke=False)
+            return Delivered(sending.signal.id, woke=True)
+        if self._store.write(collection, *sending.storing):
+            return Delivered(sending.signal.id, woke=False)
         raise DocumentNotFound(collection, repr(doc_id))
 
 
