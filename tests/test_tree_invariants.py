@@ -18,7 +18,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 from pymongo.database import Database
@@ -26,13 +26,16 @@ from pymongo.database import Database
 from orchestrator import (
     AsyncOrchestrator,
     ExponentialBackoff,
+    Operations,
     OperatorError,
     Orchestrator,
     OrchestratorError,
+    StoreError,
 )
 from orchestrator.core.trees import OWNER_FIELD, SENT_FIELD, WAIT_FIELD, signals_of, taken_of
 from orchestrator.testing import FakeClock, async_view, memory_database
 from orchestrator.testing.faults import Faults
+from tests.cli_kit import publish
 
 LOCK_TIMEOUT = 10
 ENDED = ("Done", "Failed")
@@ -80,6 +83,7 @@ class TreeMachine(RuleBasedStateMachine):
         self.sent: dict[str, Sent] = {}
         self.seq = 0
         self.violations: list[str] = []
+        self.cancelled: set[str] = set()
 
     # -- the fleet ----------------------------------------------------------------------
 
@@ -121,19 +125,21 @@ class TreeMachine(RuleBasedStateMachine):
             count, need = machine.parents[lease.doc["_id"]]
             for n in range(count):
                 bad = lease.doc.get("bad") and n == 0
-                lease.create_child("kids", f"k{n}", {"phase": "Work", "bad": bad})
+                slow = lease.doc.get("slow", False)
+                lease.create_child("kids", f"k{n}", {"phase": "Work", "bad": bad, "slow": slow})
             return lease.wait_for_children(then="Made", need=need)
 
         def made(lease: Any) -> Any:
             parent = lease.doc["_id"]
             count, need = machine.parents[parent]
             ended = machine._ended(parent)
-            if (need == "all" and ended < count) or (need == "any" and count and not ended):
+            early = (need == "all" and ended < count) or (need == "any" and count and not ended)
+            if early and parent not in machine.cancelled:
                 machine.violations.append(f"{parent} resumed with {ended} of {count} ended")
             return lease.advance("Done")
 
         def work(lease: Any) -> Any:
-            if machine.hold:
+            if machine.hold or (lease.doc.get("slow") and lease.doc.get("relocks", 0) < 3):
                 return lease.relock(5)
             if lease.doc.get("bad"):
                 return lease.fail("bad child")
@@ -165,11 +171,17 @@ class TreeMachine(RuleBasedStateMachine):
 
     # -- what happens -------------------------------------------------------------------
 
-    @rule(children=st.integers(0, 3), need=st.sampled_from(["all", "any"]), bad=st.booleans())
-    def a_parent_is_submitted(self, children: int, need: str, bad: bool) -> None:
+    @rule(
+        children=st.integers(0, 3),
+        need=st.sampled_from(["all", "any"]),
+        bad=st.booleans(),
+        slow=st.booleans(),
+    )
+    def a_parent_is_submitted(self, children: int, need: str, bad: bool, slow: bool) -> None:
+        """Its children fail (the first, ``bad``) or take three relocks (``slow``)."""
         parent = f"p{len(self.parents)}"
         self.parents[parent] = (children, need)
-        self.db["parents"].insert_one({"_id": parent, "phase": "Make", "bad": bad})
+        self.db["parents"].insert_one({"_id": parent, "phase": "Make", "bad": bad, "slow": slow})
 
     @rule(waits=st.booleans())
     def a_waiter_is_submitted(self, waits: bool) -> None:
@@ -219,6 +231,30 @@ class TreeMachine(RuleBasedStateMachine):
         ``update_one`` lost after a child's last step is the wake of its parent."""
         self.members[which].faults.fail_next(operation, applied=applied)
 
+    @rule(parent=st.integers(0, 5), which=st.integers(0, 2))
+    def an_operator_cancels_a_parent(self, parent: int, which: int) -> None:
+        """Its children still going on are cancelled with it (the live replicas' records
+        say which phases go on)."""
+        if parent >= len(self.parents):
+            return
+        parent_id = f"p{parent}"
+        publish(self.db, self.members[which].orch)  # its record, as start() writes it
+        seen = self.db["parents"].find_one({"_id": parent_id})
+        assert seen is not None
+        working = self.db["kids"].count_documents({f"{OWNER_FIELD}.id": parent_id, "phase": "Work"})
+        event("a cancel with children going on" if working else "a cancel with none going on")
+        try:
+            Operations(self.db).cancel("parents", seen, why="the machine says so")
+        except (OperatorError, StoreError):
+            return  # it ended, or moved meanwhile: refused as documented
+        going_on = [
+            kid["_id"]
+            for kid in self.db["kids"].find({f"{OWNER_FIELD}.id": parent_id})
+            if kid.get("phase") == "Work"
+        ]
+        assert not going_on, f"cancelling {parent_id} left {going_on} going on"
+        self.cancelled.add(parent_id)
+
     @rule()
     def children_hold_or_go_on(self) -> None:
         self.hold = not self.hold
@@ -233,6 +269,8 @@ class TreeMachine(RuleBasedStateMachine):
             for member in self.members:
                 member.run_once()
         for parent, (count, need) in self.parents.items():
+            if parent in self.cancelled:
+                continue
             doc = self.db["parents"].find_one({"_id": parent})
             assert doc is not None
             ended = self._ended(parent)
