@@ -1,19 +1,15 @@
 """A gateway's runtime domain, and the certificate of its custom domain.
 
-The domain's step asks the certificate authority for a certificate, then waits for the
-signal the authority sends once it is issued (``lease.wait_for``): nothing polls. Woken,
-it reads the certificate: Ready, it creates the ingress and reaches Created; Failed, it
-discards it and raises, so the next attempt requests a new one (past ``max_requests``
-the domain fails); still Pending (woken by an earlier request's signal), it waits again.
-Deleting removes its ingress and certificate, then the domain.
+The domain's step requests a certificate, then waits for the authority's signal
+(``lease.wait_for``): nothing polls. Woken, it reads the certificate: Ready, it makes the
+ingress and is Created; Failed, it discards it and raises, so the next attempt requests
+again (past ``max_requests`` it fails); still Pending (an earlier request's signal), it
+waits again. Deleting removes its ingress and certificate, then the domain.
 
-``CertManager`` stands in for cert-manager. A certificate is a document of its own, due
-``delay`` seconds after its request by the orchestrator's (server) clock (``submit``'s
-``not_before``: a ``FakeClock`` drives it in tests), whose step any replica (any replica
-process) runs: it settles the certificate Ready or Failed (as the platform's ``Faults``
-decide), and the next step signals the domain. Settled first, so the domain the signal
-wakes reads it settled; a signal sent twice (a step retried) only wakes the domain to
-find its certificate Pending again.
+``CertManager`` stands in for cert-manager: a certificate is a document due ``delay``
+seconds after its request by the server's clock (``submit``'s ``not_before``), whose
+step, on any replica or process, settles it Ready or Failed (``Faults`` decide); the next
+step signals the domain, so the domain the signal wakes reads it settled.
 """
 
 from __future__ import annotations

@@ -36,16 +36,8 @@ from pymongo import AsyncMongoClient
 from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.errors import DuplicateKeyError
 
-from orchestrator import (
-    DEFAULT_DATABASE,
-    AsyncLease,
-    AsyncOrchestrator,
-    ConfigError,
-    Outcome,
-    Owner,
-    Resource,
-)
-from orchestrator.core.trees import OWNER_FIELD
+from orchestrator import DEFAULT_DATABASE, AsyncLease, AsyncOrchestrator, ConfigError, Resource
+from orchestrator.core.trees import OWNER_FIELD, Owner
 from orchestrator.demo.workflows.certificates import (
     CERTIFICATES,
     INGRESSES,
@@ -57,10 +49,6 @@ from orchestrator.testing import async_memory_database
 
 logger = logging.getLogger("orchestrator.demo.workflows.gateway")
 
-CREATE_ORDER = ("runtimeDomains", "databases", "stages", "cloudFunctions", "cronTriggers")
-"""The collections of a gateway's children, made in this order: the runtime domain first,
-its certificate takes longest, so it starts earliest."""
-
 CHILDREN_PER_KIND = {
     "runtimeDomains": 1,
     "databases": 1,
@@ -68,6 +56,9 @@ CHILDREN_PER_KIND = {
     "cloudFunctions": 3,
     "cronTriggers": 2,
 }
+CREATE_ORDER = tuple(CHILDREN_PER_KIND)
+"""The collections of a gateway's children, made in this order: the runtime domain first,
+its certificate takes longest, so it starts earliest."""
 PARTS = CREATE_ORDER[1:]
 """The children with no workflow of their own: a step provisions each, one removes it."""
 DATA = "databases"
@@ -177,14 +168,8 @@ class Platform:
 
     # -- what steps call -------------------------------------------------------------------
 
-    async def create(self, lease: AsyncLease[Any]) -> None:
-        """Provision the child ``lease`` holds (a database, a stage, a function, a trigger)."""
-        await self._call(lease, "create")
-
-    async def remove(self, lease: AsyncLease[Any]) -> None:
-        await self._call(lease, "delete")
-
-    async def _call(self, lease: AsyncLease[Any], action: str) -> None:
+    async def call(self, lease: AsyncLease[Any], action: str) -> None:
+        """``create`` or ``delete`` the child ``lease`` holds (a database, a stage...)."""
         name, attempts = lease.doc["name"], lease.doc.get("attempts", 0)
         self.faults.check(name, f"{action}:{lease.collection}", attempts)
         await self.record(lease.id, action)
@@ -266,16 +251,17 @@ class Platform:
         if doc is None or doc.get("phase") != "Created":
             return [f"{name}: phase {doc and doc.get('phase')}, expected Created"]
         problems: list[str] = []
+        wanted = ("Created", Gateway.collection, doc["_id"])  # each child's phase and owner
         for kind, count in CHILDREN_PER_KIND.items():
             children = [c async for c in self.db[kind].find({"gatewayId": doc["_id"]})]
             if len(children) != count:
                 problems.append(f"{name}: {len(children)} {kind}, expected {count}")
             for child in children:
-                if child.get("phase") != "Created":
-                    problems.append(f"{name}: {kind} {child['_id']} {child.get('phase')}")
-                owner = Owner.read(child.get(OWNER_FIELD))
-                if owner is None or (owner.collection, owner.id) != ("gateways", doc["_id"]):
-                    problems.append(f"{name}: {kind} {child['_id']} owned by {owner}")
+                owner = Owner.read(child.get(OWNER_FIELD)) or Owner("", None, "")
+                if (child.get("phase"), owner.collection, owner.id) != wanted:
+                    problems.append(
+                        f"{name}: {kind} {child['_id']} {child.get('phase')}, owned by {owner}"
+                    )
         domain = await self.db[RuntimeDomain.collection].find_one({"gatewayId": doc["_id"]})
         if domain is None or domain.get("phase") != "Created":
             return problems
@@ -317,21 +303,19 @@ class Platform:
 def register(orch: AsyncOrchestrator, platform: Platform) -> None:
     """The gateway handlers, and those of its children; every replica registers them.
 
-    A deletion goes in two stages, the data last: a function still running as its
-    database is dropped could write to it again (MongoDB makes a database at its first
-    write) and leave data behind. The first stage moves every child to Deleting, where no
-    handler takes a database: parked there it counts as ended, so the wait ends once the
-    others are gone; the second moves it on to ``DROPPING``. The others go at once, as a
-    cascading delete in Kubernetes does: a trigger that calls a function removed before it
-    fails, harmlessly, and goes too. A child that fails fails its gateway, whose deletion
-    (wanted still) starts again.
+    A deletion goes in two stages, the data last: a function running as its database is
+    dropped could write to it again (MongoDB makes a database at its first write). Moved to
+    Deleting, where no handler takes it, a database counts as ended, so the first wait ends
+    once the others are gone; then it moves on to ``DROPPING``. The others go at once, as a
+    cascading delete in Kubernetes does: a trigger calling a function gone first fails,
+    harmlessly. A child that fails fails its gateway, whose deletion then starts again.
     """
     register_domains(orch, platform.certs)
     for kind in PARTS:
         _register_part(orch, platform, kind)
 
     @orch.phase(Gateway, "Creating", to=("Created", "Failed"))
-    async def provision(lease: AsyncLease[Gateway]) -> Outcome:
+    async def provision(lease: AsyncLease[Gateway]) -> Any:
         gateway = lease.resource
         domain = RuntimeDomain(
             gateway_id=gateway.id,
@@ -351,27 +335,27 @@ def register(orch: AsyncOrchestrator, platform: Platform) -> None:
     @orch.when(
         Gateway, {"state": "Deleted", "phase": {"$in": ["Created", "Failed"]}}, to="Deleting"
     )
-    async def begin_deletion(lease: AsyncLease[Gateway]) -> Outcome:
+    async def begin_deletion(lease: AsyncLease[Gateway]) -> Any:
         return await lease.advance("Deleting")
 
     @orch.phase(Gateway, "Deleting", to=("DroppingData", "Failed"))
-    async def delete_children(lease: AsyncLease[Gateway]) -> Outcome:
+    async def delete_children(lease: AsyncLease[Gateway]) -> Any:
         await lease.move_children("Deleting")
         return await lease.wait_for_children(then="DroppingData", on_failure="Failed")
 
     @orch.phase(Gateway, "DroppingData", to=("Deleted", "Failed"))
-    async def drop_data(lease: AsyncLease[Gateway]) -> Outcome:
+    async def drop_data(lease: AsyncLease[Gateway]) -> Any:
         await lease.move_children(DROPPING)
         return await lease.wait_for_children(then="Deleted", on_failure="Failed")
 
     @orch.phase(Gateway, "Deleted")
-    async def archive(lease: AsyncLease[Gateway]) -> Outcome:
+    async def archive(lease: AsyncLease[Gateway]) -> Any:
         await platform.archive(lease.doc)
         return await lease.remove()
 
     # One handler for both directions: every handler costs each replica a query per tick.
     @orch.when(Gateway, {"phase": "Created", "$or": [STOP_WANTED, START_WANTED]})
-    async def stop_or_start(lease: AsyncLease[Gateway]) -> Outcome:
+    async def stop_or_start(lease: AsyncLease[Gateway]) -> Any:
         stopping = lease.resource.state == "Stopped"
         await platform.scale(lease.resource, 0 if stopping else 1)
         return await lease.unlock(stopped=stopping)
@@ -379,13 +363,13 @@ def register(orch: AsyncOrchestrator, platform: Platform) -> None:
 
 def _register_part(orch: AsyncOrchestrator, platform: Platform, kind: str) -> None:
     @orch.phase(kind, "Creating", to="Created")
-    async def create_part(lease: AsyncLease[Any]) -> Outcome:
-        await platform.create(lease)
+    async def create_part(lease: AsyncLease[Any]) -> Any:
+        await platform.call(lease, "create")
         return await lease.advance("Created")
 
     @orch.phase(kind, DROPPING if kind == DATA else "Deleting")
-    async def remove_part(lease: AsyncLease[Any]) -> Outcome:
-        await platform.remove(lease)
+    async def remove_part(lease: AsyncLease[Any]) -> Any:
+        await platform.call(lease, "delete")
         return await lease.remove()
 
 
