@@ -1,8 +1,8 @@
-"""Certificate provisioning: progressive backoff until Ready, by the server's clock."""
+"""Certificate provisioning: the domain waits for the authority's signal, by the server's
+clock; a failed certificate is requested again."""
 
 from __future__ import annotations
 
-import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -10,8 +10,8 @@ import pytest
 from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.database import Database
 
-from orchestrator.core.clock import as_utc
-from orchestrator.demo.workflows.certificates import RuntimeDomain
+from orchestrator.core.steps import started
+from orchestrator.demo.workflows.certificates import ISSUED, RuntimeDomain
 from orchestrator.demo.workflows.gateway import LEDGER, Faults, Workflow, build
 from orchestrator.testing import FakeClock
 
@@ -50,51 +50,55 @@ async def submit_domain(w: Workflow, custom: str | None = "shop.example.com") ->
     )
 
 
-def next_claimable(db: Database[Any]) -> Any:
-    doc = db.runtimeDomains.find_one({})
-    return as_utc(doc["lockedUntil"])
-
-
-async def test_the_step_relocks_with_growing_waits_until_the_certificate_is_ready(
-    workflow: Workflow, db: Database[Any], clock: FakeClock, caplog: pytest.LogCaptureFixture
+async def test_the_domain_waits_for_the_authoritys_signal_and_polls_nothing(
+    workflow: Workflow, db: Database[Any], clock: FakeClock
 ) -> None:
-    caplog.set_level(logging.INFO, logger="orchestrator.demo.workflows.certificates")
-    server = workflow.orch.clock  # lease times are the server's: compare with its estimate
     await submit_domain(workflow)
-    start = server.now()
-    waits: list[tuple[float, float]] = []  # (seconds in phase, wait chosen)
-    for _ in range(200):
+    await workflow.orch.run_once()  # requests the certificate, then waits for it
+    domain = db.runtimeDomains.find_one({})
+    assert domain["phase"] == "Creating"
+    assert domain["orchestratorWait"]["name"] == ISSUED
+    assert db.certificates.find_one({"_id": "shop.example.com"})["status"] == "Pending"
+    steps = started(workflow.orch.stats())
+
+    for _ in range(59):  # a minute less a second: the certificate is not due
+        clock.advance(1.0)
         await workflow.orch.run_once()
-        doc = db.runtimeDomains.find_one({})
-        if doc["phase"] == "Created":
-            break
         assert db.ingresses.count_documents({}) == 0  # no ingress before the certificate
-        due, now = next_claimable(db), server.now()
-        waits.append(((now - start).total_seconds(), (due - now).total_seconds()))
-        clock.advance((due - now).total_seconds() + 0.001)  # claimable after `due`
-    else:
-        raise AssertionError("the domain never reached Created")
+    # Nothing polled: the domain's wait was judged once more, at its lock timeout (30 s).
+    assert started(workflow.orch.stats()) == steps + 1
 
-    assert (server.now() - start).total_seconds() >= 60.0
-    # The wait is a tenth of the time spent in the phase, never under one tick (0.1 s).
-    for elapsed, wait in waits:
-        assert wait == pytest.approx(max(elapsed / 10, 0.1), abs=0.002)
-    seen = [wait for _, wait in waits]
-    assert seen == sorted(seen)
-    assert any(w == pytest.approx(1.0, abs=0.11) for w in seen)
-    assert max(seen) >= 3.0
-    # Far fewer checks than one per tick over a minute (600).
-    assert len(waits) < 60
-    logged = [r.wait for r in caplog.records if getattr(r, "outcome", None) == "relocked"]
-    assert logged == pytest.approx(seen, abs=0.002)
-    certificates = [r for r in caplog.records if r.name.endswith(".certificates")]
-    assert "next check in" in certificates[-1].getMessage()
-
+    clock.advance(1.0)
+    await workflow.orch.run_once()  # the authority issues it and signals; the domain goes on
+    domain = db.runtimeDomains.find_one({})
+    assert domain["phase"] == "Created"
+    assert [s["name"] for s in domain["orchestratorSignals"]] == [ISSUED]
+    assert not domain.get("orchestratorWait")
     cert = db.certificates.find_one({"_id": "shop.example.com"})
-    assert cert["status"] == "Ready"
+    assert (cert["phase"], cert["status"]) == ("Issued", "Ready")
     ingress = db.ingresses.find_one({"_id": "shop.apps.example.net"})
     assert ingress["tls"] is True
     assert await workflow.platform.repeats() == 0
+
+
+async def test_a_domain_the_authority_never_answers_fails_at_its_timeout(
+    workflow: Workflow, db: Database[Any], clock: FakeClock
+) -> None:
+    await submit_domain(workflow)
+    await workflow.orch.run_once()
+    db.certificates.delete_one({})  # the authority lost the request: no signal will come
+    for _ in range(20):
+        clock.advance(60.0)
+        await workflow.orch.run_once()
+        if db.runtimeDomains.find_one({})["phase"] == "Failed":
+            break
+    domain = db.runtimeDomains.find_one({})
+    assert domain["phase"] == "Failed"
+    assert (
+        "waited past its timeout for signal 'certificate-issued'"
+        in (domain["lastError"]["message"])
+    )
+    assert workflow.platform.certs.timeout == 600.0  # ten times its delay
 
 
 async def test_a_failed_certificate_is_discarded_and_requested_again(

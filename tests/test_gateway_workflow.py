@@ -1,4 +1,5 @@
-"""The gateway lifecycle: provisioning step by step, deletion that resumes, many replicas.
+"""The gateway lifecycle: children made once and waited for, deletion that resumes, the data
+last, many replicas.
 
 The workflow is async (``AsyncOrchestrator``); the tests drive it with ``run_once`` on the
 tests' fake clock and read the result through the sync ``db`` it shares data with."""
@@ -13,10 +14,10 @@ import pytest
 from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.database import Database
 
-from orchestrator import ConfigError
+from orchestrator import EPOCH, ConfigError
 from orchestrator.demo.workflows.gateway import (
+    CHILDREN_PER_KIND,
     CREATE_ORDER,
-    DELETE_ORDER,
     LEDGER,
     Faults,
     Workflow,
@@ -27,6 +28,8 @@ from orchestrator.testing import FakeClock
 pytestmark = pytest.mark.anyio
 
 MakeWorkflow = Callable[..., Any]
+USERS = [kind for kind in CREATE_ORDER if kind != "databases"]
+"""What may write to a gateway's database."""
 
 
 @pytest.fixture
@@ -71,7 +74,7 @@ def phase(db: Database[Any], name: str) -> str | None:
     return None if doc is None else doc["phase"]
 
 
-async def test_creating_provisions_one_kind_per_step_then_waits_for_the_domain(
+async def test_creating_makes_each_child_once_then_waits_for_them(
     replica: MakeWorkflow, db: Database[Any], clock: FakeClock
 ) -> None:
     w = await replica(cert_delay=10.0)
@@ -80,19 +83,33 @@ async def test_creating_provisions_one_kind_per_step_then_waits_for_the_domain(
 
     gateway = db.gateways.find_one({"name": "shop"})
     assert gateway is not None
-    assert gateway["provisioned"] == list(CREATE_ORDER)  # each kind once, in order
     assert gateway["phase"] == "Creating"  # the certificate is not ready yet
+    assert gateway["orchestratorWait"]["kind"] == "children"
+    assert gateway["orchestratorOwns"] == list(CREATE_ORDER)  # the runtime domain first
+    for kind, count in CHILDREN_PER_KIND.items():
+        children = list(db[kind].find({"gatewayId": gateway["_id"]}))
+        assert len(children) == count
+        owners = {
+            (c["orchestratorOwner"]["collection"], c["orchestratorOwner"]["id"]) for c in children
+        }
+        assert owners == {("gateways", gateway["_id"])}
+
+    # A step whose wait was never written (its replica died) runs again: it makes no child
+    # twice.
+    db.gateways.update_one(
+        {"_id": gateway["_id"]},
+        {"$unset": {"orchestratorWait": "", "lockToken": ""}, "$set": {"lockedUntil": EPOCH}},
+    )
+    await w.orch.run_once()
     assert db.cloudFunctions.count_documents({"gatewayId": gateway["_id"]}) == 3
-    assert db.runtimeDomains.find_one({"gatewayId": gateway["_id"]})["phase"] == "Creating"
 
     await drive([w], clock, lambda: phase(db, "shop") == "Created")
     assert clock.monotonic() >= 10.0
     assert await w.platform.audit(["shop"], []) == []
     assert await w.platform.repeats() == 0
-    assert w.orch.stats()["relocked"] > 0
 
 
-async def test_a_deletion_failing_half_way_resumes_without_repeating_finished_kinds(
+async def test_a_deletion_removes_each_child_once_the_data_last_and_resumes_half_way(
     replica: MakeWorkflow, db: Database[Any], clock: FakeClock
 ) -> None:
     faults = Faults()
@@ -104,25 +121,30 @@ async def test_a_deletion_failing_half_way_resumes_without_repeating_finished_ki
     faults.schedule("delete:stages")
     assert await w.platform.set_state("shop", "Deleted")
     await w.orch.run_once()
-
-    stuck = db.gateways.find_one({"name": "shop"})
+    assert phase(db, "shop") == "Deleting"
+    stuck = db.stages.find_one({"gatewayId": gateway_id, "lastError": {"$exists": True}})
     assert stuck["phase"] == "Deleting"
-    assert stuck["removed"] == ["cronTriggers", "cloudFunctions"]
-    assert stuck["attempts"] == 1
     assert stuck["lastError"]["type"] == "ServiceError"
-    assert stuck["lastError"]["phase"] == "Deleting"
-    assert db.stages.count_documents({"gatewayId": gateway_id}) == 2
-    assert db.cronTriggers.count_documents({"gatewayId": gateway_id}) == 0
+    # A step whose wait was never written runs again: what it moved is left as it is.
+    db.gateways.update_one(
+        {"_id": gateway_id},
+        {"$unset": {"orchestratorWait": "", "lockToken": ""}, "$set": {"lockedUntil": EPOCH}},
+    )
 
-    await drive([w], clock, lambda: phase(db, "shop") is None)
+    def gone_data_last() -> bool:
+        others = sum(db[k].count_documents({"gatewayId": gateway_id}) for k in USERS)
+        data = db.databases.count_documents({"gatewayId": gateway_id})
+        assert data or not others, "the database went before what uses it"
+        return phase(db, "shop") is None
+
+    await drive([w], clock, gone_data_last)
     archived = db.gatewaysArchive.find_one({"name": "shop"})
-    assert archived["removed"] == list(DELETE_ORDER)
+    assert archived["orchestratorOwns"] == list(CREATE_ORDER)
     assert await w.platform.audit([], ["shop"]) == []
-    # Each kind's removal ran once: the retry started at stages.
-    deletions = {e["_id"].split(":", 1)[1]: e["repeats"] for e in db[LEDGER].find()}
-    assert {k: v for k, v in deletions.items() if k.startswith("delete:")} == {
-        f"delete:{kind}": 0 for kind in DELETE_ORDER
-    }
+    # Each child's removal ran once: the failed one was retried by its own step.
+    deletions = [e for e in db[LEDGER].find() if e["_id"].endswith(":delete")]
+    assert len(deletions) == sum(CHILDREN_PER_KIND.values())
+    assert await w.platform.repeats() == 0
     assert w.orch.stats()["retrying"] == 1
 
 
@@ -149,16 +171,35 @@ async def test_a_gateway_whose_certificate_keeps_failing_fails_and_can_be_delete
     w = await replica(cert_delay=1.0, faults=faults)
     await w.platform.create_gateway("shop", custom_domain="shop.example.com")
     await drive([w], clock, lambda: phase(db, "shop") == "Failed", limit=2000)
-    gateway = db.gateways.find_one({"name": "shop"})
-    assert "runtime domain of shop failed" in gateway["lastError"]["message"]
     domain = db.runtimeDomains.find_one({})
-    assert domain["phase"] == "Failed"
+    assert domain["phase"] == "Failed"  # the child's failure failed its gateway
     assert domain["lastError"]["message"] == "certificate for shop.example.com failed 5 times"
     assert w.orch.stats()["retrying"] == 4  # the first four failures were retried
 
     await w.platform.set_state("shop", "Deleted")
     await drive([w], clock, lambda: phase(db, "shop") is None)
     assert await w.platform.audit([], ["shop"]) == []
+
+
+async def test_the_audit_finds_a_child_its_gateway_does_not_own_and_one_left_behind(
+    replica: MakeWorkflow, db: Database[Any], clock: FakeClock
+) -> None:
+    w = await replica(cert_delay=0.0)
+    for name in ("kept", "gone"):
+        await w.platform.create_gateway(name)
+    await drive([w], clock, lambda: phase(db, "kept") == phase(db, "gone") == "Created")
+    await w.platform.set_state("gone", "Deleted")
+    await drive([w], clock, lambda: phase(db, "gone") is None)
+    assert await w.platform.audit(["kept"], ["gone"]) == []
+
+    kept = db.gateways.find_one({"name": "kept"})["_id"]
+    gone = db.gatewaysArchive.find_one({"name": "gone"})["_id"]
+    db.stages.update_one({"gatewayId": kept}, {"$set": {"orchestratorOwner.id": "other"}})
+    db.stages.insert_one({"orchestratorOwner": {"collection": "gateways", "id": gone}})
+    problems = await w.platform.audit(["kept"], ["gone"])
+    assert len(problems) == 2
+    assert "kept: stages" in problems[0] and "owned by" in problems[0]
+    assert problems[1] == "gone: stages left behind"
 
 
 async def test_stopping_and_starting_scale_the_functions(

@@ -36,6 +36,7 @@ from pymongo import AsyncMongoClient
 from pymongo.asynchronous.database import AsyncDatabase
 
 from orchestrator import DEFAULT_DATABASE, AsyncOperations, StoreError, redact
+from orchestrator.core.trees import OWNS_FIELD
 from orchestrator.demo.workflows import Platform, Workflow, build
 from orchestrator.testing import async_memory_database
 
@@ -63,8 +64,8 @@ class GatewayOut(BaseModel):
     relocks: int
     last_error: dict[str, Any] | None = Field(None, serialization_alias="lastError")
     custom_domain: str | None = Field(None, serialization_alias="customDomain")
-    provisioned: list[str]
-    removed: list[str]
+    children: list[str]
+    """The collections its children are in (none until its first step made them)."""
     last_replica: str | None = Field(None, serialization_alias="lastReplica")
     archived: bool
 
@@ -81,8 +82,7 @@ def _view(doc: dict[str, Any]) -> dict[str, Any]:
         relocks=doc.get("relocks", 0),
         last_error=error if isinstance(error, dict) else None,
         custom_domain=doc.get("customDomain"),
-        provisioned=doc.get("provisioned", []),
-        removed=doc.get("removed", []),
+        children=doc.get(OWNS_FIELD) or [],
         last_replica=doc.get("lockedBy"),
         archived="archivedAt" in doc,
     )

@@ -1,54 +1,25 @@
-"""The demo's replicas' logs: kept off the live display (in a file, or nowhere), with the
-certificate step's relock waits read from them for the report. The replicas run here
-(``run``) and those run as processes of their own (``processes``) share this."""
+"""The demo's replicas' logs: kept off the live display (in a file, or nowhere). The
+replicas run here (``run``) and those run as processes of their own (``processes``) share
+this."""
 
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["RelockWaits", "quiet_logs"]
-
-
-class RelockWaits:
-    """Relock waits of the certificate step, read from its log records (on the replicas'
-    threads: kept under a lock)."""
-
-    def __init__(self) -> None:
-        self._values: list[float] = []
-        self._lock = threading.Lock()
-
-    def add(self, wait: float) -> None:
-        with self._lock:
-            self._values.append(wait)
-
-    def snapshot(self) -> list[float]:
-        """The waits so far, in the order they were logged."""
-        with self._lock:
-            return list(self._values)
-
-
-class _WaitCollector(logging.Handler):
-    def __init__(self, waits: RelockWaits) -> None:
-        super().__init__(logging.INFO)
-        self.waits = waits
-
-    def emit(self, record: logging.LogRecord) -> None:
-        wait = getattr(record, "wait", None)
-        if isinstance(wait, int | float) and getattr(record, "outcome", None) == "relocked":
-            self.waits.add(float(wait))
+__all__ = ["quiet_logs"]
 
 
 @contextmanager
-def quiet_logs(log_file: Path | None, waits: RelockWaits) -> Iterator[None]:
+def quiet_logs(log_file: Path | None) -> Iterator[None]:
     """Keep log lines off the live display: to ``log_file`` if given, else nowhere."""
     names = ("orchestrator", "apscheduler")
     saved = [(logging.getLogger(n), logging.getLogger(n).propagate) for n in names]
     saved_levels = [lg.level for lg, _ in saved]
-    handlers: list[logging.Handler] = [_WaitCollector(waits)]
+    # A handler even with no file: a logger with none prints its warnings to stderr.
+    handlers: list[logging.Handler] = [logging.NullHandler()]
     if log_file is not None:
         to_file = logging.FileHandler(log_file, encoding="utf-8")
         to_file.setFormatter(

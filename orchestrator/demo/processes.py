@@ -3,7 +3,7 @@
 ``orchestrator demo --processes N`` (with a real server) starts N copies of this module,
 each one replica of the gateway workflow, an ``AsyncOrchestrator`` run by ``asyncio.run``
 (the workflow is written once, async). They share nothing but the database: each
-publishes its step counts (and, when it stops, its certificate relock waits) to the
+publishes its step counts (and, when it stops, its final report) to the
 ``demoReplicas`` collection, where the demo's display and report read them.
 SIGTERM stops a replica as ``orchestrator run`` does, through the loop's signal handler.
 The server's URI reaches them in ``MONGODB_URI``, never on a command line that ``ps`` shows.
@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.core.steps import started
-from orchestrator.demo.logs import RelockWaits, quiet_logs
+from orchestrator.demo.logs import quiet_logs
 from orchestrator.demo.run import DemoOptions
 from orchestrator.mongo import connect_async
 
@@ -132,12 +132,6 @@ class Processes:
         published = await self._published()
         return [(name, dict(published.get(name, {}).get("stats", {}))) for name in self._names]
 
-    async def relock_waits(self) -> list[float]:
-        waits: list[float] = []
-        for doc in (await self._published()).values():
-            waits.extend(float(w) for w in doc.get("waits", []))
-        return sorted(waits)
-
 
 def main(argv: Sequence[str] | None = None) -> int:
     """One replica process: run the workflow until SIGTERM, publishing its counts."""
@@ -175,15 +169,14 @@ async def _replica(args: argparse.Namespace, uri: str) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    waits = RelockWaits()
-    with quiet_logs(args.log_file, waits):
+    with quiet_logs(args.log_file):
         await orch.start()
         fields: dict[str, Any] = {"pid": os.getpid()}
         while not await _wait(stop, PUBLISH_EVERY):
             fields["stats"] = orch.stats()
             await reports.update_one({"_id": args.replica_id}, {"$set": fields}, upsert=True)
         report = await orch.stop(timeout=10)
-    fields.update(waits=waits.snapshot(), stillRunning=len(report.still_running))
+    fields.update(stillRunning=len(report.still_running))
     fields.update(stats=orch.stats(), stopped=True)
     await reports.update_one({"_id": args.replica_id}, {"$set": fields}, upsert=True)
     return 0

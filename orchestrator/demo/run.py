@@ -1,7 +1,7 @@
 """``orchestrator demo``: the gateway workflow at scale, three replicas, checked at the end.
 
 It creates gateways with custom domains, waits while the replicas provision them (each
-certificate really waits out its delay, by relocking with progressive backoff), deletes a
+certificate really waits out its delay, its domain woken by the authority's signal), deletes a
 share of them, then audits the result: every resource in its expected final phase, no
 side effect run twice (a ledger with a unique key counts repeats), no lease left held.
 Time is real; ``tick`` and ``lock_timeout`` are small so the run takes seconds.
@@ -35,7 +35,7 @@ from orchestrator.core.documents import Document
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.settings import DEFAULT_DATABASE
 from orchestrator.core.steps import started
-from orchestrator.demo.logs import RelockWaits, quiet_logs
+from orchestrator.demo.logs import quiet_logs
 from orchestrator.mongo import connect_async
 from orchestrator.operations import AsyncOperations, Status
 
@@ -43,7 +43,15 @@ if TYPE_CHECKING:
     from orchestrator.demo.workflows.gateway import Platform, Workflow
 
 PHASES = ("Creating", "Created", "Deleting", "Deleted", "Failed")
-WATCHED = ("gateways", "runtimeDomains")
+WATCHED = (
+    "gateways",
+    "runtimeDomains",
+    "certificates",
+    "databases",
+    "stages",
+    "cloudFunctions",
+    "cronTriggers",
+)
 """The collections the workflow's handlers claim from: all the display and the audit read."""
 
 
@@ -120,16 +128,13 @@ class Fleet(Protocol):
 
     async def stats(self) -> list[tuple[str, Mapping[str, int]]]: ...
 
-    async def relock_waits(self) -> list[float]: ...
-
 
 class _Tasks:
     """Replicas as ``AsyncOrchestrator``s on this process's event loop."""
 
-    def __init__(self, replicas: list[Workflow], waits: RelockWaits) -> None:
+    def __init__(self, replicas: list[Workflow]) -> None:
         self.replicas = replicas
         self.platform = replicas[0].platform
-        self._waits = waits
 
     def describe(self) -> str:
         return f"{len(self.replicas)} replicas"
@@ -157,9 +162,6 @@ class _Tasks:
 
     async def stats(self) -> list[tuple[str, Mapping[str, int]]]:
         return [(r.orch.replica_id, r.orch.stats()) for r in self.replicas]
-
-    async def relock_waits(self) -> list[float]:
-        return sorted(self._waits.snapshot())
 
 
 @contextmanager
@@ -263,7 +265,6 @@ async def _demo(
     """The run itself, on ``db``, whose client the caller closes."""
     from orchestrator.demo.workflows.gateway import Faults, build  # noqa: PLC0415
 
-    waits = RelockWaits()
     settings: dict[str, Any] = {
         "cert_delay": options.cert_delay,
         "faults": Faults(options.fail_rate, options.seed),
@@ -281,8 +282,7 @@ async def _demo(
             [
                 build(db, replica_id=f"replica-{n + 1}", listeners=listeners, **settings)
                 for n in range(options.replicas)
-            ],
-            waits,
+            ]
         )
     await fleet.platform.reset()
     names = [f"gw-{n:03d}" for n in range(options.gateways)]
@@ -302,7 +302,7 @@ async def _demo(
         console, db, fleet, monotonic, started=started, total=len(names), to_delete=len(deleted)
     )
     timed_out: str | None = None
-    with quiet_logs(options.log_file, waits):
+    with quiet_logs(options.log_file):
         await fleet.start()
         try:
             submitters = fleet.submitters()
@@ -536,7 +536,6 @@ async def _report(
         ),
     ]
     steps = started(total)
-    relock_waits = await fleet.relock_waits()
     table = Table(
         title=f"Report: {len(kept) + len(deleted)} gateways, {fleet.describe()}",
         show_header=False,
@@ -550,12 +549,6 @@ async def _report(
         ", ".join(f"{name} {started(s)}" for name, s in stats),
     )
     table.add_row("relocks", str(total.get("relocked", 0)))
-    if relock_waits:
-        table.add_row(
-            "certificate waits",
-            f"{len(relock_waits)} relocks, wait {relock_waits[0]:.2f}s up to "
-            f"{relock_waits[-1]:.2f}s (a tenth of the time waited)",
-        )
     table.add_row("retries", f"{total.get('retrying', 0)} (injected faults, retried with backoff)")
     table.add_row("steps run twice", str(repeats))
     counts = status.counts()

@@ -1,27 +1,28 @@
-"""Certificate provisioning for a runtime domain with a custom domain.
+"""A gateway's runtime domain, and the certificate of its custom domain.
 
-The step asks a certificate manager for a certificate, then relocks with progressive
-backoff until it is Ready (waits of a tenth of the time spent so far: 0.1 s after 1 s,
-1 s after 10 s, 3 s after 30 s), creates the ingress, and reaches Created. A failed
-certificate is discarded and the step raises, so the next attempt requests a new one.
+The domain's step requests a certificate, then waits for the authority's signal
+(``lease.wait_for``): nothing polls. Woken, it reads the certificate: Ready, it makes the
+ingress and is Created; Failed, it discards it and raises, so the next attempt requests
+again (past ``max_requests`` it fails); still Pending (an earlier request's signal), it
+waits again. Deleting removes its ingress and certificate, then the domain.
 
-``CertManager`` stands in for cert-manager: a collection of requests that turn Ready
-``delay`` seconds after they were made, by the orchestrator's (server) clock, so a
-``FakeClock`` drives it in tests; the platform's ``Faults`` decide which ones fail.
+``CertManager`` stands in for cert-manager: a certificate is a document due ``delay``
+seconds after its request by the server's clock (``submit``'s ``not_before``), whose
+step, on any replica or process, settles it Ready or Failed (``Faults`` decide); the next
+step signals the domain, so the domain the signal wakes reads it settled.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable
-from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from pymongo import ReturnDocument
 from pymongo.asynchronous.database import AsyncDatabase
 
 from orchestrator import AsyncLease, AsyncOrchestrator, Outcome, Resource
-from orchestrator.core.clock import as_utc
+from orchestrator.core.errors import DocumentNotFound
 
 if TYPE_CHECKING:
     from orchestrator.demo.workflows.gateway import Faults
@@ -30,6 +31,8 @@ logger = logging.getLogger("orchestrator.demo.workflows.certificates")
 
 CERTIFICATES = "certificates"
 INGRESSES = "ingresses"
+ISSUED = "certificate-issued"
+"""The signal the certificate authority sends a domain when its certificate is settled."""
 
 Recorder = Callable[[Any, str], Awaitable[None]]
 
@@ -42,7 +45,18 @@ class RuntimeDomain(Resource):
     gateway_name: str
     host: str
     custom_domain: str | None = None
-    certificate_requests: int = 0  # kept across relocks and retries, unlike attempts
+    certificate_requests: int = 0  # kept across retries, unlike attempts
+
+
+class Certificate(Resource):
+    """A certificate request (``_id``: the custom domain), as the authority holds it."""
+
+    collection = CERTIFICATES
+
+    domain_id: Any
+    status: str = "Pending"
+    outcome: str = "Ready"
+    """What the authority will settle it as."""
 
 
 class CertificateFailed(RuntimeError):
@@ -55,8 +69,8 @@ class CertManager:
     def __init__(
         self,
         db: AsyncDatabase[dict[str, Any]],
+        orch: AsyncOrchestrator,
         *,
-        now: Callable[[], datetime],
         delay: float,
         faults: Faults,
         record: Recorder,
@@ -66,45 +80,27 @@ class CertManager:
             raise ValueError(f"certificate delay must be >= 0 s, not {delay!r}")
         self._certs = db[CERTIFICATES]
         self._ingresses = db[INGRESSES]
-        self._now = now
+        self._orch = orch
         self.delay = delay
+        self.timeout = max(60.0, 10 * delay)
+        """How long a domain waits for its certificate before it fails."""
         self._faults = faults
         self._record = record
         self.max_requests = max_requests
 
-    async def request(self, domain: RuntimeDomain) -> None:
-        """Ask for a certificate of ``domain.custom_domain``; a pending request is kept."""
-        host = _custom(domain)
-        now = self._now()
+    async def request(self, domain: RuntimeDomain, host: str) -> None:
+        """Ask for a certificate of ``host`` (the domain's custom domain); a pending
+        request is kept."""
         number = domain.certificate_requests
         fails = self._faults.should_fail(host, "certificate", number)
-        await self._certs.update_one(
-            {"_id": host},
-            {
-                "$setOnInsert": {
-                    "status": "Pending",
-                    "requestedAt": now,
-                    "readyAt": now + timedelta(seconds=self.delay),
-                    "outcome": "Failed" if fails else "Ready",
-                }
-            },
-            upsert=True,
-        )
+        cert = {"_id": host, "domainId": domain.id, "phase": "Issuing", "status": "Pending"}
+        cert["outcome"] = "Failed" if fails else "Ready"
+        await self._orch.submit(Certificate, cert, not_before=self.delay or None)
+        logger.info("certificate requested for %s", host, extra={"doc_id": str(domain.id)})
         await self._record(domain.id, f"certificate:{number}")
 
     async def get(self, host: str) -> dict[str, Any] | None:
-        """The request for ``host``; a due one turns Ready (or Failed) as it is read."""
-        cert = await self._certs.find_one({"_id": host})
-        if cert is None or cert["status"] != "Pending":
-            return cert
-        if as_utc(cert["readyAt"]) > self._now():
-            return cert
-        settled = await self._certs.find_one_and_update(
-            {"_id": host, "status": "Pending"},
-            {"$set": {"status": cert["outcome"]}},
-            return_document=ReturnDocument.AFTER,
-        )
-        return settled if settled is not None else await self._certs.find_one({"_id": host})
+        return await self._certs.find_one({"_id": host})
 
     async def discard(self, host: str) -> None:
         await self._certs.delete_one({"_id": host})
@@ -124,53 +120,47 @@ class CertManager:
         )
         await self._record(domain.id, "ingress")
 
-    async def remove_ingress(self, host: str) -> None:
-        await self._ingresses.delete_one({"_id": host})
+    async def remove(self, domain: RuntimeDomain) -> None:
+        """The domain's ingress and certificate, gone."""
+        self._faults.check(domain.host, "delete:runtimeDomains", domain.attempts)
+        await self._ingresses.delete_one({"_id": domain.host})
+        if domain.custom_domain:
+            await self.discard(domain.custom_domain)
+        await self._record(domain.id, "delete")
 
 
 def register_domains(orch: AsyncOrchestrator, certs: CertManager) -> None:
-    @orch.phase(RuntimeDomain, "Creating", to="Created")
+    @orch.phase(Certificate, "Issuing", to="Issued")
+    async def issue(lease: AsyncLease[Certificate]) -> Outcome:
+        cert = lease.resource
+        if cert.status == "Pending":
+            return await lease.unlock(status=cert.outcome)
+        with contextlib.suppress(DocumentNotFound):  # its domain was deleted meanwhile
+            await orch.signal(RuntimeDomain, cert.domain_id, ISSUED)
+        return await lease.advance("Issued")
+
+    @orch.phase(RuntimeDomain, "Creating", to=("Creating", "Created"))
     async def create_domain(lease: AsyncLease[RuntimeDomain]) -> Outcome:
         domain = lease.resource
-        if domain.custom_domain:
-            cert = await certs.get(domain.custom_domain)
+        host = domain.custom_domain
+        if host:
+            cert = await certs.get(host)
             if cert is None:
-                await certs.request(domain)
-                requests = domain.certificate_requests + 1
-                return await _wait(lease, "certificate requested", certificate_requests=requests)
+                await certs.request(domain, host)
+                return await lease.unlock(certificate_requests=domain.certificate_requests + 1)
+            if cert["status"] == "Pending":
+                return await lease.wait_for(ISSUED, then="Creating", timeout=certs.timeout)
             if cert["status"] == "Failed":
-                await certs.discard(domain.custom_domain)
-                failed = f"certificate for {domain.custom_domain} failed"
-                # Relocks reset ``attempts``, so the requests are what counts failures here.
+                await certs.discard(host)
+                failed = f"certificate for {host} failed"
+                # A step that ends well resets ``attempts``: the requests count failures.
                 if domain.certificate_requests >= certs.max_requests:
                     return await lease.fail(f"{failed} {domain.certificate_requests} times")
                 raise CertificateFailed(failed)
-            if cert["status"] != "Ready":
-                return await _wait(lease, "certificate not ready")
         await certs.ensure_ingress(domain)
         return await lease.advance("Created")
 
-
-async def _wait(lease: AsyncLease[RuntimeDomain], why: str, **fields: Any) -> Outcome:
-    outcome = await lease.relock(**fields)
-    domain = lease.resource
-    logger.info(
-        "%s for %s; next check in %.2fs",
-        why,
-        domain.custom_domain,
-        outcome.wait or 0.0,
-        extra={
-            "collection": lease.collection,
-            "doc_id": str(lease.id),
-            "phase": lease.phase,
-            "outcome": outcome.action,
-            "wait": outcome.wait,
-        },
-    )
-    return outcome
-
-
-def _custom(domain: RuntimeDomain) -> str:
-    if not domain.custom_domain:
-        raise ValueError(f"runtime domain {domain.host} has no custom domain")
-    return domain.custom_domain
+    @orch.phase(RuntimeDomain, "Deleting")
+    async def delete_domain(lease: AsyncLease[RuntimeDomain]) -> Outcome:
+        await certs.remove(lease.resource)
+        return await lease.remove()

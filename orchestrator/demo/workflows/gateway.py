@@ -2,10 +2,11 @@
 
 A gateway has a desired ``state`` (Running, Stopped, Deleted) that users set, and an
 observed ``phase`` (Creating, Created, Deleting, Deleted) that only handlers move.
-Creating provisions its children one kind per step (a runtime domain, a database, stages,
-cloud functions, cron triggers), then waits for the runtime domain's certificate.
-Deleting removes them one kind per step in the opposite order, so a deletion that fails
-half way resumes at the kind it stopped at. A deleted gateway is archived and removed.
+Creating makes its children (a runtime domain, a database, stages, cloud functions, cron
+triggers), each a document of its own whose step provisions it, and waits for them all
+(``lease.create_child``, ``lease.wait_for_children``): a retried step makes none twice,
+and nothing polls. Deleting moves them to their deletion and waits until they are gone;
+the data goes last. A deleted gateway is archived and removed.
 
 ``Platform`` stands in for the services the real platform calls (Kubernetes, the cloud
 API). It is application code: it talks to its own collections directly, and writes one
@@ -31,12 +32,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import Field
 from pymongo import AsyncMongoClient
 from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.errors import DuplicateKeyError
 
 from orchestrator import DEFAULT_DATABASE, AsyncLease, AsyncOrchestrator, ConfigError, Resource
+from orchestrator.core.trees import OWNER_FIELD, Owner
 from orchestrator.demo.workflows.certificates import (
     CERTIFICATES,
     INGRESSES,
@@ -48,13 +49,21 @@ from orchestrator.testing import async_memory_database
 
 logger = logging.getLogger("orchestrator.demo.workflows.gateway")
 
-CREATE_ORDER = ("runtimeDomains", "databases", "stages", "cloudFunctions", "cronTriggers")
-"""The runtime domain first: its certificate takes longest, so it starts earliest."""
-
-DELETE_ORDER = ("cronTriggers", "cloudFunctions", "stages", "runtimeDomains", "databases")
-"""What calls a function goes before the function; the data goes last."""
-
-CHILDREN_PER_KIND = {"cronTriggers": 2, "cloudFunctions": 3, "stages": 2, "databases": 1}
+CHILDREN_PER_KIND = {
+    "runtimeDomains": 1,
+    "databases": 1,
+    "stages": 2,
+    "cloudFunctions": 3,
+    "cronTriggers": 2,
+}
+CREATE_ORDER = tuple(CHILDREN_PER_KIND)
+"""The collections of a gateway's children, made in this order: the runtime domain first,
+its certificate takes longest, so it starts earliest."""
+PARTS = CREATE_ORDER[1:]
+"""The children with no workflow of their own: a step provisions each, one removes it."""
+DATA = "databases"
+DROPPING = "Dropping"
+"""The phase a database is removed in: the second stage of a deletion (``register``)."""
 
 STOP_WANTED = {"state": "Stopped", "stopped": {"$ne": True}}
 START_WANTED = {"state": "Running", "stopped": True}
@@ -71,8 +80,6 @@ class Gateway(Resource):
     name: str
     state: Literal["Running", "Stopped", "Deleted"] = "Running"
     custom_domain: str | None = None
-    provisioned: list[str] = Field(default_factory=list)
-    removed: list[str] = Field(default_factory=list)
     stopped: bool = False
 
 
@@ -130,9 +137,7 @@ class Platform:
         self.db = db
         self.orch = orch
         self.faults = faults if faults is not None else Faults()
-        self.certs = CertManager(
-            db, now=self.now, delay=cert_delay, faults=self.faults, record=self.record
-        )
+        self.certs = CertManager(db, orch, delay=cert_delay, faults=self.faults, record=self.record)
 
     def now(self) -> datetime:
         """The orchestrator's estimate of the database server's clock."""
@@ -163,43 +168,11 @@ class Platform:
 
     # -- what steps call -------------------------------------------------------------------
 
-    async def create(self, gateway: Gateway, kind: str) -> None:
-        self.faults.check(gateway.name, f"create:{kind}", gateway.attempts)
-        if kind == "runtimeDomains":
-            domain = RuntimeDomain(
-                gateway_id=gateway.id,
-                gateway_name=gateway.name,
-                host=f"{gateway.name}.apps.example.net",
-                custom_domain=gateway.custom_domain,
-                phase="Creating",
-            )
-            await self.orch.submit(RuntimeDomain, domain, unique="gateway_id")
-        else:
-            children = self.db[kind]
-            for n in range(CHILDREN_PER_KIND[kind]):
-                name = f"{gateway.name}-{kind}-{n}"
-                await children.update_one(
-                    {"gatewayId": gateway.id, "name": name},
-                    {"$setOnInsert": {"replicas": 1}},
-                    upsert=True,
-                )
-        await self.record(gateway.id, f"create:{kind}")
-
-    async def domain_phase(self, gateway: Gateway) -> str | None:
-        doc = await self.db[RuntimeDomain.collection].find_one(
-            {"gatewayId": gateway.id}, {"phase": 1}
-        )
-        return None if doc is None else str(doc.get("phase"))
-
-    async def remove(self, gateway: Gateway, kind: str) -> None:
-        self.faults.check(gateway.name, f"delete:{kind}", gateway.attempts)
-        if kind == "runtimeDomains":
-            async for domain in self.db[kind].find({"gatewayId": gateway.id}):
-                await self.certs.remove_ingress(domain["host"])
-                if domain.get("customDomain"):
-                    await self.certs.discard(domain["customDomain"])
-        await self.db[kind].delete_many({"gatewayId": gateway.id})
-        await self.record(gateway.id, f"delete:{kind}")
+    async def call(self, lease: AsyncLease[Any], action: str) -> None:
+        """``create`` or ``delete`` the child ``lease`` holds (a database, a stage...)."""
+        name, attempts = lease.doc["name"], lease.doc.get("attempts", 0)
+        self.faults.check(name, f"{action}:{lease.collection}", attempts)
+        await self.record(lease.id, action)
 
     async def scale(self, gateway: Gateway, replicas: int) -> None:
         """Stop (0) or start (1) the gateway's functions; idempotent, so not in the ledger."""
@@ -261,9 +234,9 @@ class Platform:
             await self.db.drop_collection(name)
 
     async def audit(self, kept: list[str], deleted: list[str]) -> list[str]:
-        """What is not where it should be: kept gateways Created with every child, their
-        domain Created behind a Ready certificate and an ingress; deleted ones archived
-        with nothing left behind. Empty when all is well."""
+        """What is not where it should be: kept gateways Created with every child, each
+        Created and owned by its gateway, their domain behind a Ready certificate and an
+        ingress; deleted ones archived with nothing left behind. Empty when all is well."""
         problems: list[str] = []
         for name in kept:
             problems += await self._kept_problems(name)
@@ -278,13 +251,20 @@ class Platform:
         if doc is None or doc.get("phase") != "Created":
             return [f"{name}: phase {doc and doc.get('phase')}, expected Created"]
         problems: list[str] = []
+        wanted = ("Created", Gateway.collection, doc["_id"])  # each child's phase and owner
         for kind, count in CHILDREN_PER_KIND.items():
-            found = await self.db[kind].count_documents({"gatewayId": doc["_id"]})
-            if found != count:
-                problems.append(f"{name}: {found} {kind}, expected {count}")
+            children = [c async for c in self.db[kind].find({"gatewayId": doc["_id"]})]
+            if len(children) != count:
+                problems.append(f"{name}: {len(children)} {kind}, expected {count}")
+            for child in children:
+                owner = Owner.read(child.get(OWNER_FIELD)) or Owner("", None, "")
+                if (child.get("phase"), owner.collection, owner.id) != wanted:
+                    problems.append(
+                        f"{name}: {kind} {child['_id']} {child.get('phase')}, owned by {owner}"
+                    )
         domain = await self.db[RuntimeDomain.collection].find_one({"gatewayId": doc["_id"]})
         if domain is None or domain.get("phase") != "Created":
-            return [*problems, f"{name}: runtime domain {domain and domain.get('phase')}"]
+            return problems
         custom = domain.get("customDomain")
         cert = await self.db[CERTIFICATES].find_one({"_id": custom}) if custom else None
         if custom and (cert is None or cert.get("status") != "Ready"):
@@ -301,10 +281,12 @@ class Platform:
         archived = await self.db[ARCHIVE].find_one({"name": name})
         if archived is None:
             return [*problems, f"{name}: not archived"]
+        gone = archived["_id"]
         for kind in CREATE_ORDER:
-            if await self.db[kind].count_documents({"gatewayId": archived["_id"]}):
+            left = {"$or": [{"gatewayId": gone}, {f"{OWNER_FIELD}.id": gone}]}
+            if await self.db[kind].count_documents(left):
                 problems.append(f"{name}: {kind} left behind")
-        if await self.db[INGRESSES].count_documents({"gatewayId": archived["_id"]}):
+        if await self.db[INGRESSES].count_documents({"gatewayId": gone}):
             problems.append(f"{name}: ingress left behind")
         if archived.get("customDomain") and await self.db[CERTIFICATES].count_documents(
             {"_id": archived["customDomain"]}
@@ -319,22 +301,36 @@ class Platform:
 
 
 def register(orch: AsyncOrchestrator, platform: Platform) -> None:
-    """The gateway handlers, and those of its runtime domain; every replica registers them."""
-    register_domains(orch, platform.certs)
+    """The gateway handlers, and those of its children; every replica registers them.
 
-    @orch.phase(Gateway, "Creating", to="Created")
+    A deletion goes in two stages, the data last: a function running as its database is
+    dropped could write to it again (MongoDB makes a database at its first write). Moved to
+    Deleting, where no handler takes it, a database counts as ended, so the first wait ends
+    once the others are gone; then it moves on to ``DROPPING``. The others go at once, as a
+    cascading delete in Kubernetes does: a trigger calling a function gone first fails,
+    harmlessly. A child that fails fails its gateway, whose deletion then starts again.
+    """
+    register_domains(orch, platform.certs)
+    for kind in PARTS:
+        _register_part(orch, platform, kind)
+
+    @orch.phase(Gateway, "Creating", to=("Created", "Failed"))
     async def provision(lease: AsyncLease[Gateway]) -> Any:
         gateway = lease.resource
-        for kind in CREATE_ORDER:
-            if kind not in gateway.provisioned:
-                await platform.create(gateway, kind)
-                return await lease.unlock(provisioned=[*gateway.provisioned, kind])
-        domain = await platform.domain_phase(gateway)
-        if domain == "Created":
-            return await lease.advance("Created")
-        if domain == orch.settings.failed_phase:
-            return await lease.fail(f"runtime domain of {gateway.name} failed")
-        return await lease.relock()
+        domain = RuntimeDomain(
+            gateway_id=gateway.id,
+            gateway_name=gateway.name,
+            host=f"{gateway.name}.apps.example.net",
+            custom_domain=gateway.custom_domain,
+            phase="Creating",
+        )
+        await lease.create_child(RuntimeDomain, "runtimeDomain", domain)
+        for kind in PARTS:
+            for n in range(CHILDREN_PER_KIND[kind]):
+                name = f"{gateway.name}-{kind}-{n}"
+                part = {"gatewayId": gateway.id, "name": name, "replicas": 1, "phase": "Creating"}
+                await lease.create_child(kind, f"{kind}-{n}", part)
+        return await lease.wait_for_children(then="Created", on_failure="Failed")
 
     @orch.when(
         Gateway, {"state": "Deleted", "phase": {"$in": ["Created", "Failed"]}}, to="Deleting"
@@ -342,14 +338,15 @@ def register(orch: AsyncOrchestrator, platform: Platform) -> None:
     async def begin_deletion(lease: AsyncLease[Gateway]) -> Any:
         return await lease.advance("Deleting")
 
-    @orch.phase(Gateway, "Deleting", to="Deleted")
+    @orch.phase(Gateway, "Deleting", to=("DroppingData", "Failed"))
     async def delete_children(lease: AsyncLease[Gateway]) -> Any:
-        gateway = lease.resource
-        for kind in DELETE_ORDER:
-            if kind not in gateway.removed:
-                await platform.remove(gateway, kind)
-                return await lease.unlock(removed=[*gateway.removed, kind])
-        return await lease.advance("Deleted")
+        await lease.move_children("Deleting")
+        return await lease.wait_for_children(then="DroppingData", on_failure="Failed")
+
+    @orch.phase(Gateway, "DroppingData", to=("Deleted", "Failed"))
+    async def drop_data(lease: AsyncLease[Gateway]) -> Any:
+        await lease.move_children(DROPPING)
+        return await lease.wait_for_children(then="Deleted", on_failure="Failed")
 
     @orch.phase(Gateway, "Deleted")
     async def archive(lease: AsyncLease[Gateway]) -> Any:
@@ -362,6 +359,18 @@ def register(orch: AsyncOrchestrator, platform: Platform) -> None:
         stopping = lease.resource.state == "Stopped"
         await platform.scale(lease.resource, 0 if stopping else 1)
         return await lease.unlock(stopped=stopping)
+
+
+def _register_part(orch: AsyncOrchestrator, platform: Platform, kind: str) -> None:
+    @orch.phase(kind, "Creating", to="Created")
+    async def create_part(lease: AsyncLease[Any]) -> Any:
+        await platform.call(lease, "create")
+        return await lease.advance("Created")
+
+    @orch.phase(kind, DROPPING if kind == DATA else "Deleting")
+    async def remove_part(lease: AsyncLease[Any]) -> Any:
+        await platform.call(lease, "delete")
+        return await lease.remove()
 
 
 @dataclass(frozen=True)
