@@ -17,10 +17,11 @@ import pytest
 from bson import ObjectId
 from pymongo import ReturnDocument
 
-from orchestrator.core.queries import claims, lease_writes
+from orchestrator.core.queries import claims, lease_writes, trees
 from orchestrator.testing import memory_database
 
 BASE = datetime(2026, 1, 1)
+OWNER = ObjectId()
 
 
 def _value(rng: random.Random) -> Any:
@@ -58,6 +59,18 @@ def _documents(seed: int) -> list[dict[str, Any]]:
             doc["failedBy"] = rng.choice(["h1", "h2", 3, None, ["h1"]])
         if seed != 0 and rng.random() < 0.5:
             doc["claimPriority"] = rng.choice([rng.randint(0, 3), None, 2.5, "text", True])
+        if rng.random() < 0.5:  # a child's owner, or what else the field may hold
+            owner = rng.choice(
+                [
+                    {"collection": "parents", "id": rng.choice(["p1", "p2", OWNER, 7])},
+                    {"collection": ["parents"], "id": "p1"},
+                    [{"collection": "parents", "id": "p1"}],
+                    "parents/p1",
+                    {"id": "p1"},
+                    None,
+                ]
+            )
+            doc["orchestratorOwner"] = owner
         for field in ("lockedUntil", "updatedAt"):
             if seed != 0 and rng.random() < 0.9:
                 doc[field] = (
@@ -89,6 +102,9 @@ FILTERS = [
     {"failedBy": {"$ne": "h1"}},
     {"updatedAt": {"$not": {"$lte": BASE}}},
     {"phase": "B"},
+    trees.children_filter("parents", "p1"),
+    trees.children_filter("parents", OWNER),
+    {"orchestratorOwner.id": "p2", "phase": "A"},
 ]
 
 

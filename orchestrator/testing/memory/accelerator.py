@@ -29,6 +29,8 @@ _process_pipeline: Callable[..., Any] = _untyped_process_pipeline
 _Verdict = bool | None  # None: not decided here; mongomock judges the document
 _Test = Callable[[Mapping[str, Any]], _Verdict]
 _MISSING = object()
+_EXACT = (str, ObjectId)
+"""Values an equality compares natively: only another of the same type equals one."""
 _RANGES: dict[str, Callable[[Any, Any], bool]] = {
     "$lt": operator.lt,
     "$lte": operator.le,
@@ -102,10 +104,10 @@ def _judge(test: _Test, spec: Any, doc: Mapping[str, Any]) -> bool:
     return bool(filter_applies(spec, doc)) if verdict is None else verdict
 
 
-def _compile(spec: Any) -> _Test | None:  # noqa: PLR0911  one return per filter shape it compiles
-    """A native test for filters made of string equalities and ``$ne``, date ranges, ``$not``
-    of a date range, ``$or`` and ``$and`` on top-level fields (a claim's shape); None
-    otherwise."""
+def _compile(spec: Any) -> _Test | None:
+    """A native test for filters made of string (or ObjectId) equalities, on fields or
+    dotted paths, ``$ne`` of a string, date ranges, ``$not`` of a date range, ``$or`` and
+    ``$and`` on top-level fields (a claim's shape, a child's owner); None otherwise."""
     if not isinstance(spec, Mapping) or not spec:
         return None
     tests: list[_Test] = []
@@ -118,35 +120,57 @@ def _compile(spec: Any) -> _Test | None:  # noqa: PLR0911  one return per filter
                 return None
             tests.append(_either(parts) if key == "$or" else _both(parts))  # type: ignore[arg-type]
             continue
-        if not isinstance(key, str) or not key or key.startswith("$") or "." in key:
+        field = _compile_field(key, value)
+        if field is None:
             return None
-        if type(value) is str:
-            tests.append(_equals(key, value))
-            continue
-        if not isinstance(value, Mapping) or len(value) != 1:
-            return None
-        ((op, operand),) = value.items()
-        if op == "$ne" and type(operand) is str:
-            tests.append(_differs(key, operand))
-            continue
-        negate = op == "$not"
-        if negate:
-            if not isinstance(operand, Mapping) or len(operand) != 1:
-                return None
-            ((op, operand),) = operand.items()
-        compare = _RANGES.get(op)
-        if compare is None or type(operand) is not datetime:
-            return None
-        tests.append(_range(key, compare, operand, negate))
+        tests.append(field)
     return _both(tests)
 
 
-def _equals(key: str, wanted: str) -> _Test:
+def _compile_field(key: Any, value: Any) -> _Test | None:  # noqa: PLR0911  one return per shape
+    """A native test of one field's condition, or None."""
+    if not isinstance(key, str) or not key or key.startswith("$"):
+        return None
+    if type(value) in _EXACT:
+        return _equals(key, value)
+    if not isinstance(value, Mapping) or len(value) != 1:
+        return None
+    ((op, operand),) = value.items()
+    if op == "$eq" and type(operand) in _EXACT:
+        return _equals(key, operand)
+    if "." in key:
+        return None  # a dotted path: equalities only (a child's owner)
+    if op == "$ne" and type(operand) is str:
+        return _differs(key, operand)
+    negate = op == "$not"
+    if negate:
+        if not isinstance(operand, Mapping) or len(operand) != 1:
+            return None
+        ((op, operand),) = operand.items()
+    compare = _RANGES.get(op)
+    if compare is None or type(operand) is not datetime:
+        return None
+    return _range(key, compare, operand, negate)
+
+
+def _equals(key: str, wanted: Any) -> _Test:
+    """``key`` (a field, or a dotted path through embedded documents) equals ``wanted``
+    (a string or an ObjectId: no type compares equal to another's values)."""
+    path = key.split(".")
+
     def test(doc: Mapping[str, Any]) -> _Verdict:
-        value = doc.get(key, _MISSING)
-        if type(value) is str:
-            return value == wanted
-        return False if value is _MISSING else None
+        value: Any = doc
+        for part in path:
+            if not isinstance(value, Mapping):
+                # Through an array MongoDB looks into each element: mongomock's rules. A
+                # path through any other value finds nothing.
+                return None if isinstance(value, list) else False
+            value = value.get(part, _MISSING)
+            if value is _MISSING:
+                return False
+        if type(value) is type(wanted):
+            return bool(value == wanted)
+        return None if isinstance(value, list) else False
 
     return test
 
