@@ -195,7 +195,8 @@ def test_graph_draws_the_gateway_workflow(capsys: pytest.CaptureFixture[str]) ->
     assert out.startswith("stateDiagram-v2\n")
     assert "gateways_Creating --> gateways_Created : provision" in out
     assert "gateways_Created --> gateways_Deleting : begin_deletion [state=Deleted]" in out
-    assert "gateways_Deleting --> gateways_Deleted : delete_children" in out
+    assert "gateways_Deleting --> gateways_DroppingData : delete_children" in out
+    assert "gateways_DroppingData --> gateways_Deleted : drop_data" in out
     assert "runtimeDomains_Creating --> runtimeDomains_Created : create_domain" in out
 
 

@@ -120,7 +120,7 @@ def test_the_shipped_gateway_worker_runs_under_orchestrator_run(
     with python_process(
         tmp_path, "unused", "", "-m", "orchestrator", "run", "orchestrator.demo.workflows:worker"
     ) as proc:
-        read_until(proc, "running 6 handlers")
+        read_until(proc, "running 17 handlers")
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=30)  # a bound on a hang, not a measured time
     assert proc.returncode == 0, err
