@@ -64,6 +64,9 @@ class AwaitableLease:
     async def extend(self) -> None:
         self._lease.extend()
 
+    async def progress(self, fraction: float, note: str | None = None) -> None:
+        self._lease.progress(fraction, note)
+
     async def create_child(self, target: Target, name: str, doc: Any) -> dict[str, Any]:
         return self._lease.create_child(target, name, doc)
 

@@ -669,6 +669,7 @@ async def test_a_def_step_past_step_timeout_does_not_hold_up_the_next_def_step(
 RUNNER_ONLY = {
     # The engine's side of waits and children (a handler's are wait_for, create_child...).
     "wait_on",
+    "outside_change",
     "end_wait",
     "waiting",
     "made",

@@ -344,3 +344,26 @@ def test_history_names_the_parent_lists_the_children_and_the_inbox(
     assert "hunter2" not in out and "quota-raised" in out
     code, out, _ = run(command("history g1 -c gateways --json"), capsys)
     assert json.loads(out)["tree"]["children_counted"]["ended"] == 1
+
+
+def test_a_steps_progress_is_shown_on_the_page_and_by_find(
+    connected: Scene, capsys: pytest.CaptureFixture[str]
+) -> None:
+    progress = {"fraction": 0.4, "note": "copying, password=hunter2", "phase": "Provisioning"}
+    connected.db.databases.update_one({}, {"$set": {"orchestratorProgress": progress}})
+    connected.db.domains.update_one(
+        {}, {"$set": {"orchestratorProgress": {**progress, "fraction": 1.0, "note": None}}}
+    )
+    code, out, err = run(command("find -c databases"), capsys)
+    assert code == 0, err
+    assert "progress 40%: copying" in out and "hunter2" not in out
+    code, out, _ = run(command("find -c domains --json"), capsys)
+    [row] = json.loads(out)["documents"]
+    assert row["progress"] == "progress 100% (in Provisioning, since left)"
+    with mounted(connected.db) as client:
+        shown = read(client.get("/ops/document", params={"c": "databases", "id": "gateways/g1/db"}))
+    assert shown.text_of("progress").startswith("progress 40%: copying")
+    for garbage in ({"fraction": "most"}, {"fraction": float("nan")}, 7):
+        connected.db.databases.update_one({}, {"$set": {"orchestratorProgress": garbage}})
+        code, out, _ = run(command("find -c databases --json"), capsys)
+        assert code == 0 and json.loads(out)["documents"][0]["progress"] is None

@@ -83,12 +83,15 @@ def error_cell(row: Row) -> tuple[str, ...]:
 
 
 def tree_lines(row: Row) -> tuple[str, ...]:
-    """Its parent and what it waits for, a line each (none when it has neither)."""
+    """Its parent, what it waits for and its step's progress, a line each (none when it
+    has none of them)."""
     lines = []
     if row.owner is not None:
         lines.append(f"child of {row.owner}")
     if row.wait is not None:
         lines.append(row.wait)
+    if row.progress is not None:
+        lines.append(row.progress)
     return tuple(lines)
 
 

@@ -47,6 +47,7 @@ from orchestrator.core.resource import EPOCH
 from orchestrator.core.retention import NO_RETENTION, Retention
 from orchestrator.core.trees import (
     OWNS_FIELD,
+    PROGRESS_FIELD,
     WAIT_FIELD,
     Need,
     Wait,
@@ -54,6 +55,7 @@ from orchestrator.core.trees import (
     check_need,
     check_signal_name,
     check_timeout,
+    progress_record,
 )
 
 if TYPE_CHECKING:
@@ -133,6 +135,12 @@ class LeaseCore(Generic[R]):
         self._release: Release | None = None  # once released by a write (not a removal)
         self._unconfirmed_until: datetime | None = None  # in UNCONFIRMED: it may have landed
         self._carry: Carry | None = None  # once a release carried the lease on
+        self.progress: dict[str, Any] | None = None
+        """The step's latest ``progress`` not yet written: its outcome's write carries it."""
+        self._progress_at: datetime | None = None  # when a progress was last written
+        self.cancel_requested = False
+        """Set by the heartbeat: an operator moved the document (a cancel, a retry) or
+        deleted it while the step ran."""
         self.waiting: Wait | None = None
         """The wait its step's relock stored (``wait_write``): judged again once written."""
         self.made: list[str] = []
@@ -282,6 +290,21 @@ class LeaseCore(Generic[R]):
             on_timeout=on_timeout,
         )
 
+    def progress_write(self, fraction: Any, note: Any) -> dict[str, Any] | None:
+        """Record a step's progress, checked; the update that writes it now (fenced as an
+        extension is), or None: one was written less than ``progress_interval`` ago, and
+        this one waits for the next call past it, or the step's outcome."""
+        now = self._clock.now()
+        self.progress = progress_record(fraction, note, self.phase, now)
+        last = self._progress_at
+        if last is not None and (now - last).total_seconds() < self.settings.progress_interval:
+            return None
+        return {"$set": {PROGRESS_FIELD: self.progress}}
+
+    def progress_written(self) -> None:
+        self._progress_at = self._clock.now()
+        self.progress = None
+
     def wait_write(self, wait: Wait, owns: Sequence[str]) -> tuple[Write, Outcome]:
         """Relock with ``wait`` stored: claimable when what it waits for wakes it, at its
         deadline, or after a lock timeout at the latest (when its wait is judged again: a
@@ -420,6 +443,8 @@ class LeaseCore(Generic[R]):
         with the same write without it as its lighter form: a document at 16 MiB still
         takes the outcome."""
         update = lease_writes.stamp_release(update, self.token)
+        if self.progress is not None:  # the latest progress not yet written goes with it
+            update = {**update, "$set": {**update.get("$set", {}), PROGRESS_FIELD: self.progress}}
         keep = self.settings.history
         failing = action in _RECORDS
         lighter: tuple[dict[str, Any], ...] = ()

@@ -102,6 +102,13 @@ class BlockingLease(LeaseInfo[R_co], Protocol[R_co]):
     def extend(self) -> None:
         """Renew the lease for another lock timeout."""
 
+    def progress(self, fraction: float, note: str | None = None) -> None:
+        """Say how far the step is (0 to 1), rate-limited, fenced."""
+
+    @property
+    def cancel_requested(self) -> bool:
+        """An operator moved or deleted the document while the step runs."""
+
     @property
     def owner(self) -> Owner | None:
         """The document that owns this one (its parent), or None."""

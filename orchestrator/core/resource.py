@@ -14,6 +14,7 @@ from pydantic.alias_generators import to_camel
 from orchestrator.core.trees import (
     OWNER_FIELD,
     OWNS_FIELD,
+    PROGRESS_FIELD,
     SENT_FIELD,
     SIGNALS_FIELD,
     TAKEN_FIELD,
@@ -53,6 +54,7 @@ LEASE_FIELDS = frozenset(
         EXPIRY_FIELD,
         OWNER_FIELD,
         OWNS_FIELD,
+        PROGRESS_FIELD,
         WAIT_FIELD,
         SIGNALS_FIELD,
         SENT_FIELD,

@@ -152,6 +152,13 @@ class Settings(BaseModel):
     max_wait: float = Field(
         3600.0, gt=0, le=MAX_DURATION, description="Cap on any relock or retry wait."
     )
+    progress_interval: float = Field(
+        1.0,
+        ge=0,
+        le=MAX_DURATION,
+        description="A step's lease.progress() writes at most once per this many seconds;"
+        " the latest unwritten one goes with the step's outcome.",
+    )
     max_unlocks_per_tick: int = Field(
         100,
         ge=1,

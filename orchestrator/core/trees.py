@@ -30,6 +30,7 @@ __all__ = [
     "MAX_SIGNALS",
     "OWNER_FIELD",
     "OWNS_FIELD",
+    "PROGRESS_FIELD",
     "SENT_FIELD",
     "SIGNALS_FIELD",
     "TAKEN_FIELD",
@@ -42,6 +43,7 @@ __all__ = [
     "Verdict",
     "Wait",
     "WaitKind",
+    "changed_from_outside",
     "check_signal_name",
     "child_id",
     "judge",
@@ -61,6 +63,9 @@ SENT_FIELD = "orchestratorSignalsSent"
 TAKEN_FIELD = "orchestratorSignalsTaken"
 """The ids of the inbox's signals a wait ended on: a later wait for the same name waits
 for a new one."""
+PROGRESS_FIELD = "orchestratorProgress"
+"""A running step's progress (``lease.progress``): ``{fraction, note, phase, at}``."""
+MAX_NOTE = 500
 MAX_SIGNALS = 20
 MAX_NAME = 200
 
@@ -328,6 +333,25 @@ def check_need(need: Any) -> Need | int:
         return Need(need)
     except ValueError:
         raise ConfigError(f"need is 'all', 'any' or a number of children, not {need!r}") from None
+
+
+def progress_record(fraction: Any, note: Any, phase: str | None, at: datetime) -> dict[str, Any]:
+    """What ``lease.progress`` stores, checked: a fraction in [0, 1], a note of at most
+    ``MAX_NOTE`` characters or None."""
+    if isinstance(fraction, bool) or not isinstance(fraction, int | float):
+        raise ConfigError(f"progress is a fraction from 0 to 1, not {fraction!r}")
+    if not math.isfinite(fraction) or not 0 <= fraction <= 1:
+        raise ConfigError(f"progress is a fraction from 0 to 1, not {fraction!r}")
+    if note is not None and (not isinstance(note, str) or len(note) > MAX_NOTE):
+        raise ConfigError(f"a progress note is a string of at most {MAX_NOTE} characters")
+    return {"fraction": float(fraction), "note": note, "phase": phase, "at": bson_time(at)}
+
+
+def changed_from_outside(doc: Mapping[str, Any] | None) -> bool:
+    """Whether a running step's document, as read now, was moved or deleted by someone
+    other than a replica (an operator's cancel, retry or unlock takes the lease and leaves
+    none; another replica's claim after the lease expired leaves its own)."""
+    return doc is None or "lockToken" not in doc
 
 
 def check_timeout(timeout: Any) -> float | None:

@@ -52,7 +52,7 @@ from orchestrator.core.queries.operators import ERRORS_INDEX
 from orchestrator.core.queries.trees import OWNER_INDEX, children_filter
 from orchestrator.core.retention import expiry_of
 from orchestrator.operations.rules import holding
-from orchestrator.operations.tree_report import parent_of, wait_line
+from orchestrator.operations.tree_report import parent_of, progress_line, wait_line
 
 MAX_LIMIT = 500
 """Most documents one page holds."""
@@ -279,6 +279,7 @@ class Row:
     expires_at: datetime | None = None
     owner: str | None = None
     wait: str | None = None
+    progress: str | None = None
 
     @classmethod
     def read(
@@ -320,6 +321,7 @@ class Row:
             expires_at=expiry_of(doc),
             owner=_owner(doc),
             wait=wait_line(doc),
+            progress=progress_line(doc),
         )
 
     def to_dict(self) -> dict[str, Any]:

@@ -31,6 +31,7 @@ from orchestrator.core.replicas import ReplicaRecord, handled_phases, resting_ph
 from orchestrator.core.trees import (
     OWNER_FIELD,
     OWNS_FIELD,
+    PROGRESS_FIELD,
     SENT_FIELD,
     WAIT_FIELD,
     Need,
@@ -275,6 +276,28 @@ class Waiting:
             }
         data["children"] = None if self.counted is None else self.counted.to_dict()
         return data
+
+
+def progress_line(doc: Mapping[str, Any]) -> str | None:
+    """A step's progress as it stored it (``lease.progress``), in a line: its fraction,
+    note, and the phase it was written in (one since left reads as such); None: none, or
+    nothing readable."""
+    stored = doc.get(PROGRESS_FIELD)
+    if not isinstance(stored, Mapping):
+        return None
+    fraction = stored.get("fraction")
+    if isinstance(fraction, bool) or not isinstance(fraction, int | float):
+        return None
+    if not 0 <= fraction <= 1:  # also NaN
+        return None
+    line = f"progress {fraction:.0%}"
+    note = stored.get("note")
+    if isinstance(note, str) and note:
+        line += f": {redact(note)[:120]}"
+    phase = stored.get("phase")
+    if isinstance(phase, str) and phase != doc.get("phase"):
+        line += f" (in {phase}, since left)"
+    return line
 
 
 def wait_line(doc: Mapping[str, Any]) -> str | None:

@@ -237,6 +237,13 @@ class ThreadLease(Generic[R]):
     def extend(self) -> None:
         self._run(self._lease.extend())
 
+    def progress(self, fraction: float, note: str | None = None) -> None:
+        self._run(self._lease.progress(fraction, note))
+
+    @property
+    def cancel_requested(self) -> bool:
+        return self._lease.cancel_requested
+
     @property
     def owner(self) -> Owner | None:
         return self._lease.owner

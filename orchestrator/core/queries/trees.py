@@ -37,6 +37,7 @@ __all__ = [
     "delivery",
     "ended_update",
     "move_children_filter",
+    "running_filter",
     "waiting_filter",
     "wake_update",
 ]
@@ -104,6 +105,11 @@ def ended_update(
     if total is not None:
         update["$set"] = {f"{WAIT_FIELD}.{TOTAL_KEY}": total}
     return update
+
+
+def running_filter(ids: Sequence[Any]) -> dict[str, Any]:
+    """The documents of the steps a replica runs (the heartbeat's look for a cancel)."""
+    return {"_id": {"$in": list(ids)}}
 
 
 def wake_update() -> dict[str, Any]:

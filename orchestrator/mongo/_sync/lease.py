@@ -319,6 +319,37 @@ class Lease(Generic[R]):
             self._free_slots()
         return self._core.lose(action, reason)
 
+    # -- progress and a cancel seen while running ----------------------------------------
+
+    def progress(self, fraction: float, note: str | None = None) -> None:
+        """Say how far the step is (``fraction`` from 0 to 1, a short ``note``): stored on
+        the document (``orchestratorProgress``) for the page and ``find``, fenced as an
+        extension is (``LeaseLost`` once the lease is gone). At most one write per
+        ``Settings.progress_interval``: a call inside it is kept, and written by the next
+        call past it or by the step's outcome, in that same write. A bad fraction or note
+        is a one-line ``ConfigError``, nothing written."""
+        core = self._core
+        with self._lock:
+            core.check(LeaseWrite.EXTEND)
+            update = core.progress_write(fraction, note)
+            if update is None:
+                return
+            if not self._store.write(core.collection, core.fence(False), update):
+                raise self._lose(LeaseWrite.EXTEND)
+            core.progress_written()
+
+    @property
+    def cancel_requested(self) -> bool:
+        """True once the heartbeat found the document moved by an operator (a cancel, a
+        retry) or deleted while the step runs: a long step may stop early. Its next write
+        raises ``LeaseLost`` either way. (``lost`` says the lease is gone, whoever took
+        it: another replica after it expired, too.)"""
+        return self._core.cancel_requested
+
+    def outside_change(self) -> None:
+        """The engine's: the heartbeat found the document changed from outside."""
+        self._core.cancel_requested = True
+
     # -- trees and events (``orchestrator.core.trees``) ----------------------------------
 
     @property

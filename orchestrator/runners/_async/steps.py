@@ -26,9 +26,11 @@ from orchestrator.core.errors import LeaseLost, StoreError
 from orchestrator.core.lease_values import Outcome
 from orchestrator.core.outcomes import StepOutcome
 from orchestrator.core.pauses import Pause
+from orchestrator.core.queries import trees as tree_queries
 from orchestrator.core.registry import Handler
 from orchestrator.core.scheduler import Action, Claim, Found, Probe
 from orchestrator.core.steps import StepTimeout, describe
+from orchestrator.core.trees import changed_from_outside
 from orchestrator.core.validation import explain
 from orchestrator.mongo._async.clock_probe import measure
 from orchestrator.runners._async.limits import AsyncLimits
@@ -557,7 +559,33 @@ class AsyncSteps:
             await self._time_out(step)
         if extended:
             self._books.count("extended", extended)
+        await self._look_for_cancels([s.lease for s in running if s.lease.held])
         return extended
+
+    async def _look_for_cancels(self, held: list[Held]) -> None:
+        """Tell running steps whose document an operator moved or deleted meanwhile
+        (``lease.cancel_requested``): one read per collection with steps running, none on
+        an idle replica. A failure leaves them to find out at their next write."""
+        by_collection: dict[str, list[Held]] = {}
+        for lease in held:
+            by_collection.setdefault(lease.collection, []).append(lease)
+        for collection, leases in by_collection.items():
+            query = tree_queries.running_filter([lease.id for lease in leases])
+            try:
+                docs = await self._store.find_fields(collection, query, ["lockToken"], len(leases))
+            except StoreError:
+                continue
+            found = {repr(doc.get("_id")): doc for doc in docs}
+            for lease in leases:
+                if not lease.cancel_requested and changed_from_outside(found.get(repr(lease.id))):
+                    lease.outside_change()
+                    self._report.log(
+                        logging.INFO,
+                        "its document was moved or deleted from outside while the step runs:"
+                        " lease.cancel_requested",
+                        lease,
+                        "cancel-requested",
+                    )
 
     async def _time_out(self, step: Step[Held]) -> None:
         """A step that never returns must not hold its document forever: count the attempt,

@@ -27,9 +27,11 @@ from orchestrator.core.errors import LeaseLost, StoreError
 from orchestrator.core.lease_values import Outcome
 from orchestrator.core.outcomes import StepOutcome
 from orchestrator.core.pauses import Pause
+from orchestrator.core.queries import trees as tree_queries
 from orchestrator.core.registry import Handler
 from orchestrator.core.scheduler import Action, Claim, Found, Probe
 from orchestrator.core.steps import StepTimeout, describe
+from orchestrator.core.trees import changed_from_outside
 from orchestrator.core.validation import explain
 from orchestrator.mongo._sync.clock_probe import measure
 from orchestrator.runners._sync.limits import Limits
@@ -556,7 +558,33 @@ class Steps:
             self._time_out(step)
         if extended:
             self._books.count("extended", extended)
+        self._look_for_cancels([s.lease for s in running if s.lease.held])
         return extended
+
+    def _look_for_cancels(self, held: list[Held]) -> None:
+        """Tell running steps whose document an operator moved or deleted meanwhile
+        (``lease.cancel_requested``): one read per collection with steps running, none on
+        an idle replica. A failure leaves them to find out at their next write."""
+        by_collection: dict[str, list[Held]] = {}
+        for lease in held:
+            by_collection.setdefault(lease.collection, []).append(lease)
+        for collection, leases in by_collection.items():
+            query = tree_queries.running_filter([lease.id for lease in leases])
+            try:
+                docs = self._store.find_fields(collection, query, ["lockToken"], len(leases))
+            except StoreError:
+                continue
+            found = {repr(doc.get("_id")): doc for doc in docs}
+            for lease in leases:
+                if not lease.cancel_requested and changed_from_outside(found.get(repr(lease.id))):
+                    lease.outside_change()
+                    self._report.log(
+                        logging.INFO,
+                        "its document was moved or deleted from outside while the step runs:"
+                        " lease.cancel_requested",
+                        lease,
+                        "cancel-requested",
+                    )
 
     def _time_out(self, step: Step[Held]) -> None:
         """A step that never returns must not hold its document forever: count the attempt,
