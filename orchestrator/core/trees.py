@@ -47,6 +47,7 @@ __all__ = [
     "check_signal_name",
     "child_id",
     "judge",
+    "owns_of",
     "signals_of",
 ]
 
@@ -313,15 +314,25 @@ def child_id(parent_collection: str, parent_id: Any, name: str) -> str:
 
 
 def check_signal_name(name: Any) -> str:
-    if not isinstance(name, str) or not name or len(name) > MAX_NAME:
-        raise ConfigError(f"a signal's name is a non-empty string of at most {MAX_NAME} characters")
-    return name
+    return _named(name, "a signal's")
 
 
 def check_child_name(name: Any) -> str:
+    return _named(name, "a child's")
+
+
+def _named(name: Any, whose: str) -> str:
     if not isinstance(name, str) or not name or len(name) > MAX_NAME:
-        raise ConfigError(f"a child's name is a non-empty string of at most {MAX_NAME} characters")
+        raise ConfigError(f"{whose} name is a non-empty string of at most {MAX_NAME} characters")
     return name
+
+
+def owns_of(doc: Mapping[str, Any], made: Sequence[str] = ()) -> list[str]:
+    """The collections a document's children are in: those it stores (anything else
+    there skipped), then ``made`` (those its running step made children in), once each."""
+    stored = doc.get(OWNS_FIELD)
+    owns = [c for c in stored if isinstance(c, str) and c] if isinstance(stored, list) else []
+    return list(dict.fromkeys([*owns, *made]))
 
 
 def check_need(need: Any) -> Need | int:

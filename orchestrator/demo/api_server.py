@@ -36,7 +36,7 @@ from pymongo import AsyncMongoClient
 from pymongo.asynchronous.database import AsyncDatabase
 
 from orchestrator import DEFAULT_DATABASE, AsyncOperations, StoreError, redact
-from orchestrator.core.trees import OWNS_FIELD
+from orchestrator.core.trees import owns_of
 from orchestrator.demo.workflows import Platform, Workflow, build
 from orchestrator.testing import async_memory_database
 
@@ -82,7 +82,7 @@ def _view(doc: dict[str, Any]) -> dict[str, Any]:
         relocks=doc.get("relocks", 0),
         last_error=error if isinstance(error, dict) else None,
         custom_domain=doc.get("customDomain"),
-        children=doc.get(OWNS_FIELD) or [],
+        children=owns_of(doc),
         last_replica=doc.get("lockedBy"),
         archived="archivedAt" in doc,
     )

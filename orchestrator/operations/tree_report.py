@@ -30,7 +30,6 @@ from orchestrator.core.redact import redact
 from orchestrator.core.replicas import ReplicaRecord, handled_phases, resting_phases
 from orchestrator.core.trees import (
     OWNER_FIELD,
-    OWNS_FIELD,
     PROGRESS_FIELD,
     SENT_FIELD,
     WAIT_FIELD,
@@ -54,7 +53,6 @@ __all__ = [
     "SignalRow",
     "Tree",
     "Waiting",
-    "owns_of",
     "parent_of",
     "wait_line",
 ]
@@ -102,13 +100,6 @@ def parent_of(doc: Mapping[str, Any]) -> tuple[ParentRef | None, bool]:
         return None, raw is not None
     ref = id_json_or_text(owner.id)
     return ParentRef(owner.collection, _text(owner.id), ref, owner.name), False
-
-
-def owns_of(doc: Mapping[str, Any]) -> list[str]:
-    """The collections ``doc`` stores that its children are in (non-strings skipped)."""
-    stored = doc.get(OWNS_FIELD)
-    names = [c for c in stored if isinstance(c, str) and c] if isinstance(stored, list) else []
-    return list(dict.fromkeys(names))
 
 
 class Judge:

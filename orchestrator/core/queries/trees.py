@@ -36,8 +36,8 @@ __all__ = [
     "deliver_update",
     "delivery",
     "ended_update",
+    "ids_filter",
     "move_children_filter",
-    "running_filter",
     "waiting_filter",
     "wake_update",
 ]
@@ -107,8 +107,8 @@ def ended_update(
     return update
 
 
-def running_filter(ids: Sequence[Any]) -> dict[str, Any]:
-    """The documents of the steps a replica runs (the heartbeat's look for a cancel)."""
+def ids_filter(ids: Sequence[Any]) -> dict[str, Any]:
+    """The documents of ``ids`` (the steps a replica runs, a wait's children to cancel)."""
     return {"_id": {"$in": list(ids)}}
 
 

@@ -29,7 +29,6 @@ from orchestrator.core.queries import lease_writes, limit_slots
 from orchestrator.core.registry import resolve
 from orchestrator.core.trees import (
     OWNER_FIELD,
-    OWNS_FIELD,
     TAKEN_FIELD,
     WAIT_FIELD,
     Need,
@@ -37,6 +36,7 @@ from orchestrator.core.trees import (
     Signal,
     Wait,
     WaitKind,
+    owns_of,
     signals_of,
 )
 from orchestrator.mongo.driver_errors import DocumentTooLarge
@@ -447,9 +447,7 @@ class Lease(Generic[R]):
 
     def wait_on(self, wait: Wait) -> Outcome:
         """Store ``wait`` (the engine's: a wait judged and not over, written again)."""
-        stored = self.doc.get(OWNS_FIELD)
-        owns = [c for c in stored if isinstance(c, str)] if isinstance(stored, list) else []
-        owns = list(dict.fromkeys([*owns, *self._core.made]))
+        owns = owns_of(self.doc, self._core.made)
         with self._lock:
             return self._write(*self._core.wait_write(wait, owns))
 

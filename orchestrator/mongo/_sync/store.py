@@ -118,7 +118,7 @@ class Store:
         self._write_concern = connection.write_concern(write_concern, write_timeout)
         self._codec: CodecOptions[Document] = connection.codec_options(db.codec_options)
         self._collections: dict[str, Collection[Document]] = {}
-        self._unique_done: set[tuple[str, tuple[str, ...]]] = set()
+        self._indexed: set[tuple[str, str]] = set()
         self._audit_indexed: set[str] = set()
         self._slots_made: set[tuple[str, str, limits.Limit]] = set()
         self._slots_checked: dict[tuple[str, str, limits.Limit], datetime] = {}
@@ -329,19 +329,8 @@ class Store:
     def ensure_unique(self, name: str, keys: Sequence[str]) -> None:
         """A unique index on ``keys``, made once per store: the server, not a read before
         the write, is what keeps concurrent submits from making two documents."""
-        marker = (name, tuple(keys))
-        if marker in self._unique_done:
-            return
-        with self._lock:
-            if marker in self._unique_done:
-                return
-            self.ensure_index(
-                name,
-                [(k, 1) for k in keys],
-                index_name=UNIQUE_PREFIX + "_".join(keys),
-                unique=True,
-            )
-            self._unique_done.add(marker)
+        index = [(k, 1) for k in keys]
+        self._ensure_once(name, index, UNIQUE_PREFIX + "_".join(keys), unique=True)
 
     def ensure_index(
         self,
@@ -460,16 +449,21 @@ class Store:
     def ensure_owner_index(self, name: str) -> None:
         """The index serving a parent's look for its children (``trees.OWNER_INDEX``), made
         once per store, at the first child made in ``name``."""
-        marker = (name, (OWNER_INDEX_NAME,))
-        if marker in self._unique_done:
+        self._ensure_once(name, tree_queries.OWNER_INDEX, OWNER_INDEX_NAME, unique=False)
+
+    def _ensure_once(
+        self, name: str, keys: list[tuple[str, int]], index_name: str, *, unique: bool
+    ) -> None:
+        """``ensure_index``, once per store for each collection and index: the indexes a
+        first use makes (a unique key, the owner index), not asked again each time."""
+        marker = (name, index_name)
+        if marker in self._indexed:
             return
         with self._lock:
-            if marker in self._unique_done:
+            if marker in self._indexed:
                 return
-            self.ensure_index(
-                name, tree_queries.OWNER_INDEX, index_name=OWNER_INDEX_NAME, unique=False
-            )
-            self._unique_done.add(marker)
+            self.ensure_index(name, keys, index_name=index_name, unique=unique)
+            self._indexed.add(marker)
 
     def ensure_retention_index(self, name: str) -> str:
         """The TTL index by which the server deletes documents past the date their retained
@@ -599,7 +593,7 @@ class Store:
         trusting an index that is gone."""
         with driver_errors(f"drop {name}"):
             self._db.drop_collection(name)
-        self._unique_done = {done for done in self._unique_done if done[0] != name}
+        self._indexed = {done for done in self._indexed if done[0] != name}
         self._claimer.forget(name)
         self._slots_made = {made for made in self._slots_made if made[0] != name}
 

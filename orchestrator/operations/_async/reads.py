@@ -30,6 +30,7 @@ from orchestrator.core.in_house import InHouse
 from orchestrator.core.queries import operators
 from orchestrator.core.queries import trees as tree_queries
 from orchestrator.core.replicas import ReplicaRecord, disagreements
+from orchestrator.core.trees import owns_of
 from orchestrator.operations import filters
 from orchestrator.operations._async.reports import AsyncReports, AsyncReportStore
 from orchestrator.operations.filters import Filter, Page, Plan, Row
@@ -43,7 +44,6 @@ from orchestrator.operations.tree_report import (
     Judge,
     Tree,
     Waiting,
-    owns_of,
     parent_of,
 )
 

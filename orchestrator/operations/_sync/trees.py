@@ -24,7 +24,7 @@ from orchestrator.core.documents import id_json_or_text
 from orchestrator.core.errors import DocumentChanged, DocumentNotFound
 from orchestrator.core.queries import operators
 from orchestrator.core.queries import trees as queries
-from orchestrator.core.trees import OWNER_FIELD, OWNS_FIELD, Delivered, Owner, WaitKind
+from orchestrator.core.trees import OWNER_FIELD, Delivered, Owner, WaitKind, owns_of
 from orchestrator.operations._sync.reads import Reads
 from orchestrator.operations._sync.single import Change, SingleActions
 from orchestrator.operations.filters import LIST_PROJECTION, business_key
@@ -80,9 +80,7 @@ class _Owner:
 
     @classmethod
     def of(cls, collection: str, doc: Mapping[str, Any]) -> _Owner:
-        stored = doc.get(OWNS_FIELD)
-        owns = [c for c in stored if isinstance(c, str)] if isinstance(stored, list) else []
-        return cls(collection, doc.get("_id"), tuple(dict.fromkeys(owns)))
+        return cls(collection, doc.get("_id"), tuple(owns_of(doc)))
 
     @property
     def name(self) -> str:

@@ -212,8 +212,11 @@ class AsyncSteps:
                     await self._hand_back(carried.lease, "its step was taken back")
                 return False
             self._report.finished(step, outcome)
-            await self.trees.after(step.lease, outcome)
             if carried is None:
+                # What it may wake (its own wait, its owner's): a released step only. A
+                # step carried on ended nothing and wrote no wait, and a cancel here must
+                # not leave the step it carried on running on the books with no worker.
+                await self.trees.after(step.lease, outcome)
                 return True
             step, stopping = carried, self._books.stopping
 
@@ -570,7 +573,7 @@ class AsyncSteps:
         for lease in held:
             by_collection.setdefault(lease.collection, []).append(lease)
         for collection, leases in by_collection.items():
-            query = tree_queries.running_filter([lease.id for lease in leases])
+            query = tree_queries.ids_filter([lease.id for lease in leases])
             try:
                 docs = await self._store.find_fields(collection, query, ["lockToken"], len(leases))
             except StoreError:

@@ -29,7 +29,6 @@ from orchestrator.core.resource import Resource
 from orchestrator.core.retention import NO_RETENTION
 from orchestrator.core.trees import (
     OWNER_FIELD,
-    OWNS_FIELD,
     SIGNALS_FIELD,
     TAKEN_FIELD,
     WAIT_FIELD,
@@ -45,6 +44,7 @@ from orchestrator.core.trees import (
     child_key,
     judge,
     may_end,
+    owns_of,
     signals_of,
     taken_of,
 )
@@ -121,21 +121,27 @@ class AsyncTrees:
 
     async def children(self, lease: AsyncLease[Any]) -> list[Document]:
         found: list[Document] = []
-        for collection in _owns(lease.doc, lease):
+        for collection in owns_of(lease.doc, lease.made):
             found += await self._children_in(collection, lease.collection, lease.id)
         return found
 
     async def move_children(self, lease: AsyncLease[Any], phase: str) -> int:
         moved = 0
-        for collection in _owns(lease.doc, lease):
-            kept = self._retention.get(collection, NO_RETENTION)
-            update = operator_move_update(phase, self._clock.now(), kept)
+        for collection in owns_of(lease.doc, lease.made):
             query = queries.move_children_filter(lease.collection, lease.id, [phase])
-            count = await self._store.write_many(collection, query, update)
-            if count:
-                moved += count
-                await self._come_due(collection, phase)
+            moved += await self._move(collection, query, phase)
         return moved
+
+    async def _move(self, collection: str, query: Mapping[str, Any], phase: str) -> int:
+        """Children ``query`` selects sent to ``phase`` as an operator's move sends them
+        (dated when the collection retains that phase), then claimed here at once if
+        this replica takes them there; how many."""
+        kept = self._retention.get(collection, NO_RETENTION)
+        update = operator_move_update(phase, self._clock.now(), kept)
+        count = await self._store.write_many(collection, query, update)
+        if count:
+            await self._come_due(collection, phase)
+        return count
 
     # -- waits --------------------------------------------------------------------------
 
@@ -175,7 +181,7 @@ class AsyncTrees:
             if lease.waiting is not None and outcome is StepOutcome.RELOCKED:
                 await self._judge_written(lease, lease.waiting)
             owner = lease.owner
-            end = self._end_of(lease, outcome)
+            end = None if owner is None else self._end_of(lease, outcome)
             if owner is not None and end is not None:
                 key = child_key(lease.collection, lease.id)
                 await self._add_ends(owner.collection, owner.id, [key], [key] if end else [])
@@ -240,7 +246,7 @@ class AsyncTrees:
         total = 0
         ended: list[str] = []
         failed: list[str] = []
-        for where in _owns(doc, lease):
+        for where in owns_of(doc, () if lease is None else lease.made):
             children = await self._children_in(where, collection, doc.get("_id"))
             known = any(h.collection == where for h in handlers)
             cut = len(children) >= MAX_CHILDREN
@@ -249,8 +255,7 @@ class AsyncTrees:
                 self._unjudged(where, known)
             if not known:
                 continue
-            failing = {h.failed_phase for h in handlers if h.collection == where}
-            failing.add(self._settings.cancelled_phase)
+            failing = self._failing(where)
             for child in children:
                 phase = child.get("phase")
                 if not isinstance(phase, str) or not steps.could_take(handlers, where, phase):
@@ -279,7 +284,7 @@ class AsyncTrees:
         """A failed child's siblings still going on, cancelled (its wait's
         ``cancel_siblings``), as an operator's cancel moves them."""
         handlers = self._handlers
-        for collection in _owns(lease.doc, lease):
+        for collection in owns_of(lease.doc, lease.made):
             active = [
                 child["_id"]
                 for child in await self._children_in(collection, lease.collection, lease.id)
@@ -288,8 +293,7 @@ class AsyncTrees:
             ]
             if active:
                 cancelled = self._settings.cancelled_phase
-                update = operator_move_update(cancelled, self._clock.now())
-                await self._store.write_many(collection, {"_id": {"$in": active}}, update)
+                await self._move(collection, queries.ids_filter(active), cancelled)
 
     async def _children_in(self, collection: str, owner: str, owner_id: Any) -> list[Document]:
         query = queries.children_filter(owner, owner_id)
@@ -309,13 +313,14 @@ class AsyncTrees:
         phase = left.phase if left is not None else None
         if not isinstance(phase, str) or steps.could_take(self._handlers, lease.collection, phase):
             return None
-        return (
-            outcome is StepOutcome.FAILED
-            or phase == self._settings.cancelled_phase
-            or any(
-                h.failed_phase == phase for h in self._handlers if h.collection == lease.collection
-            )
-        )
+        return outcome is StepOutcome.FAILED or phase in self._failing(lease.collection)
+
+    def _failing(self, collection: str) -> set[str]:
+        """The phases a child of ``collection`` fails into: its handlers' failed phases,
+        and the cancelled phase."""
+        failing = {h.failed_phase for h in self._handlers if h.collection == collection}
+        failing.add(self._settings.cancelled_phase)
+        return failing
 
     async def _wake(
         self, collection: str, doc_id: Any, kind: WaitKind, name: str | None = None
@@ -349,16 +354,6 @@ class AsyncTrees:
         if await self._store.write(collection, *sending.storing):
             return Delivered(sending.signal.id, woke=False)
         raise DocumentNotFound(collection, repr(doc_id))
-
-
-def _owns(doc: Mapping[str, Any], lease: AsyncLease[Any] | None = None) -> list[str]:
-    """The collections a document's children are in: those it stored, and those its step
-    made children in."""
-    stored = doc.get(OWNS_FIELD)
-    owns = [c for c in stored if isinstance(c, str)] if isinstance(stored, list) else []
-    if lease is not None:
-        owns += lease.made
-    return list(dict.fromkeys(owns))
 
 
 def _waited_for(wait: Wait) -> str:
