@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from pymongo.database import Database
 
-from orchestrator import ConfigError, Operations, OperatorError
+from orchestrator import ConfigError, Operations, OperatorError, StoreError
 from orchestrator.core.trees import MAX_SIGNALS, OWNER_FIELD, SENT_FIELD, SIGNALS_FIELD, WAIT_FIELD
 from orchestrator.testing import FakeClock
 from tests.conftest import MakeEither
@@ -414,6 +414,18 @@ async def test_a_bad_signal_is_refused_in_one_line(
         await replica.signal("certificates", *args)
     assert "\n" not in str(caught.value)
     assert doc(db, "certificates", "c1") == {"_id": "c1", "phase": "New"}
+
+
+async def test_a_signal_to_an_inbox_holding_garbage_is_refused_naming_the_document(
+    replicas: MakeEither, db: Database[Any]
+) -> None:
+    replica = await replicas()
+    db["certificates"].insert_one({"_id": "c1", "phase": "New", SIGNALS_FIELD: "junk"})
+    with pytest.raises(StoreError) as caught:
+        await replica.signal("certificates", "c1", "ping")
+    assert str(caught.value).startswith("write to certificates/c1 failed")
+    assert "\n" not in str(caught.value)
+    assert doc(db, "certificates", "c1")[SIGNALS_FIELD] == "junk"
 
 
 async def test_a_bad_wait_is_the_handlers_error_and_writes_nothing(

@@ -212,7 +212,7 @@ class Store:
         """A fenced write that also takes the lease on (``lease_writes.carry_update``): the
         document as it stored it (its history cut as a claim reads it), or None when
         ``query`` matched nothing. One command, as the release alone was."""
-        with driver_errors(f"write to {name}/{query.get('_id')}"):
+        with driver_errors(f"write to {name}/{_named_id(query)}"):
             return self.collection(name).find_one_and_update(
                 dict(query),
                 dict(self._in_house.update(update)),
@@ -227,14 +227,14 @@ class Store:
         A result, not an exception: the caller decides whether a lost lease is an error
         (a step's outcome: ``LeaseLost``) or expected (a heartbeat racing a release).
         """
-        with driver_errors(f"write to {name}/{query.get('_id')}"):
+        with driver_errors(f"write to {name}/{_named_id(query)}"):
             result = self.collection(name).update_one(dict(query), self._in_house.update(update))
         return result.matched_count > 0
 
     def delete(self, name: str, query: Mapping[str, Any]) -> bool:
         """A fenced delete (``query`` from ``lease_writes.fenced``); False when it matched
         nothing: the lease is no longer the writer's, or the phase was changed from outside."""
-        with driver_errors(f"remove {name}/{query.get('_id')}"):
+        with driver_errors(f"remove {name}/{_named_id(query)}"):
             result = self.collection(name).delete_one(dict(query))
         return result.deleted_count > 0
 
@@ -257,7 +257,7 @@ class Store:
     ) -> Document | None:
         """Update the one document ``query`` selects; it as updated (``_id`` and
         ``fields``), or None when none matched."""
-        with driver_errors(f"update {name}/{query.get('_id')}"):
+        with driver_errors(f"update {name}/{_named_id(query)}"):
             found = self.collection(name).find_one_and_update(
                 dict(query),
                 dict(update),
@@ -633,3 +633,12 @@ def check_reachable(db: Database[Document], timeout: float) -> None:
             f"cannot reach MongoDB within {timeout:g}s: {connection.unreachable(exc)}",
             transient=True,
         ) from exc
+
+
+def _named_id(query: Mapping[str, Any]) -> Any:
+    """The ``_id`` a write's filter names, for its error: the value of an exact
+    ``{"$eq": id}`` (the fenced writes' form) rather than the operator."""
+    named = query.get("_id")
+    if isinstance(named, Mapping) and set(named) == {"$eq"}:
+        return named["$eq"]
+    return named
