@@ -52,9 +52,7 @@ from orchestrator.core.trees import (
     Need,
     Wait,
     WaitKind,
-    check_need,
-    check_signal_name,
-    check_timeout,
+    new_wait,
     progress_record,
 )
 
@@ -229,12 +227,7 @@ class LeaseCore(Generic[R]):
         self, phase: str, fields: dict[str, Any], managed: Mapping[str, Any] | None = None
     ) -> tuple[Write, Outcome]:
         """``managed``: fields of the orchestrator's set with it (a wait that ended)."""
-        if not isinstance(phase, str) or not phase or phase.startswith("$"):
-            raise ConfigError(f"advance() needs a phase name, not {phase!r}")
-        if self.handler.to and phase not in self.handler.to:
-            raise ConfigError(
-                f"{self.handler.name} may advance to {list(self.handler.to)}, not {phase!r}"
-            )
+        self._check_phase("advance()", phase)
         data = {**self._fields(fields), **(managed or {})}
         now = self._clock.now()
         until, wait = self._free_until(now)
@@ -266,29 +259,28 @@ class LeaseCore(Generic[R]):
         """The wait a handler asked for, checked now (a bad phase is the handler's error,
         not one met later when the wait ends)."""
         for what, phase in (("then", then), ("on_failure", on_failure), ("on_timeout", on_timeout)):
-            if phase is None and what != "then":
-                continue
-            if not isinstance(phase, str) or not phase or phase.startswith("$"):
-                raise ConfigError(f"{what} needs a phase name, not {phase!r}")
-            if self.handler.to and phase not in self.handler.to:
-                raise ConfigError(
-                    f"{self.handler.name} may advance to {list(self.handler.to)}, not {phase!r}"
-                )
-        if not isinstance(cancel_siblings, bool):
-            raise ConfigError(f"cancel_siblings is True or False, not {cancel_siblings!r}")
-        seconds = check_timeout(timeout)
-        now = self._clock.now()
-        return Wait(
-            kind=kind,
+            if phase is not None or what == "then":
+                self._check_phase(what, phase)
+        return new_wait(
+            kind,
+            self._clock.now(),
             then=then,
-            since=now,
-            name=None if name is None else check_signal_name(name),
-            need=check_need(need),
+            name=name,
+            need=need,
             on_failure=on_failure,
             cancel_siblings=cancel_siblings,
-            deadline=None if seconds is None else now + timedelta(seconds=seconds),
+            timeout=timeout,
             on_timeout=on_timeout,
         )
+
+    def _check_phase(self, what: str, phase: Any) -> None:
+        """A phase this lease's step may send its document to (``to=`` when declared)."""
+        if not isinstance(phase, str) or not phase or phase.startswith("$"):
+            raise ConfigError(f"{what} needs a phase name, not {phase!r}")
+        if self.handler.to and phase not in self.handler.to:
+            raise ConfigError(
+                f"{self.handler.name} may advance to {list(self.handler.to)}, not {phase!r}"
+            )
 
     def progress_write(self, fraction: Any, note: Any) -> dict[str, Any] | None:
         """Record a step's progress, checked; the update that writes it now (fenced as an

@@ -47,6 +47,7 @@ __all__ = [
     "check_signal_name",
     "child_id",
     "judge",
+    "new_wait",
     "owns_of",
     "signals_of",
 ]
@@ -363,6 +364,36 @@ def changed_from_outside(doc: Mapping[str, Any] | None) -> bool:
     other than a replica (an operator's cancel, retry or unlock takes the lease and leaves
     none; another replica's claim after the lease expired leaves its own)."""
     return doc is None or "lockToken" not in doc
+
+
+def new_wait(  # noqa: PLR0913  the keywords of the lease's two waits
+    kind: WaitKind,
+    now: datetime,
+    *,
+    then: str,
+    name: str | None,
+    need: Any,
+    on_failure: str | None,
+    cancel_siblings: Any,
+    timeout: Any,
+    on_timeout: str | None,
+) -> Wait:
+    """A wait asked for at ``now``, its values checked (its phases are the lease's to
+    check: what its handler may advance to)."""
+    if not isinstance(cancel_siblings, bool):
+        raise ConfigError(f"cancel_siblings is True or False, not {cancel_siblings!r}")
+    seconds = check_timeout(timeout)
+    return Wait(
+        kind=kind,
+        then=then,
+        since=now,
+        name=None if name is None else check_signal_name(name),
+        need=check_need(need),
+        on_failure=on_failure,
+        cancel_siblings=cancel_siblings,
+        deadline=None if seconds is None else now + timedelta(seconds=seconds),
+        on_timeout=on_timeout,
+    )
 
 
 def check_timeout(timeout: Any) -> float | None:
