@@ -1,10 +1,12 @@
-"""Every code block in the README runs as pasted.
+"""Every code block in the README and the docs site (``docs/**/*.md``) runs as pasted.
 
 ``python`` blocks run alone in a fresh interpreter; ``bash`` blocks run in bash with
 ``set -e`` (``uv run X`` means X from this environment, which is what it does in a
 clone); ``console`` blocks run each ``$ command`` and must print what is shown; ``text``
-blocks (a tree, a diagram) are not code. A block that cannot run here says why on the line
-before it: ``<!-- readme-test: skip: REASON -->``.
+blocks (a tree, a diagram, a printed table) are not code; ``javascript`` (mongosh) has no runner
+here and always carries a skip. A block that cannot run here says why on the line
+before it: ``<!-- readme-test: skip: REASON -->``. A MyST directive (```` ```{toctree} ````,
+```` ```{autoclass} ````) is the site's markup, not code.
 """
 
 from __future__ import annotations
@@ -21,23 +23,26 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 FENCE = re.compile(r"^```(\S*)\s*$")
 SKIP = re.compile(r"^<!-- readme-test: skip: (?P<reason>.+\S) -->$")
-LANGUAGES = {"python", "bash", "console", "text"}
+LANGUAGES = {"python", "bash", "console", "text", "javascript"}
+# No runner here: a mongosh snippet always says why it is skipped.
+NO_RUNNER = {"javascript"}
 # `uv run X` in a pasted line is X in the environment the tests run in.
 UV = 'uv() { if [ "$1" = run ]; then shift; "$@"; else command uv "$@"; fi; }\n'
 
 
 @dataclass(frozen=True)
 class Block:
+    path: str
     line: int
     language: str
     code: str
     skip: str | None
 
     def __str__(self) -> str:
-        return f"README.md:{self.line}:{self.language}"
+        return f"{self.path}:{self.line}:{self.language}"
 
 
-def blocks(text: str) -> list[Block]:
+def blocks(text: str, path: str = "README.md") -> list[Block]:
     found: list[Block] = []
     lines = text.splitlines()
     index = 0
@@ -53,6 +58,7 @@ def blocks(text: str) -> list[Block]:
             end += 1
         found.append(
             Block(
+                path=path,
                 line=index + 1,
                 language=opened.group(1),
                 code="\n".join(lines[index + 1 : end]) + "\n",
@@ -63,7 +69,14 @@ def blocks(text: str) -> list[Block]:
     return found
 
 
-BLOCKS = blocks((ROOT / "README.md").read_text())
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+BLOCKS = [
+    block
+    for page in PAGES
+    if "_build" not in page.parts
+    for block in blocks(page.read_text(), str(page.relative_to(ROOT)))
+    if not block.language.startswith("{")
+]
 
 
 def _env() -> dict[str, str]:
@@ -87,10 +100,11 @@ def _run(argv: list[str], stdin: str | None = None) -> subprocess.CompletedProce
 
 
 def test_every_block_is_tagged_and_every_skip_says_why() -> None:
-    assert BLOCKS, "the README has no code blocks?"
+    assert any(b.path == "README.md" for b in BLOCKS), "the README has no code blocks?"
     for block in BLOCKS:
         assert block.language in LANGUAGES, f"{block}: tag it one of {sorted(LANGUAGES)}"
         assert block.skip is None or block.language != "text", f"{block}: text never runs"
+        assert block.language not in NO_RUNNER or block.skip, f"{block}: say why it is skipped"
     # The parser itself: a skip marker binds to the block right after it, only that one.
     sample = "<!-- readme-test: skip: needs docker -->\n```bash\ndocker ps\n```\n```text\nx\n```\n"
     assert [(b.language, b.skip) for b in blocks(sample)] == [
