@@ -74,12 +74,14 @@ async def test_the_worker_the_api_server_and_the_quickstart_default_to_it(
             example.client.close()
 
 
-def test_the_readme_and_docker_compose_name_it() -> None:
-    """Every database the README and docker compose name, in a URI's path or as a
-    client's item (``client["name"]``), is the default."""
+def test_the_readme_the_docs_and_docker_compose_name_it() -> None:
+    """Every database the README, the docs site's pages and docker compose name, in a URI's
+    path or as a client's item (``client["name"]``), is the default."""
     named: list[str] = []
-    for path in ("README.md", "docker-compose.yml"):
-        text = (ROOT / path).read_text()
+    docs = [p for p in sorted((ROOT / "docs").rglob("*.md")) if "_build" not in p.parts]
+    pages = [ROOT / "README.md", *docs]
+    for path in [*pages, ROOT / "docker-compose.yml"]:
+        text = path.read_text()
         named += re.findall(r"mongodb(?:\+srv)?://[^/\s\"']+/([A-Za-z_][\w-]*)", text)
         named += re.findall(r"Client\([^)]*\)\[\"([^\"]+)\"\]", text)
     assert named, "the README names no database: this test would prove nothing"
