@@ -7,7 +7,11 @@ README's; the API reference is generated from the docstrings of the names
 
 from __future__ import annotations
 
+import sys
 from importlib.metadata import version as _version
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent / "_ext"))
 
 project = "mongo-orchestrator"
 author = "the mongo-orchestrator authors"
@@ -18,6 +22,7 @@ extensions = [
     "myst_parser",
     "sphinx.ext.autodoc",
     "sphinx_click",
+    "reference",  # docs/_ext/reference.py: settings, events and metrics from the code
 ]
 source_suffix = {".md": "markdown"}
 exclude_patterns = ["_build", "**/*.json"]

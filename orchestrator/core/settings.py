@@ -62,7 +62,20 @@ def default_replica_id() -> str:
 
 
 class Settings(BaseModel):
-    """Every knob of a replica. Times are in seconds."""
+    """Every knob of a replica. Times are in seconds.
+
+    Besides each field's own bounds, the fields must agree (``ConfigError`` otherwise):
+
+    - ``tick`` at most ``lock_timeout``: a lease must not expire between two ticks;
+    - ``step_timeout`` (when set) at least ``lock_timeout``: a step's lease outlives no
+      time-out of its own;
+    - ``history`` entries of up to ``traceback_chars`` each keep at most 4 MiB on a
+      document (MongoDB holds 16 MiB in all);
+    - ``cancelled_phase`` differs from ``failed_phase``;
+    - ``min_relock`` (when set) at most ``max_wait``;
+    - ``write_concern`` ``"majority"`` or a node count of at least 1;
+    - ``legacy_lock_timeout`` in whole milliseconds, as the old pods' ``lockedAt`` is.
+    """
 
     # An infinite lock_timeout or max_wait would make a lease that never expires.
     model_config = ConfigDict(
@@ -97,7 +110,12 @@ class Settings(BaseModel):
     max_attempts: int = Field(
         5, ge=1, strict=True, description="Failed attempts before the failed phase."
     )
-    failed_phase: str = Field("Failed", min_length=1)
+    failed_phase: str = Field(
+        "Failed",
+        min_length=1,
+        description="Where a document goes when its step failed max_attempts times (the"
+        " library gave up; orchestrator retry sends it back); no handler should take it.",
+    )
     cancelled_phase: str = Field(
         "Cancelled",
         min_length=1,
@@ -121,7 +139,13 @@ class Settings(BaseModel):
         description="Characters of a failed step's traceback kept with its error (its"
         " end, redacted); 0 keeps none.",
     )
-    replica_id: str = Field(default_factory=default_replica_id, min_length=1, max_length=200)
+    replica_id: str = Field(
+        default_factory=default_replica_id,
+        min_length=1,
+        max_length=200,
+        description="This replica's name: in every lease it writes (lockedBy), its record"
+        " (orchestrator status), the history and the audit trail; unique per replica.",
+    )
     write_concern: Literal["majority"] | int = Field(
         "majority", description='Write concern of lease writes: "majority" or a node count.'
     )
@@ -226,8 +250,17 @@ class Settings(BaseModel):
         description="Documents one peek reads (their _id and shard key); they serve the"
         " claims of up to one tick.",
     )
-    relock_policy: BackoffPolicy = Field(default_factory=ProgressiveBackoff)
-    retry_policy: BackoffPolicy = Field(default_factory=ExponentialBackoff)
+    relock_policy: BackoffPolicy = Field(
+        default_factory=ProgressiveBackoff,
+        description="The wait of each relock (a step that waits for something outside),"
+        " from the time the document has spent in its phase and the relocks so far;"
+        " floored by min_relock, capped by max_wait.",
+    )
+    retry_policy: BackoffPolicy = Field(
+        default_factory=ExponentialBackoff,
+        description="The wait before each retry of a failed attempt, from the attempts so"
+        " far; capped by max_wait.",
+    )
 
     @field_validator(
         "replicas_collection",
@@ -304,10 +337,20 @@ class HandlerOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
 
-    max_attempts: int | None = Field(None, ge=1)
-    failed_phase: str | None = Field(None, min_length=1)
-    relock_policy: BackoffPolicy | None = None
-    retry_policy: BackoffPolicy | None = None
+    max_attempts: int | None = Field(
+        None, ge=1, description="The handler's own Settings.max_attempts (None: the replica's)."
+    )
+    failed_phase: str | None = Field(
+        None,
+        min_length=1,
+        description="The handler's own Settings.failed_phase (None: the replica's).",
+    )
+    relock_policy: BackoffPolicy | None = Field(
+        None, description="The handler's own Settings.relock_policy (None: the replica's)."
+    )
+    retry_policy: BackoffPolicy | None = Field(
+        None, description="The handler's own Settings.retry_policy (None: the replica's)."
+    )
     to: tuple[str, ...] | None = Field(
         None,
         description="Phases the handler may advance to: drawn by `orchestrator graph`,"
