@@ -8,13 +8,15 @@ or public name added to the code and not to its page fails a test. The generated
 checked in the built site, so a generator that silently drops a name fails too.
 
 One build serves every test of the module (``site``): ``sphinx-build -W --keep-going``,
-as CI's step runs it. Screenshots for the docs, when asked:
+as CI's step runs it; CI passes that step's output in ``ORCHESTRATOR_DOCS_SITE`` (built from
+the same clean tree a minute before) rather than build the site twice. Screenshots for the docs, when asked:
 ``ORCHESTRATOR_SCREENSHOTS=docs/ uv run pytest tests/test_docs_site.py``.
 """
 
 from __future__ import annotations
 
 import html
+import os
 import pydoc
 import re
 import subprocess
@@ -206,6 +208,10 @@ def test_every_setting_says_what_it_does(model: type[Settings | HandlerOptions])
 @pytest.fixture(scope="module")
 def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The site built as CI builds it: every warning an error, all of them reported."""
+    prebuilt = os.environ.get("ORCHESTRATOR_DOCS_SITE")
+    if prebuilt:
+        assert (Path(prebuilt) / "index.html").is_file(), f"no site built in {prebuilt}"
+        return Path(prebuilt)
     out = tmp_path_factory.mktemp("site")
     built = subprocess.run(
         [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-q", "-b", "html", DOCS, out],
