@@ -50,7 +50,8 @@ def mounted(db: Database[Any], **options: Any) -> Iterator[TestClient]:
     """The page mounted at /ops in a FastAPI app, on the async view of ``db`` (or an
     ``AsyncMongoClient`` of the same server), as an application mounts it. Its status
     report is computed at every request unless ``options`` give a cache: the tests
-    change the database between two reads (the cache is tested on its own clock)."""
+    change the database between two reads (the cache is tested on its own clock). Every
+    action is permitted unless ``options`` say who may act (``permit``, ``read_only``)."""
     client: AsyncMongoClient[Any] | None = None
     if isinstance(db, MemoryDatabase):
         adb: Any = async_view(db)
@@ -58,6 +59,8 @@ def mounted(db: Database[Any], **options: Any) -> Iterator[TestClient]:
         client = AsyncMongoClient(MONGODB_URI, serverSelectionTimeoutMS=5000)
         adb = client[db.name]
     options.setdefault("status", AsyncStatusCache(AsyncOperations(adb), max_age=0))
+    if "permit" not in options:
+        options.setdefault("read_only", False)
     app = FastAPI()
     app.mount("/ops", operator_app(adb, **options))
     with TestClient(app) as test_client:

@@ -99,7 +99,7 @@ def test_the_page_reads_the_report_through_its_cache(clock: FakeClock) -> None:
     operations = Counting(async_view(db))
     cache = AsyncStatusCache(operations, max_age=5, monotonic=clock.monotonic)
     app = FastAPI()
-    app.mount("/ops", operator_app(async_view(db), status=cache))
+    app.mount("/ops", operator_app(async_view(db), status=cache, read_only=False))
     with TestClient(app) as page:
         for url in (
             "/ops/",

@@ -410,7 +410,7 @@ def test_the_page_sits_behind_the_applications_own_authentication(clock: FakeClo
     seed(db, clock)
     app = FastAPI()
     app.add_middleware(OperatorsOnly)
-    app.mount("/ops", operator_app(async_view(db)))
+    app.mount("/ops", operator_app(async_view(db), read_only=False))
     with TestClient(app) as test_client:
         target, fields = confirm_as(test_client, {"authorization": "Bearer operator"})
         assert test_client.get("/ops/").status_code == 401
@@ -486,8 +486,8 @@ def test_orchestrator_web_serves_the_page_until_interrupted(
     fetched: dict[str, httpx.Response] = {}
     serving = running._serving
 
-    def fetch_then_interrupt(url: str, database: str, loopback: bool) -> None:
-        serving(url, database, loopback)
+    def fetch_then_interrupt(url: str, database: str, loopback: bool, *, read_only: bool) -> None:
+        serving(url, database, loopback, read_only=read_only)
 
         def visit() -> None:
             try:
@@ -512,6 +512,7 @@ def test_orchestrator_web_serves_the_page_until_interrupted(
     assert urlsplit(url).hostname == "127.0.0.1"
     shown = read(fetched["page"])
     assert ["gateways", "Failed", "1", "0", "0", "0", "1"] in shown.rows("counts")
+    assert "Pause handler…" in shown.links  # served for the operator who runs it: they act
 
 
 def test_orchestrator_web_refuses_bad_input_in_one_line(
@@ -747,7 +748,12 @@ def test_every_view_shows_any_stored_value(
     app = FastAPI()
     adb = async_view(db)
     # Each example changes the database between two reads: the report is never reused.
-    app.mount("/ops", operator_app(adb, status=AsyncStatusCache(AsyncOperations(adb), max_age=0)))
+    app.mount(
+        "/ops",
+        operator_app(
+            adb, status=AsyncStatusCache(AsyncOperations(adb), max_age=0), read_only=False
+        ),
+    )
 
     @settings(
         max_examples=60,

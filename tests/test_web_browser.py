@@ -105,7 +105,9 @@ def served(db: Database[Any], refresh: float) -> Iterator[str]:
         else:
             page_db = async_view(db)
         try:
-            app = Starlette(routes=[Mount("/ops", operator_app(page_db, refresh=refresh))])
+            app = Starlette(
+                routes=[Mount("/ops", operator_app(page_db, refresh=refresh, read_only=False))]
+            )
             server = uvicorn.Server(
                 uvicorn.Config(app, lifespan="off", log_level="warning", access_log=False)
             )

@@ -9,6 +9,7 @@ import dataclasses
 import logging
 import signal
 import threading
+from functools import partial
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -257,12 +258,19 @@ async def _serve_async(
     default="WARNING",
     help="The web server's log level (each request logged at DEBUG).",
 )
+@click.option(
+    "--read-only",
+    is_flag=True,
+    help="Show everything, offer no action, and refuse every action posted (403, audited). "
+    "Without it, whoever reaches the page may act.",
+)
 def web(**given: Any) -> int:
     """Serve the operator's page: counts per collection and phase, the live replicas, the
     latest errors, a document's lease and error, and unlock and retry (each confirmed first).
 
-    Runs until Ctrl-C. To put it behind your application's authentication instead, mount
-    it: app.mount("/ops", orchestrator.web.operator_app(database)).
+    Runs until Ctrl-C. Whoever reaches it may act, unless --read-only. To put it behind
+    your application's authentication instead, mount it, saying who may act:
+    app.mount("/ops", orchestrator.web.operator_app(database, permit=...)).
 
     \b
     Example:
@@ -276,14 +284,18 @@ def web(**given: Any) -> int:
     options = WebOptions(database=given.pop("db"), **given)
     if not options.uri:
         raise CommandError("no database: set MONGODB_URI or pass --uri")
-    serve(options, _serving)
+    serve(options, partial(_serving, read_only=options.read_only))
     return 0
 
 
-def _serving(url: str, database: str, loopback: bool) -> None:
-    """Say where the page is, and warn when more than this machine can reach it."""
-    click.echo(f"serving the operator's page for database {database!r} at {url} (Ctrl-C stops it)")
-    if not loopback:
+def _serving(url: str, database: str, loopback: bool, *, read_only: bool) -> None:
+    """Say where the page is, and warn when more than this machine can reach it and may
+    act on it."""
+    shown = " read-only" if read_only else ""
+    click.echo(
+        f"serving the operator's page{shown} for database {database!r} at {url} (Ctrl-C stops it)"
+    )
+    if not loopback and not read_only:
         click.echo(
             f"orchestrator web: warning: {url} is reachable from other machines and the page "
             "has no authentication of its own: anyone who reaches it can unlock and retry",

@@ -51,11 +51,14 @@ def operator_record(
     documents: Sequence[str],
     count: int,
     failed: str | None = None,
+    refused: str | None = None,
 ) -> dict[str, Any]:
     """An operator's ``act`` on ``collection``: ``scope`` the filter or pause it named (as
     text), ``documents`` the ids it changed (their first hundred, as Extended JSON),
     ``count`` how many it changed; ``failed``: why it stopped part way (``failure_text``),
-    the changes before it counted, so no change goes unaudited. Kept ``AUDIT_RETENTION``."""
+    the changes before it counted, so no change goes unaudited; ``refused``: why it was
+    refused before it did anything (the documents those it named), so an attempt by
+    someone not permitted is on the trail too. Kept ``AUDIT_RETENTION``."""
     record = {
         "kind": AuditKind.OPERATOR.value,
         "at": bson_time(act.at),
@@ -70,6 +73,8 @@ def operator_record(
     }
     if failed is not None:
         record["failed"] = failed
+    if refused is not None:
+        record["refused"] = refused
     return record
 
 
@@ -115,6 +120,8 @@ class AuditEntry:
     taken_from: str | None
     failed: str | None = None
     """Why the action stopped part way (``count`` changed before it); None: it finished."""
+    refused: str | None = None
+    """Why the action was refused before it did anything; None: it was not."""
 
     @classmethod
     def read(cls, doc: Mapping[str, Any]) -> AuditEntry:
@@ -124,7 +131,7 @@ class AuditEntry:
             doc.get("documents"),
             doc.get("count"),
         )
-        taken, failed = doc.get("takenFrom"), doc.get("failed")
+        taken, failed, refused = doc.get("takenFrom"), doc.get("failed"), doc.get("refused")
         return cls(
             kind=str(doc.get("kind", "?")),
             at=as_utc(at) if isinstance(at, datetime) else None,
@@ -137,6 +144,7 @@ class AuditEntry:
             count=count if isinstance(count, int) and not isinstance(count, bool) else 0,
             taken_from=None if taken is None else str(taken),
             failed=None if failed is None else str(failed),
+            refused=None if refused is None else str(refused),
         )
 
     def to_dict(self) -> dict[str, Any]:

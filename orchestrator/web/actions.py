@@ -43,7 +43,8 @@ from orchestrator.operations import (
     holding,
 )
 from orchestrator.web.browse import selection_of
-from orchestrator.web.inputs import Refused, Selection, form, parse_ref
+from orchestrator.web.inputs import Refused, Selection, form, named, parse_ref
+from orchestrator.web.permits import WebAction
 from orchestrator.web.site import Links, Site
 from orchestrator.web.views import MISSING, Fleet, error_view, text
 
@@ -86,6 +87,11 @@ def _action(name: str | None, *, signal: bool = False) -> Action | str:
         ) from None
 
 
+def _web(action: Action | str) -> WebAction:
+    """A one-document action as the application's permit is asked about it."""
+    return WebAction.one(action) if isinstance(action, Action) else WebAction.SIGNAL
+
+
 def _bulk_action(name: str | None) -> Action:
     action = _action(name)
     assert isinstance(action, Action)  # a signal is asked for by name only
@@ -98,6 +104,7 @@ def _bulk_action(name: str | None) -> Action:
 async def confirm(site: Site, request: Request, links: Links) -> Response:
     """The confirmation of an action on one document, carrying the state it is in now."""
     action = _action(request.query_params.get("action"), signal=True)
+    await site.may(request, _web(action))
     collection, doc = await site.find(request.query_params, links)
     status = await site.status()
     now = await site.operations.now()
@@ -134,6 +141,7 @@ async def act(site: Site, action: Action, request: Request, links: Links) -> Res
     in the state the confirmation carried."""
     fields = await form(request)
     given = _last(fields)
+    await _allow(site, request, WebAction.one(action), given)
     collection = await site.collection(given.get("c"))
     doc_id = parse_ref(given.get("ref"))
     seen = parse_ref(given.get("seen"), "confirmed state")
@@ -175,6 +183,7 @@ async def signal(site: Site, request: Request, links: Links) -> Response:
     """A signal sent to one document, as confirmed: its name, its payload (JSON, empty:
     none) and a reason; the document's page then says whether it woke it."""
     given = _last(await form(request))
+    await _allow(site, request, WebAction.SIGNAL, given)
     collection = await site.collection(given.get("c"))
     doc_id = parse_ref(given.get("ref"))
     name = given.get("name", "").strip()
@@ -199,6 +208,17 @@ async def signal(site: Site, request: Request, links: Links) -> Response:
     site.changed()
     done = "signalled-woke" if delivered.woke else "signalled"
     return RedirectResponse(links.document(collection, doc_id, done=done), 303)
+
+
+async def _allow(site: Site, request: Request, action: WebAction, given: Mapping[str, str]) -> None:
+    """``site.allow`` of an action on the document a form names."""
+    await site.allow(
+        request,
+        action,
+        given.get("c", ""),
+        documents=named(given.get("ref")),
+        why=given.get("reason", "").strip(),
+    )
 
 
 def _payload(typed: str) -> Any:
@@ -254,6 +274,7 @@ async def bulk_confirm(site: Site, request: Request, links: Links) -> Response:
     does it, with a reason."""
     params = request.query_params
     action = _bulk_action(params.get("action"))
+    await site.may(request, WebAction.every(action))
     selection = selection_of(request)
     await site.collection(selection.collection)
     query = await selection.resolve(site.operations)
@@ -292,8 +313,15 @@ async def bulk(site: Site, request: Request, links: Links) -> Response:
     given = _last(fields)
     action = _bulk_action(given.get("action"))
     selection = Selection.read(fields)
-    await site.collection(selection.collection)
     why = given.get("reason", "").strip()
+    await site.allow(
+        request,
+        WebAction.every(action),
+        selection.collection,
+        scope=selection.describe(),
+        why=why,
+    )
+    await site.collection(selection.collection)
     if not why:
         raise Refused(400, "give a reason: it is kept with the action in the audit trail")
     query = await selection.resolve(site.operations)
@@ -339,6 +367,7 @@ def _scope(values: Mapping[str, str]) -> Scope:
 async def pause_confirm(site: Site, verb: str, request: Request, links: Links) -> Response:
     """The confirmation of a pause or resume: what it covers, who runs it, a reason."""
     scope = _scope(request.query_params)
+    await site.may(request, WebAction(verb))
     status = await site.status()
     fleet = Fleet.of(status)
     covered = [
@@ -366,6 +395,13 @@ async def pause(site: Site, verb: str, request: Request, links: Links) -> Respon
     given = _last(await form(request))
     scope = _scope(given)
     why = given.get("reason", "").strip()
+    await site.allow(
+        request,
+        WebAction(verb),
+        scope.collection,
+        scope={"phase": scope.phase or "", "handler": scope.handler or ""},
+        why=why,
+    )
     if not why:
         raise Refused(400, "give a reason: it is shown with the pause, and kept in the audit")
     by = site.actor(request)

@@ -37,11 +37,15 @@ Actions (POST, ``Content-Type: application/json``, a JSON object):
   ``/api/schedule/backfill``: ``{"name", "reason", "from", "to"}`` (dates as
   ``{"$date": "2026-01-01T00:00:00Z"}``).
 
-Errors are ``{"error": message, "kind": name}``: 400 malformed, 403 cross-site, 404 no such
-collection, document or schedule, 409 the document changed (or a live lease holds it, or an id
-names two: ``documents`` lists them), 415 not JSON, 422 refused as asked (a phase no live
-replica handles, with ``handled``; no error phase to retry to; a filter no index serves),
-503 the database did not answer.
+Each action is first put to the mounting application's ``permit`` (``operator_app``): one
+not permitted is answered 403 (``kind``: ``Forbidden``), logged and kept in the audit trail
+as refused, a dry run too (it is the action's confirmation).
+
+Errors are ``{"error": message, "kind": name}``: 400 malformed, 403 cross-site or not
+permitted, 404 no such collection, document or schedule, 409 the document changed (or a
+live lease holds it, or an id names two: ``documents`` lists them), 415 not JSON, 422
+refused as asked (a phase no live replica handles, with ``handled``; no error phase to
+retry to; a filter no index serves), 503 the database did not answer.
 """
 
 from __future__ import annotations
@@ -83,7 +87,8 @@ from orchestrator.operations import (
 from orchestrator.operations.filters import DEFAULT_LIMIT, MAX_LIMIT
 from orchestrator.operations.schedule_report import MAX_RUNS
 from orchestrator.web.browse import selection_of
-from orchestrator.web.inputs import Refused, Selection, json_body, parse_ref
+from orchestrator.web.inputs import Refused, Selection, json_body, named, parse_ref
+from orchestrator.web.permits import WebAction
 from orchestrator.web.site import SECURITY_HEADERS, Site
 from orchestrator.web.views import Fleet
 
@@ -227,6 +232,11 @@ async def act(action: Action, site: Site, request: Request) -> dict[str, Any]:
     """One document (``ref`` and ``seen``), or every document of ``filter``."""
     body = await json_body(request)
     bulk = "filter" in body
+    if bulk:
+        scope = body["filter"] if isinstance(body["filter"], Mapping) else {}
+        await _allow(site, request, WebAction.every(action), body, scope=scope)
+    else:
+        await _allow(site, request, WebAction.one(action), body, documents=named(body.get("ref")))
     _only(body, MANY if bulk else ONE)
     collection = await site.collection(_text(body, "c"))
     to = _text(body, "to") or None
@@ -304,6 +314,7 @@ async def signal(site: Site, request: Request) -> dict[str, Any]:
     """The signal ``name`` (with ``payload``) sent to the document ``ref``, with a
     ``reason``."""
     body = await json_body(request)
+    await _allow(site, request, WebAction.SIGNAL, body, documents=named(body.get("ref")))
     _only(body, SIGNAL)
     collection = await site.collection(_text(body, "c"))
     doc_id = parse_ref(_text(body, "ref"))
@@ -331,6 +342,8 @@ async def signal(site: Site, request: Request) -> dict[str, Any]:
 
 async def pause(pausing: bool, site: Site, request: Request) -> dict[str, Any]:
     body = await json_body(request)
+    asked = {"phase": body.get("phase") or "", "handler": body.get("handler") or ""}
+    await _allow(site, request, WebAction.PAUSE if pausing else WebAction.RESUME, body, scope=asked)
     _only(body, PAUSE)
     scope = Scope(_text(body, "c"), _text(body, "phase") or None, _text(body, "handler") or None)
     by, why = site.actor(request), _text(body, "reason")
@@ -365,6 +378,15 @@ async def schedule_act(verb: str, site: Site, request: Request) -> dict[str, Any
     """Pause, resume, trigger or backfill (``from``, ``to``: dates, ``{"$date": ...}``)
     the schedule ``name``, with a ``reason``."""
     body = await json_body(request)
+    name = body.get("name")
+    await site.allow(
+        request,
+        WebAction.schedule(verb),
+        site.schedules,
+        scope={"schedule": _given(name)},
+        documents=[_given(name)] if name else [],
+        why=_given(body.get("reason")),
+    )
     _only(body, BACKFILL if verb == "backfill" else SCHEDULE)
     name, why = _text(body, "name"), _text(body, "reason")
     if not name:
@@ -390,7 +412,39 @@ def _date(body: Mapping[str, Any], name: str) -> datetime:
     return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
 
 
+async def _allow(
+    site: Site,
+    request: Request,
+    action: WebAction,
+    body: Mapping[str, Any],
+    *,
+    scope: Mapping[str, Any] | None = None,
+    documents: list[str] | None = None,
+) -> None:
+    """``site.allow`` of an action on what ``body`` names, read before it is checked (a
+    refusal names what was asked, however malformed)."""
+    await site.allow(
+        request,
+        action,
+        _given(body.get("c")),
+        scope={
+            name: [_given(v) for v in value] if isinstance(value, list) else _given(value)
+            for name, value in (scope or {}).items()
+        },
+        documents=documents or [],
+        why=_given(body.get("reason")),
+    )
+
+
 # -- values -----------------------------------------------------------------------------------
+
+
+def _given(value: Any) -> str:
+    """A value of a body as the audit trail keeps it: text, shortened."""
+    if value is None:
+        return ""
+    shown = value if isinstance(value, str) else json.dumps(value, default=str)
+    return shown[:200]
 
 
 def _only(body: Mapping[str, Any], allowed: frozenset[str]) -> None:

@@ -5,10 +5,23 @@ Mount it in your own FastAPI or Starlette application, so that it sits behind th
 application's authentication, and name who acts (the signed-in user) for the audit
 trail and the documents' histories::
 
-    app.mount("/ops", operator_app(client["orchestrator"], actor=lambda r: r.user.name))
+    app.mount(
+        "/ops",
+        operator_app(
+            client["orchestrator"],
+            actor=lambda r: r.user.name,
+            permit=lambda r, action: "operators" in r.auth.scopes,
+        ),
+    )
 
 or run it alone with ``orchestrator web --uri ...`` (loopback by default). It reads and
 acts with ``orchestrator.operations.AsyncOperations``, as the command line does.
+
+Who may act is the application's to say, per request and action (``permit``, asked of
+each ``WebAction``; ``permits.py``): the page offers only the actions permitted, and
+refuses any other one posted (403, logged, and kept in the audit trail as refused), on
+the page and the JSON API alike. Where the application says nothing, the page is
+read-only: looking is all it allows until the application grants more.
 
 The pages:
 
@@ -82,6 +95,7 @@ from orchestrator.core.retention import describe
 from orchestrator.operations import AsyncOperations, AsyncStatusCache, LeaseState, Row, id_json
 from orchestrator.operations.tree_report import CHILDREN_SHOWN
 from orchestrator.web import actions, api, browse, schedules
+from orchestrator.web.permits import Permit, permission
 from orchestrator.web.site import Actor, Links, Site, default_actor
 from orchestrator.web.views import (
     LEASE_ROWS,
@@ -141,6 +155,8 @@ def operator_app(  # noqa: PLR0913  its public settings, each keyword-only with 
     schedules_collection: str = SCHEDULES_COLLECTION,
     actor: Actor | None = None,
     status: AsyncStatusCache | None = None,
+    permit: Permit | None = None,
+    read_only: bool | None = None,
 ) -> Starlette:
     """The operator's page for ``database`` (an ``AsyncMongoClient``'s database), as an
     ASGI app to mount (``app.mount("/ops", operator_app(db))``) or serve alone.
@@ -153,6 +169,13 @@ def operator_app(  # noqa: PLR0913  its public settings, each keyword-only with 
     client's address), written
     in the audit trail and the documents' histories. ``status``: a status cache to share
     with a ``PrometheusListener`` (then its ``max_age`` and ``errors`` apply).
+
+    ``permit``: who may act, ``permit(request, action) -> bool`` (or an awaitable of
+    one) for each ``WebAction``: the page shows the actions it grants and refuses the
+    others (403, audited as refused). ``read_only``: the shorthand, ``False`` to let
+    everyone who reaches the page act, ``True`` to let no one. Give one or neither:
+    with neither the page is read-only, so that acting is granted on purpose, never by
+    mounting the page.
 
     The page has no authentication of its own: mount it behind your application's, or
     serve it on loopback (``orchestrator web``).
@@ -175,6 +198,7 @@ def operator_app(  # noqa: PLR0913  its public settings, each keyword-only with 
         raise ConfigError("actor is a function of the request returning who acts")
     if status is not None and not isinstance(status, AsyncStatusCache):
         raise ConfigError(f"status is an AsyncStatusCache, not {type(status).__name__}")
+    permitted = permission(permit, read_only)
     operations = AsyncOperations(
         database,
         replicas_collection=replicas_collection,
@@ -189,6 +213,8 @@ def operator_app(  # noqa: PLR0913  its public settings, each keyword-only with 
         refresh=refresh,
         own={replicas_collection, pauses_collection, audit_collection},
         actor=actor or default_actor,
+        permission=permitted,
+        schedules=schedules_collection,
     )
     return Starlette(
         routes=[

@@ -23,7 +23,7 @@ from bson.errors import BSONError
 from bson.json_util import CANONICAL_JSON_OPTIONS
 from starlette.requests import Request
 
-from orchestrator.operations import AsyncOperations, Filter, LeaseState, parse_fields
+from orchestrator.operations import AsyncOperations, Filter, LeaseState, id_json, parse_fields
 
 __all__ = [
     "MAX_BODY_BYTES",
@@ -32,6 +32,7 @@ __all__ = [
     "cross_site",
     "form",
     "json_body",
+    "named",
     "parse_ref",
 ]
 
@@ -123,6 +124,18 @@ class Selection:
         out += [("key", key) for key in self.keys]
         return out
 
+    def describe(self) -> dict[str, Any]:
+        """As typed, as the audit trail keeps a filter refused before it was resolved."""
+        shown: dict[str, Any] = {"collection": self.collection}
+        for name, values in (("phase", self.phases), ("key", self.keys)):
+            if values:
+                shown[name] = list(values)
+        if self.state is not None:
+            shown["state"] = self.state.value
+        if self.error is not None:
+            shown["error"] = self.error
+        return shown
+
     async def resolve(self, operations: AsyncOperations) -> Filter:
         """The ``Filter``: each key as ``FIELD=VALUE``, or a bare value of the collection's
         business key (``OperatorError`` when its replicas declare none)."""
@@ -210,6 +223,22 @@ async def json_body(request: Request) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise Refused(400, "the body is a JSON object")
     return data
+
+
+NAMED_LENGTH = 200
+"""Most characters of a document reference the audit trail keeps as given."""
+
+
+def named(text: Any) -> list[str]:
+    """The document a request names by ``ref``, as the audit trail names documents: its
+    id as canonical Extended JSON, else what was given, shortened (none: nothing)."""
+    if not isinstance(text, str) or not text:
+        return []
+    try:
+        shown = id_json(parse_ref(text))
+    except Refused:
+        shown = text
+    return [shown[:NAMED_LENGTH]]
 
 
 def parse_ref(text: str | None, what: str = "document reference") -> Any:

@@ -15,6 +15,7 @@ from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
 from orchestrator.web.inputs import Refused, form
+from orchestrator.web.permits import WebAction
 from orchestrator.web.site import Links, Site
 
 __all__ = ["ACTIONS", "NOTICES", "routes"]
@@ -77,6 +78,7 @@ async def one(site: Site, request: Request, links: Links) -> Response:
 async def confirm(site: Site, request: Request, links: Links) -> Response:
     """The confirmation of an action on a schedule, as it is now, with a reason."""
     action = _action(request.query_params.get("action"))
+    await site.may(request, WebAction.schedule(action))
     row = await site.operations.schedule(_name(request.query_params.get("name")), runs=1)
     return await site.render(
         request,
@@ -94,6 +96,14 @@ async def act(site: Site, request: Request, links: Links) -> Response:
     action = _action(given.get("action"))
     name = _name(given.get("name"))
     why = given.get("reason", "").strip()
+    await site.allow(
+        request,
+        WebAction.schedule(action),
+        site.schedules,
+        scope={"schedule": name},
+        documents=[name],
+        why=why,
+    )
     if not why:
         raise Refused(400, "give a reason: it is kept with the action in the audit trail")
     by = site.actor(request)

@@ -33,6 +33,9 @@ class WebOptions:
     errors: int = 10
     replicas_collection: str = REPLICAS_COLLECTION
     log_level: str = "warning"
+    read_only: bool = False
+    """Let the operator look, not act; else every action is permitted (the page is
+    served for the operator who runs it, on loopback by default)."""
 
 
 def serve(options: WebOptions, ready: Callable[[str, str, bool], None]) -> None:
@@ -72,6 +75,7 @@ async def _serve(
             refresh=options.refresh,
             errors=options.errors,
             replicas_collection=options.replicas_collection,
+            read_only=options.read_only,
         )
         config = uvicorn.Config(
             app,

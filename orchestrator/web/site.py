@@ -7,7 +7,8 @@ traceback.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+import logging
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlencode
@@ -28,9 +29,15 @@ from orchestrator.operations import (
     id_json,
 )
 from orchestrator.web.inputs import Refused, Selection, parse_ref
+from orchestrator.web.permits import Permission, WebAction
 from orchestrator.web.views import MISSING, Fleet, environment, text
 
 __all__ = ["SECURITY_HEADERS", "Actor", "Links", "Site", "default_actor"]
+
+logger = logging.getLogger("orchestrator.web")
+
+NOT_PERMITTED = "not permitted"
+"""Why the audit trail says an action was refused for who asked."""
 
 SECURITY_HEADERS = {
     "Content-Security-Policy": (
@@ -111,9 +118,10 @@ class Links:
 
 
 class Site:
-    """What every page shares: the operations, the status cache, the templates, who acts."""
+    """What every page shares: the operations, the status cache, the templates, who acts
+    and what they may do."""
 
-    def __init__(
+    def __init__(  # noqa: PLR0913  what every page shares, each keyword-only
         self,
         database: AsyncDatabase[Document],
         operations: AsyncOperations,
@@ -122,6 +130,8 @@ class Site:
         refresh: float,
         own: set[str],
         actor: Actor,
+        permission: Permission,
+        schedules: str,
     ) -> None:
         self.database = database.name
         self.operations = operations
@@ -130,6 +140,9 @@ class Site:
         self.own = own
         """The library's own collections (replicas, pauses, audit): no documents there."""
         self.actor = actor
+        self.permission = permission
+        self.schedules = schedules
+        """The schedules' collection, which the audit trail names for their actions."""
         self.templates = environment()
 
     def page(
@@ -177,8 +190,10 @@ class Site:
         self, request: Request, links: Links, template: str, code: int = 200, **context: Any
     ) -> Response:
         """A page with the pauses in force (from the cached status report unless the page
-        read one), reloading itself every ``refresh`` seconds when ``refreshing``: to its
-        own URL without ``done``, so a banner saying what was done is shown once."""
+        read one), offering only the actions the request may take (``can``), reloading
+        itself every ``refresh`` seconds when ``refreshing``: to its own URL without
+        ``done``, so a banner saying what was done is shown once."""
+        context["can"] = await self.permission.granted(request)
         status: Status = context.pop("status", None) or await self.status()
         context.setdefault("fleet", Fleet.of(status))
         context.setdefault("at", status.at)
@@ -193,6 +208,7 @@ class Site:
         context.setdefault("refresh_url", None)
         context.setdefault("at", None)
         context.setdefault("notice", None)
+        context.setdefault("can", frozenset())
         html = self.templates.get_template(template).render(
             links=links, database=self.database, **context
         )
@@ -200,6 +216,59 @@ class Site:
 
     async def status(self) -> Status:
         return await self.cache.status()
+
+    async def allow(
+        self,
+        request: Request,
+        action: WebAction,
+        collection: str,
+        *,
+        scope: Mapping[str, Any] | None = None,
+        documents: Sequence[str] = (),
+        why: str = "",
+    ) -> None:
+        """Go on only if the application permits ``action`` to who asks (``operator_app``'s
+        ``permit``); else refuse it (403), logged, and recorded in the audit trail with
+        what it named (``collection``, ``scope``, ``documents``) and the reason given."""
+        if await self.permission.allows(request, action):
+            return
+        by = self.actor(request)
+        shown = ", ".join(documents) or ", ".join(f"{k}={v}" for k, v in (scope or {}).items())
+        logger.warning(
+            "operator's page: refused %s by %s on %s%s: not permitted",
+            action.value,
+            by,
+            collection or "?",
+            f" ({shown})" if shown else "",
+        )
+        try:
+            await self.operations.refused(
+                action.value,
+                collection,
+                because=NOT_PERMITTED,
+                scope=scope,
+                documents=documents,
+                by=by,
+                why=why,
+            )
+        except StoreError as exc:
+            logger.error("operator's page: the refusal could not be audited: %s", exc)
+        raise self.forbidden(action)
+
+    async def may(self, request: Request, action: WebAction) -> None:
+        """Show the confirmation of ``action`` only to who may take it (403 else): a look
+        at a confirmation does nothing, so it is not audited."""
+        if not await self.permission.allows(request, action):
+            raise self.forbidden(action)
+
+    @staticmethod
+    def forbidden(action: WebAction) -> Refused:
+        return Refused(
+            403,
+            f"you may not {action.value.replace('_', ' ')} here: the application that serves "
+            "this page lets you look, not take this action (operator_app's permit)",
+            kind="Forbidden",
+        )
 
     def changed(self) -> None:
         """An action changed the documents or the pauses: the next page reads them anew."""

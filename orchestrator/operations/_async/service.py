@@ -364,6 +364,34 @@ class AsyncOperations:
             await self._record_pause("resume", scope, await self.now(), self._signed(by, why))
         return done
 
+    async def refused(
+        self,
+        action: str,
+        collection: str,
+        *,
+        because: str,
+        scope: Mapping[str, Any] | None = None,
+        documents: Sequence[str] = (),
+        by: str | None = None,
+        why: str = "",
+    ) -> None:
+        """Record in the audit trail an ``action`` a tool refused ``because`` before it did
+        anything (``by`` may not take it): who tried what, on which ``documents`` (their
+        ids as Extended JSON, or as given) or ``scope``, so the trail shows attempts
+        that did not happen as well as the changes that did."""
+        signed = self._signed(by, why)
+        await self._reports.append_audit(
+            self._audit,
+            operator_record(
+                OperatorAct(action, signed.by, signed.why, await self.now()),
+                collection=collection,
+                scope=scope or {},
+                documents=documents,
+                count=0,
+                refused=because,
+            ),
+        )
+
     async def pauses(self) -> list[Pause]:
         """The pauses in force."""
         return await self._reports.read_pauses(self._pauses)

@@ -363,6 +363,34 @@ class Operations:
             self._record_pause("resume", scope, self.now(), self._signed(by, why))
         return done
 
+    def refused(
+        self,
+        action: str,
+        collection: str,
+        *,
+        because: str,
+        scope: Mapping[str, Any] | None = None,
+        documents: Sequence[str] = (),
+        by: str | None = None,
+        why: str = "",
+    ) -> None:
+        """Record in the audit trail an ``action`` a tool refused ``because`` before it did
+        anything (``by`` may not take it): who tried what, on which ``documents`` (their
+        ids as Extended JSON, or as given) or ``scope``, so the trail shows attempts
+        that did not happen as well as the changes that did."""
+        signed = self._signed(by, why)
+        self._reports.append_audit(
+            self._audit,
+            operator_record(
+                OperatorAct(action, signed.by, signed.why, self.now()),
+                collection=collection,
+                scope=scope or {},
+                documents=documents,
+                count=0,
+                refused=because,
+            ),
+        )
+
     def pauses(self) -> list[Pause]:
         """The pauses in force."""
         return self._reports.read_pauses(self._pauses)
