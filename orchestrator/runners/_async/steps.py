@@ -119,7 +119,7 @@ class AsyncSteps:
             # never measured; the next action tries again.
             what = str(exc) if isinstance(exc, StoreError) else f"{type(exc).__name__}: {exc}"
             self._report.line(
-                logging.WARNING,
+                self._report.trouble(logging.WARNING, exc),
                 f"cannot measure the server's clock; nothing is claimed until it can: {what}",
                 "error",
             )
