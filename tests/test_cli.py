@@ -207,6 +207,15 @@ def test_graph_draws_the_gateway_workflow(capsys: pytest.CaptureFixture[str]) ->
         ("no_such_module:orch", "cannot import 'no_such_module'"),
         ("examples.gateway:nothing", "has no attribute 'nothing'"),
         ("orchestrator.demo.workflows.gateway:CREATE_ORDER", "is a tuple, not an Orchestrator"),
+        # A model, not an orchestrator: it was called, and printed a page of pydantic's
+        # errors about its missing fields.
+        (
+            "orchestrator.demo.workflows.gateway:Gateway",
+            "is the Resource model Gateway (a document type), not an Orchestrator or"
+            " AsyncOrchestrator",
+        ),
+        ("orchestrator.core.settings:HandlerOptions", "is the pydantic model HandlerOptions"),
+        ("pathlib:Path", "is the class Path, not an Orchestrator"),
     ],
 )
 def test_graph_and_run_refuse_a_wrong_target(
@@ -215,6 +224,26 @@ def test_graph_and_run_refuse_a_wrong_target(
     for command in ("graph", "run"):
         code, _, err = run([command, target], capsys)
         assert_one_line_error(code, err, message)
+
+
+def test_a_target_function_that_raises_a_long_error_is_refused_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A factory that fails with pydantic's many-line error: its first line only."""
+    (tmp_path / "broken_factory.py").write_text(
+        "from orchestrator import Resource\n"
+        "class Invoice(Resource):\n"
+        "    number: int\n"
+        "    total: float\n"
+        "def make():\n"
+        "    return Invoice()\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    code, _, err = run(["run", "broken_factory:make"], capsys)
+    assert_one_line_error(
+        code, err, "broken_factory:make() failed: invalid Invoice: phase: required; number:"
+    )
 
 
 def test_demo_at_a_tiny_size_passes_its_audit(

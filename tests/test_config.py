@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -71,6 +72,12 @@ def test_invalid_settings_raise_a_clear_error_at_construction(
             {"tick": 60, "lock_timeout": 30},
             "invalid orchestrator settings: tick (60.0s) must not exceed lock_timeout (30.0s)",
         ),
+        (
+            {"step_timeout": 5, "lock_timeout": 30},
+            "invalid orchestrator settings: step_timeout (5s) must be at least lock_timeout"
+            " (30s): a step is given its whole lease to run in, and step_timeout stops one"
+            " the heartbeat keeps extending past it",
+        ),
     ],
 )
 def test_a_configuration_error_names_the_field_the_value_and_what_is_allowed(
@@ -98,6 +105,32 @@ def test_handler_options_and_submitted_documents_are_explained_the_same_way() ->
     with pytest.raises(ConfigError) as caught:
         orch.submit(Gateway, {"name": 3, "phase": "Creating"})
     assert str(caught.value) == "invalid Gateway to submit: name=3: must be a valid string"
+
+
+@pytest.mark.pure
+def test_the_step_timeout_rule_is_in_the_settings_reference() -> None:
+    """The API reference is generated from the fields' descriptions: the rule and its
+    reason are there, not only in the error a wrong value meets."""
+    said = Settings.model_fields["step_timeout"].description or ""
+    assert "At least lock_timeout" in said and "whole lease" in said
+
+
+@pytest.mark.pure
+def test_a_replica_id_of_none_is_the_documented_default() -> None:
+    """``replica_id=None`` (an application passing on an unset option) means the default,
+    host-pid-random, as the settings say; it was refused as not a string."""
+    host, pid = socket.gethostname(), os.getpid()
+    for settings in (Settings(replica_id=None), Settings.build(replica_id=None), Settings()):
+        assert settings.replica_id.startswith(f"{host}-{pid}-")
+    assert Settings(replica_id=None).replica_id != Settings(replica_id=None).replica_id
+    assert "host-pid-random" in (Settings.model_fields["replica_id"].description or "")
+
+
+@pytest.mark.parametrize("engine", [Orchestrator, AsyncOrchestrator])
+def test_either_engine_takes_replica_id_none_as_the_default(engine: Any) -> None:
+    db = memory_database() if engine is Orchestrator else async_memory_database()
+    orch = engine(db, replica_id=None)
+    assert orch.replica_id.startswith(f"{socket.gethostname()}-{os.getpid()}-")
 
 
 def test_settings_object_or_keywords_not_both() -> None:

@@ -13,6 +13,8 @@ there (``.ci/run``).
 
 from __future__ import annotations
 
+import importlib.metadata
+import importlib.util
 import os
 import re
 import shutil
@@ -285,3 +287,71 @@ def test_the_wheels_metadata_names_license_urls_and_classifiers(wheel: zipfile.Z
     urls = dict(u.split(", ", 1) for u in meta.get_all("Project-URL") or [])
     assert urls == PROJECT["urls"]
     assert meta["Description-Content-Type"] == "text/markdown"
+
+
+def _requirement_name(requirement: str) -> str:
+    return re.split(r"[<>=!~;\[ ]", requirement, maxsplit=1)[0].lower().replace("_", "-")
+
+
+def _module_or_package(module: str, package: str) -> str:
+    """``module`` if it is one, else the ``package`` it was imported from."""
+    try:
+        return module if importlib.util.find_spec(module) is not None else package
+    except ModuleNotFoundError:
+        return package
+
+
+def _installs(names: set[str]) -> set[str]:
+    """The distributions that installing ``names`` brings (their own requirements, not
+    their extras'), as this environment's metadata says."""
+    found: set[str] = set()
+    todo = list(names)
+    while todo:
+        name = todo.pop()
+        if name in found:
+            continue
+        found.add(name)
+        for requirement in importlib.metadata.requires(name) or []:
+            if "extra ==" not in requirement:
+                todo.append(_requirement_name(requirement))
+    return found
+
+
+def test_the_tracing_extra_installs_what_the_tracing_example_imports(
+    wheel: zipfile.ZipFile,
+) -> None:
+    """The tracing example (README, docs) records spans with the SDK's TracerProvider: the
+    ``tracing`` extra installed only opentelemetry-api, which the library calls, so the
+    example failed with ModuleNotFoundError for a user who installed just that extra. CI
+    installs the wheel with it in a fresh environment and runs those imports (.ci/run)."""
+    tracing = {
+        _requirement_name(r)
+        for r in metadata(wheel).get_all("Requires-Dist") or []
+        if re.search(r"extra\s*==\s*[\"']tracing[\"']", r)
+    }
+    installed = _installs(tracing)
+    pages = [README, *(p.read_text() for p in sorted((ROOT / "docs").rglob("*.md")))]
+    blocks = [b for page in pages for b in re.findall(r"```python\n(.*?)```", page, re.S)]
+    modules: set[str] = set()
+    for block in blocks:
+        for module, names in re.findall(r"^from (opentelemetry\S*) import (.+)$", block, re.M):
+            # "from opentelemetry import trace": the module trace (opentelemetry is a
+            # namespace, in no one distribution).
+            modules |= {
+                _module_or_package(f"{module}.{n.strip()}", module) for n in names.split(",")
+            }
+        modules |= set(re.findall(r"^import (opentelemetry\S*)", block, re.M))
+    assert "opentelemetry.sdk.trace" in modules, "the tracing example moved: follow it here"
+    for module in sorted(modules):
+        spec = importlib.util.find_spec(module)
+        assert spec is not None and spec.origin is not None, module
+        origin = Path(spec.origin).resolve()
+        shipped_by = [
+            name
+            for name in installed
+            if any(
+                Path(str(importlib.metadata.distribution(name).locate_file(f))).resolve() == origin
+                for f in importlib.metadata.distribution(name).files or []
+            )
+        ]
+        assert shipped_by, f"{module} is in no distribution the tracing extra installs"

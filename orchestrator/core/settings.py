@@ -67,8 +67,8 @@ class Settings(BaseModel):
     Besides each field's own bounds, the fields must agree (``ConfigError`` otherwise):
 
     - ``tick`` at most ``lock_timeout``: a lease must not expire between two ticks;
-    - ``step_timeout`` (when set) at least ``lock_timeout``: a step's lease outlives no
-      time-out of its own;
+    - ``step_timeout`` (when set) at least ``lock_timeout``: a step is given its whole lease
+      to run in, and ``step_timeout`` stops one the heartbeat keeps extending past it;
     - ``history`` entries of up to ``traceback_chars`` each keep at most 4 MiB on a
       document (MongoDB holds 16 MiB in all);
     - ``cancelled_phase`` differs from ``failed_phase``;
@@ -144,7 +144,9 @@ class Settings(BaseModel):
         min_length=1,
         max_length=200,
         description="This replica's name: in every lease it writes (lockedBy), its record"
-        " (orchestrator status), the history and the audit trail; unique per replica.",
+        " (orchestrator status), every log line, the history and the audit trail; unique per"
+        " replica. By default (or None) host-pid-random: the host name, the process id and a"
+        " random suffix.",
     )
     write_concern: Literal["majority"] | int = Field(
         "majority", description='Write concern of lease writes: "majority" or a node count.'
@@ -171,7 +173,9 @@ class Settings(BaseModel):
         300.0,
         gt=0,
         le=MAX_DURATION,
-        description="A step running longer loses its lease and counts as failed.",
+        description="A step running longer loses its lease and counts as a failed attempt;"
+        " None: no limit. At least lock_timeout: a step is given its whole lease to run"
+        " in, and step_timeout stops one the heartbeat keeps extending past it.",
     )
     max_wait: float = Field(
         3600.0, gt=0, le=MAX_DURATION, description="Cap on any relock or retry wait."
@@ -275,6 +279,13 @@ class Settings(BaseModel):
             raise ValueError("a collection name has no '$' or NUL and is not system.*")
         return value
 
+    @field_validator("replica_id", mode="before")
+    @classmethod
+    def _default_replica_id(cls, value: Any) -> Any:
+        """None is the documented default, not a refusal: ``replica_id=None`` passed on by
+        an application that sets it only sometimes."""
+        return default_replica_id() if value is None else value
+
     @field_validator("legacy_lock_timeout")
     @classmethod
     def _whole_milliseconds(cls, value: float | None) -> float | None:
@@ -292,7 +303,11 @@ class Settings(BaseModel):
                 "a lease would expire between two ticks"
             )
         if self.step_timeout is not None and self.step_timeout < self.lock_timeout:
-            raise ValueError("step_timeout must be at least lock_timeout")
+            raise ValueError(
+                f"step_timeout ({self.step_timeout:g}s) must be at least lock_timeout"
+                f" ({self.lock_timeout:g}s): a step is given its whole lease to run in, and"
+                " step_timeout stops one the heartbeat keeps extending past it"
+            )
         if self.history * (self.traceback_chars + ENTRY_BYTES) > HISTORY_BYTES:
             raise ValueError(
                 f"history ({self.history}) x traceback_chars ({self.traceback_chars}) may keep"

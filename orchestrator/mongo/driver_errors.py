@@ -20,6 +20,7 @@ from pymongo.errors import DocumentTooLarge as DriverDocumentTooLarge
 
 from orchestrator.core import sharding
 from orchestrator.core.errors import StoreError
+from orchestrator.core.outages import DatabaseWatch
 from orchestrator.core.redact import redact
 
 WRITE_CONCERN_FAILED = 64
@@ -80,13 +81,19 @@ Sharded = tuple[str, Sequence[str] | None]
 
 
 @contextmanager
-def driver_errors(action: str, sharded: Sharded | None = None) -> Iterator[None]:
+def driver_errors(
+    action: str, sharded: Sharded | None = None, watch: DatabaseWatch | None = None
+) -> Iterator[None]:
     """Driver errors raised inside leave as ``StoreError`` saying what ``action`` failed,
     with ``transient`` set when retrying may help, so no layer above sees pymongo's.
 
     ``sharded``: a write to that collection, naming that shard key; the server's refusal
     of it for want of the shard key leaves as ``ShardKeyRequired`` (a ``ConfigError``
-    naming the fix), never as a ``StoreError`` to retry: retrying cannot help."""
+    naming the fix), never as a ``StoreError`` to retry: retrying cannot help.
+
+    ``watch``: told what the operation found (an answer, or a transient failure), so a
+    replica says once that the database is unreachable, and once that it is back."""
+    epoch = 0 if watch is None else watch.epoch
     try:
         yield
     except PyMongoError as exc:
@@ -94,21 +101,29 @@ def driver_errors(action: str, sharded: Sharded | None = None) -> Iterator[None]
             details = exc.details if isinstance(exc, OperationFailure) else None
             said = (details or {}).get("errmsg") or str(exc)
             raise sharding.refused(sharded[0], sharded[1], redact(str(said))) from exc
-        if _too_large(exc):
-            raise DocumentTooLarge(
-                f"{action} refused: the document would exceed MongoDB's 16 MiB limit"
-                f" ({redact(str(exc))})"
-            ) from exc
-        if is_write_timeout(exc):
-            raise StoreError(
-                f"{action}: no majority acknowledged the write within the write timeout"
-                " (it may have applied on the primary)",
-                transient=True,
-            ) from exc
-        raise StoreError(
-            f"{action} failed: {redact(str(exc))}", transient=is_transient(exc)
-        ) from exc
+        error = _store_error(action, exc)
+        if watch is not None:
+            watch.failed(epoch, action, error)
+        raise error from exc
     except BSONError as exc:  # DocumentTooLarge and unencodable values are not PyMongoErrors
         if _too_large(exc):
             raise DocumentTooLarge(f"{action} refused: {redact(str(exc))}") from exc
         raise StoreError(f"{action} failed: {redact(str(exc))}") from exc
+    if watch is not None:
+        watch.answered(epoch)
+
+
+def _store_error(action: str, exc: PyMongoError) -> StoreError:
+    """The library's error for the driver's ``exc``, raised while doing ``action``."""
+    if _too_large(exc):
+        return DocumentTooLarge(
+            f"{action} refused: the document would exceed MongoDB's 16 MiB limit"
+            f" ({redact(str(exc))})"
+        )
+    if is_write_timeout(exc):
+        return StoreError(
+            f"{action}: no majority acknowledged the write within the write timeout"
+            " (it may have applied on the primary)",
+            transient=True,
+        )
+    return StoreError(f"{action} failed: {redact(str(exc))}", transient=is_transient(exc))

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from orchestrator.core.clock import Clock, ServerClock
+from orchestrator.core.errors import StoreError
 from orchestrator.core.events import (
     AttemptFailedEvent,
     ClockMeasuredEvent,
@@ -22,6 +23,7 @@ from orchestrator.core.events import (
     carrier,
 )
 from orchestrator.core.lease_api import StepLease
+from orchestrator.core.outages import Back, DatabaseWatch, Unreachable
 from orchestrator.core.outcomes import StepOutcome
 from orchestrator.core.redact import RedactingFilter
 from orchestrator.core.registry import Handler
@@ -47,6 +49,8 @@ class Reporter:
         """The ``extra`` fields of every line this replica logs."""
         self._local = local
         self._clock = clock
+        self.database = DatabaseWatch(local, self._database_changed)
+        """Whether the database answers this replica's store (its ``watch``)."""
 
     # -- logs ---------------------------------------------------------------------------
 
@@ -78,6 +82,37 @@ class Reporter:
     def line(self, level: int, message: str, outcome: str, **fields: object) -> None:
         """A line about the replica itself (started, stopped, its record, its clock)."""
         logger.log(level, message, extra={**self.base, "outcome": outcome, **fields})
+
+    def trouble(self, level: int, exc: BaseException) -> int:
+        """The level of a line saying an operation failed with ``exc``: DEBUG while the
+        database is known unreachable and ``exc`` says so again (the outage's own line
+        said it once), else ``level``."""
+        if isinstance(exc, StoreError) and exc.transient and self.database.down:
+            return logging.DEBUG
+        return level
+
+    def _database_changed(self, change: Unreachable | Back) -> None:
+        """One line when the database stops answering this replica, one when it is back:
+        the failures in between are logged at DEBUG (``trouble``)."""
+        since = change.since.isoformat()
+        if isinstance(change, Unreachable):
+            self.line(
+                logging.WARNING,
+                f"database unreachable: {change.error}; claims, heartbeats and records fail"
+                " until it answers again (said once, and once when it is back)",
+                "database-unreachable",
+                failed=change.action,
+                error=str(change.error),
+                since=since,
+            )
+            return
+        self.line(
+            logging.WARNING,
+            f"database reachable again after {change.down_for:.1f}s unreachable (since {since})",
+            "database-back",
+            since=since,
+            down_for=round(change.down_for, 3),
+        )
 
     def lost(self, message: str, lease: StepLease) -> None:
         """A write found ``lease`` lost: logged, and reported to the listeners."""

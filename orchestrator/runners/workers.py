@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import threading
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -31,14 +32,40 @@ from orchestrator.runners.books import Books, Leave
 from orchestrator.runners.reporter import logger
 from orchestrator.runners.step import Step
 
-__all__ = ["TIMER_DEFAULTS", "AsyncWorkers", "StepEnd", "WorkerEnd", "Workers", "best_effort"]
+__all__ = [
+    "TIMER_DEFAULTS",
+    "TIMER_LOGGER",
+    "AsyncWorkers",
+    "StepEnd",
+    "WorkerEnd",
+    "Workers",
+    "best_effort",
+]
 
 T = TypeVar("T")
 
 TIMER_DEFAULTS = {"coalesce": True, "max_instances": 1, "misfire_grace_time": None}
 """The APScheduler job defaults of the ticks and heartbeats: coalesced, one instance at a
 time (a heartbeat slower than its interval never runs twice at once; missed runs are not
-made up)."""
+made up), and no grace time (a run that starts late runs, and no "missed by" line says
+so)."""
+
+
+class _SkipsOfOneInstance(logging.Filter):
+    """Drops APScheduler's "skipped: maximum number of running instances reached": a
+    heartbeat slower than its interval (the database unreachable) is skipped on purpose
+    (``max_instances=1``), and said every interval it drowned the replica's own line
+    saying the database is unreachable."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "maximum number of running instances reached" not in str(record.msg)
+
+
+TIMER_LOGGER = logging.getLogger("apscheduler.scheduler.orchestrator")
+"""The logger of the replicas' timers: below APScheduler's own (its level and handlers
+apply), with the skips of one instance dropped; the application's other schedulers log as
+they did."""
+TIMER_LOGGER.addFilter(_SkipsOfOneInstance())
 
 
 def best_effort() -> contextlib.AbstractContextManager[None]:
@@ -141,7 +168,10 @@ class AsyncWorkers:
 
     def timer(self) -> BaseScheduler:
         return AsyncIOScheduler(
-            event_loop=asyncio.get_running_loop(), timezone=UTC, job_defaults=TIMER_DEFAULTS
+            event_loop=asyncio.get_running_loop(),
+            timezone=UTC,
+            job_defaults=TIMER_DEFAULTS,
+            logger=TIMER_LOGGER,
         )
 
     # -- workers ------------------------------------------------------------------------
@@ -265,7 +295,7 @@ class Workers:
 
     @staticmethod
     def timer() -> BaseScheduler:
-        return BackgroundScheduler(timezone=UTC, job_defaults=TIMER_DEFAULTS)
+        return BackgroundScheduler(timezone=UTC, job_defaults=TIMER_DEFAULTS, logger=TIMER_LOGGER)
 
     def spawn(self) -> None:
         threading.Thread(target=self._work, name=f"orchestrator-{self._name}", daemon=True).start()

@@ -11,6 +11,7 @@ with it; the sync twin is generated (``scripts/synchro.py``).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Protocol
@@ -28,7 +29,7 @@ from orchestrator.core.in_house import InHouse
 from orchestrator.core.queries import claims
 from orchestrator.core.scheduler import Found
 from orchestrator.mongo import probe_answers
-from orchestrator.mongo.driver_errors import driver_errors, is_transient
+from orchestrator.mongo.driver_errors import Sharded, is_transient
 
 __all__ = ["Claimer"]
 
@@ -38,6 +39,10 @@ class _Collections(Protocol):
     write concern."""
 
     def collection(self, name: str) -> Collection[Document]: ...
+
+    def errors(
+        self, action: str, sharded: Sharded | None = None
+    ) -> contextlib.AbstractContextManager[None]: ...
 
 
 class Claimer:
@@ -108,7 +113,7 @@ class Claimer:
         )
         update = self._in_house.update(request.update)
         try:
-            with driver_errors(f"claim on {name}", (name, plan.shard_key)):
+            with self._store.errors(f"claim on {name}", (name, plan.shard_key)):
                 if plan.peeks(request.live):
                     before = self._peek_and_claim(name, query, update, judged_at, plan)
                 else:
@@ -240,7 +245,7 @@ class Claimer:
         if not groups:
             return Found(frozenset())
         if not self._no_union:
-            with driver_errors("probe"):
+            with self._store.errors("probe"):
                 try:
                     return self._probe_at_once(
                         groups, now, horizon, pauses_collection, replicas_collection, known=known
@@ -257,7 +262,7 @@ class Claimer:
             asked = [m for n, m in zip(numbers, matches, strict=True) if n not in known]
             if not asked:
                 continue
-            with driver_errors(f"probe {name}"):
+            with self._store.errors(f"probe {name}"):
                 doc = self._store.collection(name).find_one(
                     claims.probe_filter(asked, now, horizon, self._in_house),
                     claims.PROBE_PROJECTION,

@@ -23,6 +23,7 @@ range of ``datetime`` as ``bson.DatetimeMS``), documents as the client's documen
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections.abc import Callable, Hashable, Mapping, Sequence
@@ -61,6 +62,7 @@ from orchestrator.core.names import (
     SLOT_INDEX_NAME,
     UNIQUE_PREFIX,
 )
+from orchestrator.core.outages import DatabaseWatch
 from orchestrator.core.queries import (
     claims,
     limit_slots,
@@ -77,7 +79,7 @@ from orchestrator.core.settings import DEFAULT_DATABASE
 from orchestrator.mongo import connection, index_plans
 from orchestrator.mongo._sync.claiming import Claimer
 from orchestrator.mongo.connection import COMMAND_NOT_FOUND
-from orchestrator.mongo.driver_errors import DUPLICATE_KEY, driver_errors
+from orchestrator.mongo.driver_errors import DUPLICATE_KEY, Sharded, driver_errors
 
 __all__ = ["Store", "connect"]
 
@@ -103,6 +105,10 @@ class Store:
     the probe, and every lease this store writes, or document it inserts, carries the
     ``lockedAt`` they read it by (``InHouse.update``): here, where every write leaves, so
     none is left out.
+
+    ``watch`` (a replica's): told what each operation found, an answer or a transient
+    failure, so the replica says once that the database is unreachable and once that it
+    is back, not at every failed tick.
     """
 
     def __init__(
@@ -111,9 +117,11 @@ class Store:
         write_concern: str | int = "majority",
         write_timeout: float = 10.0,
         legacy_lock_timeout: float | None = None,
+        watch: DatabaseWatch | None = None,
     ) -> None:
         connection.check_database_name(getattr(db, "name", None))
         self._db = db
+        self._watch = watch
         self._in_house = InHouse(legacy_lock_timeout)
         self._write_concern = connection.write_concern(write_concern, write_timeout)
         self._codec: CodecOptions[Document] = connection.codec_options(db.codec_options)
@@ -130,6 +138,12 @@ class Store:
     @property
     def database(self) -> Database[Document]:
         return self._db
+
+    def errors(
+        self, action: str, sharded: Sharded | None = None
+    ) -> contextlib.AbstractContextManager[None]:
+        """``driver_errors`` around one operation, telling this store's watch what it found."""
+        return driver_errors(action, sharded, self._watch)
 
     def collection(self, name: str) -> Collection[Document]:
         """The collection ``name`` with the store's codec options and write concern (the
@@ -152,7 +166,7 @@ class Store:
         for a server older than ``MIN_SERVER_VERSION``, so ``start()``, which measures
         the clock first, refuses it.
         """
-        with driver_errors("hello"):
+        with self.errors("hello"):
             reply = self._hello()
         connection.check_server(reply)
         local = reply.get("localTime")
@@ -212,7 +226,7 @@ class Store:
         """A fenced write that also takes the lease on (``lease_writes.carry_update``): the
         document as it stored it (its history cut as a claim reads it), or None when
         ``query`` matched nothing. One command, as the release alone was."""
-        with driver_errors(f"write to {name}/{_named_id(query)}"):
+        with self.errors(f"write to {name}/{_named_id(query)}"):
             return self.collection(name).find_one_and_update(
                 dict(query),
                 dict(self._in_house.update(update)),
@@ -227,20 +241,20 @@ class Store:
         A result, not an exception: the caller decides whether a lost lease is an error
         (a step's outcome: ``LeaseLost``) or expected (a heartbeat racing a release).
         """
-        with driver_errors(f"write to {name}/{_named_id(query)}"):
+        with self.errors(f"write to {name}/{_named_id(query)}"):
             result = self.collection(name).update_one(dict(query), self._in_house.update(update))
         return result.matched_count > 0
 
     def delete(self, name: str, query: Mapping[str, Any]) -> bool:
         """A fenced delete (``query`` from ``lease_writes.fenced``); False when it matched
         nothing: the lease is no longer the writer's, or the phase was changed from outside."""
-        with driver_errors(f"remove {name}/{_named_id(query)}"):
+        with self.errors(f"remove {name}/{_named_id(query)}"):
             result = self.collection(name).delete_one(dict(query))
         return result.deleted_count > 0
 
     def find_ids(self, name: str, query: Mapping[str, Any], most: int) -> list[Any]:
         """The ``_id`` of at most ``most`` documents ``query`` selects."""
-        with driver_errors(f"read from {name}"):
+        with self.errors(f"read from {name}"):
             docs = self.collection(name).find(dict(query), {"_id": 1}).limit(most).to_list()
         return [doc["_id"] for doc in docs]
 
@@ -248,7 +262,7 @@ class Store:
         self, name: str, query: Mapping[str, Any], fields: Sequence[str], most: int
     ) -> list[Document]:
         """At most ``most`` documents ``query`` selects, with ``_id`` and ``fields`` only."""
-        with driver_errors(f"read from {name}"):
+        with self.errors(f"read from {name}"):
             cursor = self.collection(name).find(dict(query), dict.fromkeys(fields, 1))
             return list(cursor.limit(most).to_list())
 
@@ -257,7 +271,7 @@ class Store:
     ) -> Document | None:
         """Update the one document ``query`` selects; it as updated (``_id`` and
         ``fields``), or None when none matched."""
-        with driver_errors(f"update {name}/{_named_id(query)}"):
+        with self.errors(f"update {name}/{_named_id(query)}"):
             found = self.collection(name).find_one_and_update(
                 dict(query),
                 dict(update),
@@ -269,7 +283,7 @@ class Store:
     def run_fires(self, name: str, query: Mapping[str, Any], most: int) -> list[datetime]:
         """The fire times of at most ``most`` of a schedule's runs, earliest first."""
         field = schedule_queries.FIRE_FIELD
-        with driver_errors(f"read from {name}"):
+        with self.errors(f"read from {name}"):
             cursor = self.collection(name).find(dict(query), {field: 1}).sort(field, 1)
             docs = cursor.limit(most).to_list()
         found = [schedule_queries.fire_of(doc) for doc in docs]
@@ -277,7 +291,7 @@ class Store:
 
     def write_many(self, name: str, query: Mapping[str, Any], update: Mapping[str, Any]) -> int:
         """An update of every document ``query`` selects; how many it changed."""
-        with driver_errors(f"update {name}"):
+        with self.errors(f"update {name}"):
             result = self.collection(name).update_many(dict(query), self._in_house.update(update))
         return result.modified_count
 
@@ -293,7 +307,7 @@ class Store:
         coll = self.collection(name)
         doc = self._in_house.stamped(doc) if self._in_house.migrating else doc
         if not unique:
-            with driver_errors(f"insert into {name}"):
+            with self.errors(f"insert into {name}"):
                 coll.insert_one(doc)
             return doc
         key = submissions.unique_filter(doc, unique)
@@ -301,7 +315,7 @@ class Store:
             self.ensure_unique(name, unique)
         on_insert = {k: v for k, v in doc.items() if k not in key}
         for _ in range(3):
-            with driver_errors(f"submit to {name}", (name, None)):
+            with self.errors(f"submit to {name}", (name, None)):
                 try:
                     stored = coll.find_one_and_update(
                         key,
@@ -351,7 +365,7 @@ class Store:
         coll = self.collection(name)
         wanted = index_plans.index_keys(keys)
         for attempt in range(2):
-            with driver_errors(f"list indexes of {name}"):
+            with self.errors(f"list indexes of {name}"):
                 cursor = coll.list_indexes()
                 existing = [dict(info) for info in cursor.to_list()]
                 collation = (
@@ -368,7 +382,7 @@ class Store:
             )
             if plan.reuse is not None:
                 return plan.reuse
-            with driver_errors(f"create index {index_name} on {name}"):
+            with self.errors(f"create index {index_name} on {name}"):
                 if plan.replace is not None:
                     logger.warning(
                         f"replacing index {plan.replace!r} on {name}: it is an earlier version's",
@@ -412,7 +426,7 @@ class Store:
         """Write this replica's record, replacing its last one whole (or creating it).
         Returns the ``instance`` of the record it replaced (None if there was none), so a
         replica can tell that another process wrote under its replica id meanwhile."""
-        with driver_errors(f"record replica {record.replica_id} in {name}"):
+        with self.errors(f"record replica {record.replica_id} in {name}"):
             before = self.collection(name).find_one_and_replace(
                 replica_records.replica_filter(record.replica_id),
                 replica_records.replica_document(record),
@@ -427,7 +441,7 @@ class Store:
     ) -> bool:
         """Delete a stopping replica's own record; False if it was not there (expired, or
         replaced by another process with the same replica id)."""
-        with driver_errors(f"remove replica {replica_id} from {name}"):
+        with self.errors(f"remove replica {replica_id} from {name}"):
             result = self.collection(name).delete_one(
                 replica_records.replica_removal(replica_id, instance)
             )
@@ -481,7 +495,7 @@ class Store:
 
     def read_pauses(self, name: str) -> list[pauses.Pause]:
         """The operators' pauses in force (``pauses``); what is no pause is skipped."""
-        with driver_errors(f"read pauses from {name}"):
+        with self.errors(f"read pauses from {name}"):
             docs = self.collection(name).find({}).limit(pauses.MAX_PAUSES).to_list()
         return pauses.read_all(docs)
 
@@ -503,7 +517,7 @@ class Store:
                 unique=False,
             )
             self._audit_indexed.add(name)
-        with driver_errors(f"append to {name}"):
+        with self.errors(f"append to {name}"):
             self.collection(name).insert_one(dict(entry))
 
     # -- cluster-wide limits ------------------------------------------------------------
@@ -518,7 +532,7 @@ class Store:
             return
         self.ensure_index(name, limit_slots.SLOT_INDEX, index_name=SLOT_INDEX_NAME, unique=False)
         coll = self.collection(name)
-        with driver_errors(f"make the slots of {key} in {name}"):
+        with self.errors(f"make the slots of {key} in {name}"):
             have = coll.count_documents(limit_slots.slots_filter(key, limit))
             if have < limit.count:
                 try:
@@ -565,7 +579,7 @@ class Store:
         judged_at: datetime,
         update: Mapping[str, Any],
     ) -> Document | None:
-        with driver_errors(f"take a slot of {key}"):
+        with self.errors(f"take a slot of {key}"):
             return self.collection(name).find_one_and_update(
                 limit_slots.take_slot_filter(key, limit, judged_at),
                 dict(update),
@@ -576,7 +590,7 @@ class Store:
     def next_slot(self, name: str, key: str, limit: limits.Limit) -> datetime | None:
         """When the next slot of ``limit`` comes free (the earliest ``until``), or None when
         there is no slot to read."""
-        with driver_errors(f"read the slots of {key}"):
+        with self.errors(f"read the slots of {key}"):
             doc = self.collection(name).find_one(
                 limit_slots.slots_filter(key, limit),
                 limit_slots.SLOT_PROJECTION,
@@ -591,7 +605,7 @@ class Store:
         """Drop a collection with its documents and indexes. The unique indexes this store
         made there are forgotten too, so the next submit makes them again rather than
         trusting an index that is gone."""
-        with driver_errors(f"drop {name}"):
+        with self.errors(f"drop {name}"):
             self._db.drop_collection(name)
         self._indexed = {done for done in self._indexed if done[0] != name}
         self._claimer.forget(name)

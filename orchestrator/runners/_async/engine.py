@@ -94,12 +94,6 @@ class AsyncOrchestrator:
         self.db = db
         """The database this replica works on (``orchestrator run`` checks it is reachable)."""
         name = self.settings.replica_id
-        self._store: AsyncLeaseStore = AsyncStore(
-            db,
-            self.settings.write_concern,
-            self.settings.write_timeout,
-            legacy_lock_timeout=self.settings.legacy_lock_timeout,
-        )
         local = clock if clock is not None else SystemClock()
         self.clock = ServerClock(
             local,
@@ -109,6 +103,13 @@ class AsyncOrchestrator:
             on_measured=self._clock_measured,
         )
         self._report = Reporter(name, Listeners(name, listeners), local, self.clock)
+        self._store: AsyncLeaseStore = AsyncStore(
+            db,
+            self.settings.write_concern,
+            self.settings.write_timeout,
+            legacy_lock_timeout=self.settings.legacy_lock_timeout,
+            watch=self._report.database,
+        )
         self._books: Books[AsyncLease[Any]] = Books(
             self.settings.max_concurrency, self.settings.max_unlocks_per_tick
         )
@@ -449,8 +450,13 @@ class AsyncOrchestrator:
         """The loop's heartbeat (its timer's job, and ``run_once``'s while it waits)."""
         try:
             await self._heartbeat(unless_probed=True)
-        except Exception:
-            logger.exception("heartbeat failed", extra={**self._report.base, "outcome": "error"})
+        except Exception as exc:
+            logger.log(
+                self._report.trouble(logging.ERROR, exc),
+                "heartbeat failed",
+                exc_info=exc,
+                extra={**self._report.base, "outcome": "error"},
+            )
 
     # -- running in the background ------------------------------------------------------
 

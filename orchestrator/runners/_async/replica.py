@@ -156,7 +156,7 @@ class AsyncReplicaRecorder:
         except OrchestratorError as exc:
             self._books.count("replica_errors")
             self._report.line(
-                logging.WARNING,
+                self._report.trouble(logging.WARNING, exc),
                 f"could not record this replica in {name} (the next heartbeat tries again): {exc}",
                 "replica-unrecorded",
             )
@@ -196,7 +196,7 @@ class AsyncReplicaRecorder:
         except OrchestratorError as exc:
             self._books.count("replica_errors")
             self._report.line(
-                logging.WARNING,
+                self._report.trouble(logging.WARNING, exc),
                 f"could not remove this replica's record from {name}; it expires on its own: {exc}",
                 "replica-unrecorded",
             )

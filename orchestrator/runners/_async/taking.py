@@ -115,7 +115,7 @@ class AsyncClaims:
             await self._limits.give_back(slots)
             self._books.count("claim_errors")
             self._report.line(
-                logging.WARNING,
+                self._report.trouble(logging.WARNING, exc),
                 f"claim failed; {handler.name} skips this tick: {exc}",
                 "error",
                 collection=handler.collection,

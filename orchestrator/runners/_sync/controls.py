@@ -79,7 +79,7 @@ class PauseWatch:
             found = self._store.read_pauses(name)
         except StoreError as exc:
             self._report.line(
-                logging.WARNING,
+                self._report.trouble(logging.WARNING, exc),
                 f"could not read the pauses from {name}; the last read stand: {exc}",
                 "pauses-unread",
             )

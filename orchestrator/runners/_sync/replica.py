@@ -157,7 +157,7 @@ class ReplicaRecorder:
         except OrchestratorError as exc:
             self._books.count("replica_errors")
             self._report.line(
-                logging.WARNING,
+                self._report.trouble(logging.WARNING, exc),
                 f"could not record this replica in {name} (the next heartbeat tries again): {exc}",
                 "replica-unrecorded",
             )
@@ -197,7 +197,7 @@ class ReplicaRecorder:
         except OrchestratorError as exc:
             self._books.count("replica_errors")
             self._report.line(
-                logging.WARNING,
+                self._report.trouble(logging.WARNING, exc),
                 f"could not remove this replica's record from {name}; it expires on its own: {exc}",
                 "replica-unrecorded",
             )

@@ -120,7 +120,7 @@ class Steps:
             # never measured; the next action tries again.
             what = str(exc) if isinstance(exc, StoreError) else f"{type(exc).__name__}: {exc}"
             self._report.line(
-                logging.WARNING,
+                self._report.trouble(logging.WARNING, exc),
                 f"cannot measure the server's clock; nothing is claimed until it can: {what}",
                 "error",
             )
@@ -277,8 +277,9 @@ class Steps:
         if step.abandoned:
             self._report.log(
                 logging.WARNING,
-                f"step returned ({outcome}) after step_timeout had taken its lease and slot "
-                "back; nothing more is counted",
+                f"step returned after step_timeout ({self._settings.step_timeout:g}s), which"
+                " had taken its lease back: its outcome was dropped; its attempt was already"
+                " counted (timed out)",
                 step.lease,
                 "abandoned",
             )
@@ -360,9 +361,12 @@ class Steps:
                 raise
             # Judged by the step's own lease, not by the exception: a LeaseLost raised by
             # another lease object, or by a second outcome, is the handler's error. A step
-            # step_timeout took back has had its attempt recorded: nothing is written over it.
+            # step_timeout took back has had its attempt recorded: nothing is written over
+            # it, and its write refused (its lease says: an outcome was already recorded)
+            # is said once, as a late return (``_run``).
             if lease.lost or step.abandoned:
-                self._report.lost(f"lease lost: {describe(exc)}", lease)
+                if not step.abandoned:
+                    self._report.lost(f"lease lost: {describe(exc)}", lease)
                 return StepOutcome.LOST
             return self._settle(step, type(exc).__name__, describe(exc), exc=exc)
         wrong = steps.wrong_result(result, lease.token, handler.name)
