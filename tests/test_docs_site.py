@@ -9,7 +9,8 @@ checked in the built site, so a generator that silently drops a name fails too.
 
 One build serves every test of the module (``site``): ``sphinx-build -W --keep-going``,
 as CI's step runs it; CI passes that step's output in ``ORCHESTRATOR_DOCS_SITE`` (built from
-the same clean tree a minute before) rather than build the site twice. Screenshots for the docs, when asked:
+the same clean tree a minute before) rather than build the site twice. Screenshots for the
+docs, when asked:
 ``ORCHESTRATOR_SCREENSHOTS=docs/ uv run pytest tests/test_docs_site.py``.
 """
 
