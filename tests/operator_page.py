@@ -164,6 +164,26 @@ def seed_invoices(seeded: Seeded) -> list[str]:
     return ids
 
 
+def seed_refunds(seeded: Seeded) -> list[str]:
+    """Refunds INV-2001 and INV-2002 (invoices in Refunding): the bank did not answer
+    their first attempt, and their handler tries three times, so the library retries
+    them (after a backoff the fake clock never reaches): retrying, never given up on.
+    Their ids, in order."""
+    orch = seeded.orch
+
+    @orch.phase("invoices", "Refunding", to="Refunded", max_attempts=3)
+    def refund(lease: Lease[Any]) -> Any:
+        raise TimeoutError(f"the bank did not answer for {lease.doc['invoice']}")
+
+    ids = [
+        str(orch.submit("invoices", {"invoice": f"INV-{n}", "phase": "Refunding"})["_id"])
+        for n in (2001, 2002)
+    ]
+    orch.run_once()
+    orch.heartbeat()  # its record now names the refunds' handler
+    return ids
+
+
 def seed_certificates(seeded: Seeded) -> dict[str, Any]:
     """A certificate (``domain`` a.example, unique) waiting for the signal
     ``dns-verified``, then Issued with its payload as ``verified``. The certificate."""

@@ -85,6 +85,30 @@ def invoices(connected: Database[Any], make: MakeReplica) -> Invoices:
     return scene
 
 
+@pytest.fixture
+def charges(connected: Database[Any], make: MakeReplica) -> Invoices:
+    """Four invoices charged by replica pod-1: the handler gave up on two (their card was
+    reported stolen: ``fail()``), which wait in Failed; the other two failed an attempt
+    (the bank did not answer) and are retried after their backoff, in Charging."""
+    orch = make("pod-1", max_attempts=3)
+    bank = {"up": False}
+
+    @orch.phase("invoices", "Charging", to="Paid")
+    def charge(lease: Lease[Any]) -> Any:
+        if bank["up"]:
+            return lease.advance("Paid")
+        if lease.doc["stolen"]:
+            return lease.fail("the card was reported stolen")
+        raise RuntimeError("the bank did not answer")
+
+    for i in range(4):
+        doc = {"number": f"INV-200{i}", "stolen": i < 2, "phase": "Charging"}
+        orch.submit("invoices", doc, unique="number")
+    orch.run_once()  # the clock stands still: the retries wait out their backoff
+    publish(connected, orch)
+    return Invoices(connected, orch, bank)
+
+
 def command(line: str) -> list[str]:
     return [*shlex.split(line), "--uri", URI]
 
@@ -138,6 +162,53 @@ def test_find_as_json_is_the_page(invoices: Invoices, capsys: pytest.CaptureFixt
     assert row["key"].startswith("number=INV-10")
     assert row["failed_by"] == invoices.orch.handlers[0].name
     assert row["state"] == "free" and row["error_type"] == "RuntimeError"
+
+
+def test_status_and_find_name_the_given_up_and_the_still_retrying_apart(
+    charges: Invoices, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Failed is what a handler gave up on, retrying what the library tries again: counted
+    in columns of their own and found by --state each (before: one failed count of both,
+    and --state failed listed the two still being retried too)."""
+    given_up, retrying = charges.ids(phase="Failed"), charges.ids(phase="Charging")
+    code, out, _ = run(command("status -c invoices --json"), capsys)
+    assert code == 0
+    counts = {r["phase"]: (r["retrying"], r["failed"]) for r in json.loads(out)["phases"]}
+    assert counts == {"Charging": (2, 0), "Failed": (0, 2)}
+    code, out, _ = run(command("status -c invoices"), capsys)
+    assert code == 0
+    [header] = [line for line in out.splitlines() if line.startswith("collection")]
+    assert header.split()[-2:] == ["retrying", "failed"]
+    assert "invoices    Charging          2           0        0        2         2       0" in out
+    assert "given up in invoices (all: orchestrator find -c invoices --state failed)" in out
+    assert "retrying in invoices (all: orchestrator find -c invoices --state retrying)" in out
+    assert max(len(line) for line in out.splitlines()) <= 80
+    for state, listed, left_out in (
+        ("failed", given_up, retrying),
+        ("retrying", retrying, given_up),
+    ):
+        code, out, _ = run(command(f"find -c invoices --state {state}"), capsys)
+        assert code == 0
+        assert f"(state={state}): 2 matching, 2 shown" in out
+        assert all(i in out for i in listed) and not any(i in out for i in left_out)
+
+
+def test_a_bulk_retry_of_the_failed_leaves_the_still_retrying_alone(
+    charges: Invoices, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``retry --state failed`` resets the attempts of what its handler gave up on only
+    (before: also of the documents still being retried, each back to attempt 0)."""
+    charges.bank["up"] = True
+    code, out, _ = run(command("retry -c invoices --state failed --yes --why fixed"), capsys)
+    assert code == 0
+    assert "retried 2 documents of invoices (state=failed)" in out
+    assert charges.ids(phase="Charging", attempts=0) == sorted(
+        str(charges.by_number(n)["_id"]) for n in ("INV-2000", "INV-2001")
+    )
+    for number in ("INV-2002", "INV-2003"):
+        left = charges.by_number(number)
+        assert (left["phase"], left["attempts"]) == ("Charging", 1)
+        assert left["lastError"]["message"] == "the bank did not answer"
 
 
 def test_find_in_a_narrow_terminal_prints_each_id_whole_on_its_line(
@@ -312,7 +383,7 @@ def test_a_bulk_retry_skips_a_live_lease_unless_forced(
             "lockedUntil": bson_time(now + timedelta(seconds=60)),
         }
     )
-    code, out, _ = run(command("retry -c invoices --from Charging --state failed --yes"), capsys)
+    code, out, _ = run(command("retry -c invoices --from Charging --state retrying --yes"), capsys)
     assert code == 0
     assert "retried 0 documents" in out and "1 skipped" in out
     assert "held by a live lease of 'pod-7'" in out

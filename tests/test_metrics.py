@@ -93,6 +93,33 @@ async def test_steps_failures_and_documents_are_counted(
     assert value(registry, "orchestrator_documents_leased", collection="jobs", phase="Done") == 0
 
 
+async def test_documents_retrying_and_given_up_on_are_counted_apart(
+    replicas: MakeEither, db: Database[Any], clock: FakeClock
+) -> None:
+    """``orchestrator_documents_retrying``: the latest attempt failed and it is tried
+    again; ``orchestrator_documents_failed``: its handler gave up on it (before: one
+    ``failed`` gauge counting both, so an alert on it fired for every transient error)."""
+    registry = CollectorRegistry()
+    metrics = PrometheusListener(registry, status=db, monotonic=clock.monotonic)
+    replica = await replicas("pod-1", listeners=[metrics], max_attempts=3)
+
+    @replica.phase("jobs", "Charging")
+    async def charge(lease: Any) -> Any:
+        if lease.doc["hopeless"]:
+            return await lease.fail("no such account")
+        raise ValueError("the bank did not answer")
+
+    for n in range(3):
+        await replica.submit("jobs", {"_id": f"job-{n}", "phase": "Charging", "hopeless": n == 0})
+    await replica.run_once()
+    charging = {"collection": "jobs", "phase": "Charging"}
+    failed = {"collection": "jobs", "phase": "Failed"}
+    assert value(registry, "orchestrator_documents_retrying", **charging) == 2
+    assert value(registry, "orchestrator_documents_failed", **charging) == 0
+    assert value(registry, "orchestrator_documents_retrying", **failed) == 0
+    assert value(registry, "orchestrator_documents_failed", **failed) == 1
+
+
 async def test_a_running_step_holds_a_lease(replicas: MakeEither) -> None:
     registry = CollectorRegistry()
     replica = await replicas("pod-1", listeners=[PrometheusListener(registry)])
@@ -150,7 +177,7 @@ async def test_schedules_fires_are_counted_by_result_with_the_lag_of_each_start(
 
 
 def _status(leased: int) -> Status:
-    row = PhaseCount("jobs", "Running", 3, leased, 0, 1, 0)
+    row = PhaseCount("jobs", "Running", 3, leased, 0, 1, 0, 0)
     return Status(at=FakeClock().now(), server_time=True, phases=[row])
 
 

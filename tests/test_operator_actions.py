@@ -449,6 +449,54 @@ async def test_a_bulk_retry_lists_then_acts_on_what_still_matches(
     assert refused.value.refusal is skipped.refusal
 
 
+async def test_a_bulk_retry_of_the_failed_list_leaves_documents_still_retrying_alone(
+    replicas: MakeEither, db: Database[Any]
+) -> None:
+    """Failed is what a handler gave up on; a document whose attempt failed and that the
+    library tries again is retrying, listed apart, and a bulk retry of the failed list
+    changes none of it (before: the failed list held both, and its retry reset the
+    attempts of the ones still being retried)."""
+    replica = await replicas(max_attempts=3)
+
+    @replica.phase("invoices", "Charging")
+    async def charge(lease: Any) -> Any:
+        if lease.doc.get("fixed"):
+            return await lease.advance("Paid")
+        if lease.doc["stolen"]:
+            return await lease.fail("the card was reported stolen")
+        raise RuntimeError("the bank did not answer")
+
+    for n in range(4):
+        doc = {"phase": "Charging", "invoiceNo": f"INV-{n}", "stolen": n < 2}
+        await replica.submit("invoices", doc, unique="invoiceNo")
+    await replica.run_once()  # the clock stands still: the retries wait out their backoff
+    await replica.start()
+    ops = Operations(db, actor="ops@test")
+
+    def keys(state: LeaseState) -> list[str]:
+        return [r.key or "" for r in ops.browse(Filter("invoices", state=state)).rows]
+
+    assert sorted(keys(LeaseState.FAILED)) == ["invoiceNo=INV-0", "invoiceNo=INV-1"]
+    assert sorted(keys(LeaseState.RETRYING)) == ["invoiceNo=INV-2", "invoiceNo=INV-3"]
+    [charging, failed] = ops.status(["invoices"]).phases
+    assert (failed.phase, failed.failed, failed.retrying) == ("Failed", 2, 0)
+    assert (charging.phase, charging.failed, charging.retrying) == ("Charging", 0, 2)
+    db.invoices.update_many({}, {"$set": {"fixed": True}})
+    done = ops.bulk(Action.RETRY, Filter("invoices", state=LeaseState.FAILED), why="card fixed")
+    assert sorted(r.key or "" for r in done.changed) == ["invoiceNo=INV-0", "invoiceNo=INV-1"]
+    assert not done.skipped
+    for n in (2, 3):
+        left = db.invoices.find_one({"invoiceNo": f"INV-{n}"})
+        assert left is not None
+        assert (left["phase"], left["attempts"], left["lastError"]["type"]) == (
+            "Charging",
+            1,
+            "RuntimeError",
+        )
+        assert [e.what for e in history.entries(left)] == ["retrying"]
+    await replica.stop()
+
+
 async def test_a_document_is_found_by_its_business_key(
     replicas: MakeEither, db: Database[Any]
 ) -> None:

@@ -28,12 +28,20 @@ T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 
 def row(phase: Any, count: int = 5) -> dict[str, Any]:
-    return {"_id": phase, "count": count, "leased": 1, "overdue": 2, "waiting": 3, "failed": 4}
+    counts = {"leased": 1, "overdue": 2, "waiting": 3, "retrying": 6, "failed": 4}
+    return {"_id": phase, "count": count, **counts}
 
 
 def test_a_pipeline_row_becomes_a_phase_count_its_id_as_text() -> None:
     assert PhaseCount.from_row("jobs", row("Running")) == PhaseCount(
-        collection="jobs", phase="Running", count=5, leased=1, overdue=2, waiting=3, failed=4
+        collection="jobs",
+        phase="Running",
+        count=5,
+        leased=1,
+        overdue=2,
+        waiting=3,
+        retrying=6,
+        failed=4,
     )
     # A phase some writer stored as a number or null is still shown, as text.
     assert PhaseCount.from_row("jobs", row(7)).phase == "7"
@@ -220,6 +228,7 @@ def test_the_report_as_json_says_everything_in_plain_types() -> None:
                 "leased": 1,
                 "overdue": 2,
                 "waiting": 3,
+                "retrying": 6,
                 "failed": 4,
             }
         ],

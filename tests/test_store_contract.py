@@ -849,6 +849,8 @@ async def test_dates_come_back_aware_utc_whatever_the_clients_codec_options(
 async def test_phase_summary_counts_each_phase_by_lease_state(
     backend: Backend, clock: FakeClock
 ) -> None:
+    """Retrying (an error, tried again) and failed (a handler gave up: ``failedBy``) are
+    counted apart (before: one ``failed`` count of every document carrying an error)."""
     store = backend.open()
     now = clock.now()
     error = lease_writes.error_record("ValueError", "bad", now, "Q")
@@ -860,11 +862,14 @@ async def test_phase_summary_counts_each_phase_by_lease_state(
         {"phase": "Q", "lockedUntil": bson_time(now + timedelta(seconds=9))},
         {"phase": "Q", "lockedUntil": EPOCH, "lastError": error},
         {"phase": "Done", "lockedUntil": EPOCH},
+        {"phase": "Failed", "lockedUntil": EPOCH, "lastError": error, "failedBy": "jobs/Q/h"},
     )
     rows = await backend.reports(store.database).phase_summary("jobs", now)
+    none = {"leased": 0, "overdue": 0, "waiting": 0}
     assert sorted(rows, key=lambda row: row.phase) == [
-        PhaseCount("jobs", "Done", count=1, leased=0, overdue=0, waiting=0, failed=0),
-        PhaseCount("jobs", "Q", count=4, leased=1, overdue=1, waiting=1, failed=1),
+        PhaseCount("jobs", "Done", count=1, **none, retrying=0, failed=0),
+        PhaseCount("jobs", "Failed", count=1, **none, retrying=0, failed=1),
+        PhaseCount("jobs", "Q", count=4, leased=1, overdue=1, waiting=1, retrying=1, failed=0),
     ]
 
 

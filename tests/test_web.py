@@ -76,19 +76,20 @@ def test_the_page_shows_the_status_commands_counts_per_collection_and_phase(
 ) -> None:
     seed(db, clock)
     shown = read(page.get("/ops/"))
+    counted = ("count", "leased", "overdue", "waiting", "retrying", "failed")
     expected = [
-        [r.collection, r.phase, *map(str, (r.count, r.leased, r.overdue, r.waiting, r.failed))]
+        [r.collection, r.phase, *(str(getattr(r, name)) for name in counted)]
         for r in Operations(db).status().phases
     ]
     rows = [row for row in shown.rows("counts") if row[1] != "all phases"]
     assert rows == expected
     by_phase = {row[1]: row for row in rows}
-    # documents, leased now, overdue, waiting, failed
-    assert by_phase["Provisioning"][2:] == ["3", "1", "1", "1", "0"]
-    assert by_phase["Failed"][2:] == ["1", "0", "0", "0", "1"]
+    # documents, leased now, overdue, waiting, retrying, failed
+    assert by_phase["Provisioning"][2:] == ["3", "1", "1", "1", "0", "0"]
+    assert by_phase["Failed"][2:] == ["1", "0", "0", "0", "0", "1"]
     assert by_phase["Ready"][2] == "3"
     [total] = [row for row in shown.rows("counts") if row[1] == "all phases"]
-    assert total[2:] == ["7", "1", "1", "1", "1"]
+    assert total[2:] == ["7", "1", "1", "1", "0", "1"]
     [error] = shown.rows("errors")
     assert error[:4] == ["gateways", "gw-broken", "-", "Failed"]  # its id; no business key
     assert "certificate authority unreachable" in error[6]
@@ -435,7 +436,7 @@ def test_a_server_without_a_clock_is_said_on_the_page(clock: FakeClock) -> None:
     with TestClient(app) as test_client:
         shown = read(test_client.get("/ops/"))
     assert "The server reports no time" in shown.text
-    assert ["gateways", "Ready", "1", "0", "0", "0", "0"] in shown.rows("counts")
+    assert ["gateways", "Ready", "1", "0", "0", "0", "0", "0"] in shown.rows("counts")
 
 
 def test_a_database_that_does_not_answer_is_a_503_page() -> None:
@@ -511,7 +512,7 @@ def test_orchestrator_web_serves_the_page_until_interrupted(
     url = out.split(" at ", 1)[1].split()[0]
     assert urlsplit(url).hostname == "127.0.0.1"
     shown = read(fetched["page"])
-    assert ["gateways", "Failed", "1", "0", "0", "0", "1"] in shown.rows("counts")
+    assert ["gateways", "Failed", "1", "0", "0", "0", "0", "1"] in shown.rows("counts")
     assert "Pause handler…" in shown.links  # served for the operator who runs it: they act
 
 

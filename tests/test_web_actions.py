@@ -26,6 +26,7 @@ from tests.operator_page import (
     seed,
     seed_certificates,
     seed_invoices,
+    seed_refunds,
     seed_tree,
 )
 
@@ -192,6 +193,29 @@ def test_a_bulk_retry_shows_what_it_would_do_asks_why_then_does_it(
     assert (entry.action, entry.count, entry.why) == ("retry", 2, "the bank is back")
     assert entry.scope == {"collection": "invoices", "phase": "Failed"}
     assert sorted(entry.documents) == sorted(f'{{"$oid": "{i}"}}' for i in ids[2:4])
+
+
+def test_retry_all_of_the_failed_list_leaves_the_still_retrying_alone(
+    db: Database[Any], clock: FakeClock, page: TestClient
+) -> None:
+    """The failed list's Retry all changes what a handler gave up on, never a document
+    the library is still retrying (before: it reset their attempts too)."""
+    seeded = seed(db, clock)
+    seed_invoices(seeded)
+    seed_refunds(seeded)
+    listed = read(page.get("/ops/documents?c=invoices&state=failed"))
+    url = listed.links["Retry all…"]
+    assert url == "/ops/bulk?action=retry&c=invoices&state=failed"
+    target, fields, shown = post_form(page, url, reason="the bank is back")
+    assert sorted(row[1] for row in shown.rows("would-change")) == [
+        "invoice=INV-1003",
+        "invoice=INV-1004",
+        "invoice=INV-1005",
+    ]
+    done = read(page.post(target, data=fields))
+    assert done.text_of("done").startswith("Retried 3 documents of invoices")
+    refunds = list(db.invoices.find({"phase": "Refunding"}))
+    assert [(d["attempts"], d["lastError"]["type"]) for d in refunds] == [(1, "TimeoutError")] * 2
 
 
 def test_a_bulk_action_to_an_unhandled_phase_offers_to_send_them_anyway(

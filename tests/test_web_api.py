@@ -15,7 +15,14 @@ from pymongo.database import Database
 from orchestrator.core.names import AUDIT_COLLECTION
 from orchestrator.operations import Operations
 from orchestrator.testing import FakeClock
-from tests.operator_page import mounted, seed, seed_certificates, seed_invoices, seed_tree
+from tests.operator_page import (
+    mounted,
+    seed,
+    seed_certificates,
+    seed_invoices,
+    seed_refunds,
+    seed_tree,
+)
 
 
 @pytest.fixture
@@ -134,6 +141,36 @@ def test_a_filter_is_acted_on_with_a_dry_run_first(
     assert (entry.by, entry.count, entry.why) == ("web testclient", 3, "bank up")
     cancel = {"c": "invoices", "filter": {"phase": "Charging"}, "to": "Refund", "dry_run": True}
     assert ok(api.post("/ops/api/cancel", json=cancel), 422)["handled"] == ["Charging"]
+
+
+def test_the_api_counts_finds_and_retries_the_given_up_apart_from_the_retrying(
+    db: Database[Any], clock: FakeClock, api: TestClient
+) -> None:
+    """``retrying`` (tried again) and ``failed`` (given up on) in the counts, the filter
+    and each row's ``failure``; a retry of the failed filter leaves the retrying alone
+    (before: one failed count, and its retry reset their attempts too)."""
+    seeded = seed(db, clock)
+    seed_invoices(seeded)
+    seed_refunds(seeded)
+    status = ok(api.get("/ops/api/status"))
+    counts = {
+        row["phase"]: (row["retrying"], row["failed"])
+        for row in status["phases"]
+        if row["collection"] == "invoices"
+    }
+    assert counts == {"Failed": (0, 3), "Paid": (0, 0), "Refunding": (2, 0)}
+    for state, keys in (
+        ("retrying", ["invoice=INV-2001", "invoice=INV-2002"]),
+        ("failed", ["invoice=INV-1003", "invoice=INV-1004", "invoice=INV-1005"]),
+    ):
+        page = ok(api.get("/ops/api/documents", params={"c": "invoices", "state": state}))
+        assert sorted(d["key"] for d in page["documents"]) == keys
+        assert {d["failure"] for d in page["documents"]} == {state}
+    body = {"c": "invoices", "filter": {"state": "failed"}, "reason": "bank up"}
+    done = ok(api.post("/ops/api/retry", json=body))
+    assert len(done["changed"]) == 3 and done["skipped"] == []
+    refunds = list(db.invoices.find({"phase": "Refunding"}))
+    assert [(d["attempts"], d["lastError"]["type"]) for d in refunds] == [(1, "TimeoutError")] * 2
 
 
 def test_a_signal_wakes_the_document_waiting_for_it_for_the_replicas_next_tick(

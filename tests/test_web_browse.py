@@ -21,7 +21,7 @@ from pymongo.database import Database
 
 from orchestrator.operations import Filter, Operations
 from orchestrator.testing import FakeClock, memory_database
-from tests.operator_page import Page, mounted, read, seed, seed_invoices
+from tests.operator_page import Page, mounted, read, seed, seed_invoices, seed_refunds
 
 
 @pytest.fixture
@@ -56,6 +56,36 @@ def test_every_count_of_the_overview_opens_the_documents_it_counts(
         "invoice=INV-1003",
     ]  # the latest error first, each with its business key beside its id
     assert all(row[3].startswith("failed") for row in failed.rows("documents"))
+
+
+def test_the_page_shows_the_given_up_and_the_still_retrying_apart(
+    db: Database[Any], clock: FakeClock, page: TestClient
+) -> None:
+    """Failed (a handler gave up) and retrying (the library tries again) have columns,
+    filters and labels of their own (before: one failed count and filter holding both,
+    whose Retry all reset the attempts of the ones still being retried)."""
+    seeded = seed(db, clock)
+    given_up = seed_invoices(seeded)[2:5]
+    retrying = seed_refunds(seeded)
+    overview = read(page.get("/ops/"))
+    header, *rows = overview.tables["counts"]
+    assert header[-2:] == ["retrying", "failed"]
+    counts = {(row[0], row[1]): row[-2:] for row in rows}
+    assert counts[("invoices", "Refunding")] == ["2", "0"]
+    assert counts[("invoices", "Failed")] == ["0", "3"]
+    assert overview.links["All retrying documents of invoices (2)"] == (
+        "/ops/documents?c=invoices&state=retrying"
+    )
+    listed = {}
+    for state in ("retrying", "failed"):
+        response = page.get(f"/ops/documents?c=invoices&state={state}")
+        assert f"<option selected>{state}</option>" in response.text  # the filter's choice
+        shown = read(response)
+        listed[state] = documents_of(shown)
+        labels = {row[3] for row in shown.rows("documents")}
+        assert labels == ({"failed"} if state == "failed" else {"waiting retrying"}), labels
+    assert sorted(listed["retrying"]) == sorted(retrying)
+    assert sorted(listed["failed"]) == sorted(given_up)
 
 
 def test_the_latest_errors_show_the_business_key_beside_the_id(

@@ -149,7 +149,8 @@ def test_an_operator_sees_the_counts_opens_a_failed_document_retries_it_and_sees
         counts = page.locator("#counts")
         failed = counts.locator("tr[data-phase='Failed'] td")
         expect(failed.nth(2)).to_have_text("1")  # documents
-        expect(failed.nth(6)).to_have_text("1")  # failed
+        expect(failed.nth(6)).to_have_text("0")  # retrying
+        expect(failed.nth(7)).to_have_text("1")  # failed (given up on)
         provisioning = counts.locator("tr[data-phase='Provisioning'] td")
         expect(provisioning.nth(3)).to_have_text("1")  # leased now (pod-2)
         expect(provisioning.nth(4)).to_have_text("1")  # overdue (pod-9 died)

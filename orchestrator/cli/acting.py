@@ -157,7 +157,9 @@ def retry(*, selection: Selection, order: Order, connection: Connection) -> int:
     document the filters select (as find lists them; --from is the phase they are in
     now, --phase where they go). A phase no live replica handles is refused, naming
     those they do; a document a replica holds by a live lease is refused (one) or
-    skipped (a filter's). --force allows both.
+    skipped (a filter's). --force allows both. --state failed selects the documents
+    a handler gave up on, never those the library is still retrying (--state retrying
+    names those: retrying them resets their attempts).
 
     \b
     Examples:

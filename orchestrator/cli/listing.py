@@ -73,12 +73,14 @@ def phase_cell(row: Row, phase: str | None = None) -> tuple[str, str, str]:
 
 
 def error_cell(row: Row) -> tuple[str, ...]:
-    """Its last error, when, and the handler that gave up on it."""
+    """Its last error, when, and the handler that gave up on it (or that it is retrying)."""
     lines = [error_of(row)]
     if row.error_at is not None:
         lines.append(f"at {when(row.error_at)}")
     if row.failed_by is not None:
         lines.append(f"{row.failed_by} gave up")
+    elif row.failure is LeaseState.RETRYING:
+        lines.append("retrying")
     return tuple(lines)
 
 

@@ -69,7 +69,9 @@ def filter_options(phase_names: Sequence[str] = ("--phase",)) -> Callable[[F], F
             type=click.Choice(STATES, case_sensitive=False),
             help="Documents in this lease state: leased (a live lease), overdue (a lease "
             "past its expiry: its holder died or is stuck), waiting (sitting out a relock or "
-            "retry, or a later start set at submit), free, or failed (carrying an error).",
+            "retry, or a later start set at submit), free; retrying (its latest attempt "
+            "failed and it is tried again), or failed (its handler gave up on it: it stays "
+            "in the failed phase until retried).",
         )(command)
         return click.option(
             *phase_names,

@@ -1,5 +1,5 @@
 """``orchestrator status``: what operators ask first. Documents per collection and phase
-(leased, overdue, waiting, failed), the latest errors (each document's full id and
+(leased, overdue, waiting, retrying, failed), the latest errors (each document's full id and
 business key), the live replicas, the pauses in force and who honours them, and the
 latest leases taken over from dead replicas; the schedules in a line."""
 
@@ -9,6 +9,7 @@ import json
 from datetime import datetime
 
 import click
+from rich import box
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -41,8 +42,10 @@ from orchestrator.operations.filters import MAX_LIMIT
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @operations_options
 def status(collections: tuple[str, ...], errors: int, as_json: bool, connection: Connection) -> int:
-    """Documents per collection and phase: leased, overdue, waiting, failed; the latest
-    errors, each with the document's full id and business key; the live replicas; the
+    """Documents per collection and phase: leased, overdue, waiting, retrying (the latest
+    attempt failed; it is tried again), failed (its handler gave up on it: it stays in
+    the failed phase until retried); the latest errors of each, given up on and still
+    retrying apart, each with the document's full id and business key; the live replicas; the
     pauses in force and which live replicas honour each; the latest leases taken over
     from dead replicas; the schedules (how many, paused, failing).
 
@@ -70,10 +73,17 @@ def _print_status(name: str, operations: Operations, status: Status, errors: int
     """Every value read from the database goes in as ``Text``, printed verbatim: a phase
     or a message holding ``[b]`` or ``[/items/0]`` is no markup."""
     out = console()
-    table = Table(title=Text(f"{name} at {when(status.at)} UTC"))
-    for column in ("collection", "phase", "documents", "leased now", "overdue", "waiting"):
-        table.add_column(column, justify="left" if column in {"collection", "phase"} else "right")
-    table.add_column("failed", justify="right")
+    # Eight columns in 80: the listings' light frame, one space between columns.
+    table = Table(
+        title=Text(f"{name} at {when(status.at)} UTC"),
+        box=box.SIMPLE_HEAD,
+        show_edge=False,
+        padding=(0, 1, 0, 0),
+    )
+    for column in ("collection", "phase"):
+        table.add_column(column, overflow="fold")
+    for column in ("documents", "leased now", "overdue", "waiting", "retrying", "failed"):
+        table.add_column(column, justify="right", min_width=len(column.split()[0]))
     for row in status.phases:
         table.add_row(
             shown(row.collection),
@@ -82,10 +92,11 @@ def _print_status(name: str, operations: Operations, status: Status, errors: int
             str(row.leased),
             _warn(row.overdue),
             str(row.waiting),
+            str(row.retrying),
             _warn(row.failed),
         )
     if not status.phases:
-        table.add_row("(no documents with a phase)", "", "", "", "", "", "")
+        table.add_row("(no documents with a phase)", "", "", "", "", "", "", "")
     out.print(table)
     if not status.server_time:
         out.print(
@@ -114,18 +125,22 @@ def _print_schedules(out: Console, status: Status) -> None:
 
 
 def _print_errors(out: Console, operations: Operations, status: Status, errors: int) -> None:
-    """The latest errors of each collection that has some, as ``find --state failed``
-    lists them: whole ids, business keys, handler names."""
+    """The latest errors of each collection that has some, as ``find --state failed`` and
+    ``--state retrying`` list them (given up on, then still being retried): whole ids,
+    business keys, handler names."""
     for collection in dict.fromkeys(error.collection for error in status.errors):
-        page = operations.browse(Filter(collection, state=LeaseState.FAILED), limit=errors)
-        listing = Listing(
-            title=f"latest errors in {collection} (all: orchestrator find -c {collection} "
-            "--state failed)",
-            headers=("phase", "last error"),
-        )
-        for row in page.rows:
-            listing.add_row(row, phase_cell(row), error_cell(row))
-        listing.print(out)
+        for state, what in ((LeaseState.FAILED, "given up"), (LeaseState.RETRYING, "retrying")):
+            page = operations.browse(Filter(collection, state=state), limit=errors)
+            if not page.rows:
+                continue
+            listing = Listing(
+                title=f"{what} in {collection} (all: orchestrator find -c {collection} "
+                f"--state {state.value})",
+                headers=("phase", "last error"),
+            )
+            for row in page.rows:
+                listing.add_row(row, phase_cell(row), error_cell(row))
+            listing.print(out)
 
 
 def _print_replicas(out: Console, status: Status) -> None:

@@ -5,7 +5,8 @@ listener on each): steps by collection, phase and outcome, step durations and cl
 latencies, leases held, lost and extended, failed attempts by error type, idle probes,
 the server-clock offset, and schedules' fire times by result with their lag. With
 ``status=db`` it also registers a ``StatusCollector``, which at scrape time reports how
-many documents of each collection and phase are leased, waiting, overdue and failed, and
+many documents of each collection and phase are leased, waiting, overdue, retrying (their
+latest attempt failed; tried again) and failed (given up on), and
 what operators paused, from the ``orchestrator status`` aggregation, at most once every
 ``status_max_age`` seconds whatever the scrape rate, and never holding a scrape longer
 than ``status_timeout`` seconds however slow the database; given the operator page's
@@ -281,7 +282,16 @@ _DOCUMENT_GAUGES = (
         "overdue",
         "Documents whose lease ran out while held (its replica died or is stuck).",
     ),
-    ("orchestrator_documents_failed", "failed", "Documents whose last attempt failed."),
+    (
+        "orchestrator_documents_retrying",
+        "retrying",
+        "Documents whose latest attempt failed, to be tried again (no handler gave up).",
+    ),
+    (
+        "orchestrator_documents_failed",
+        "failed",
+        "Documents a handler gave up on (in its failed phase until an operator retries them).",
+    ),
 )
 
 

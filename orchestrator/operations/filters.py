@@ -13,8 +13,11 @@ Which index serves which filter (``plan``):
   (the next to be claimed first). Without a phase the
   query names every phase the collection has (``$in``, from ``distinct``, itself served
   by the index), which the server merges in index order.
-- failed (a recorded error), and an error type: ``ERRORS_INDEX`` (phase,
-  lastError.at desc, _id desc): the latest errors first.
+- retrying (a recorded error, no handler gave up), failed (a handler gave up: its
+  ``failedBy`` mark), and an error type: ``ERRORS_INDEX`` (phase, lastError.at desc,
+  _id desc): the latest errors first. A document given up on keeps its error (a
+  document at 16 MiB keeps none, and sorts last), so the failed list is the errors
+  index's entries of its phases with the mark.
 - a business key (``FIELD=VALUE``): an index whose first field is FIELD (the unique
   index of ``submit``'s keys, or one of the application's); a field no index starts
   with is refused (``UnindexedField``), naming the indexes there are.
@@ -64,14 +67,25 @@ class LeaseState(StrEnum):
     ``leased`` a live lease holds it; ``overdue`` a lease past its expiry still names it
     (its holder died or is stuck: claimable); ``waiting`` it sits out a relock's or retry's
     wait, or a later start set at submit (``not_before``);
-    ``free`` none of those (claimable now, unless its handler failed it); ``failed`` its
-    latest attempt failed (it carries an error)."""
+    ``free`` none of those (claimable now, unless its handler failed it).
+
+    And what became of its failed attempts, which cuts across those (``attempt_state``):
+    ``retrying`` its latest attempt failed and the library tries it again (it carries
+    ``lastError``, and no handler gave up on it); ``failed`` a handler gave up on it (its
+    last attempt, or ``fail()``): it stays in that handler's failed phase, marked
+    ``failedBy``, until an operator retries it. The two are apart so that acting on the
+    given-up ones (a bulk retry resets attempts) leaves those still being retried alone."""
 
     LEASED = "leased"
     OVERDUE = "overdue"
     WAITING = "waiting"
     FREE = "free"
+    RETRYING = "retrying"
     FAILED = "failed"
+
+
+_ERROR_STATES = (LeaseState.RETRYING, LeaseState.FAILED)
+"""The states of a document's failed attempts: the errors index serves them."""
 
 
 class UnindexedField(OperatorError):
@@ -164,7 +178,8 @@ def state_condition(
         LeaseState.OVERDUE: {"$and": [held, not_live]},
         LeaseState.WAITING: {"$and": [free, live]},
         LeaseState.FREE: {"$and": [free, not_live]},
-        LeaseState.FAILED: {"lastError": {"$ne": None}},
+        LeaseState.RETRYING: {"$and": [{"lastError": {"$ne": None}}, {"failedBy": None}]},
+        LeaseState.FAILED: {"failedBy": {"$ne": None}},
     }
     if in_house.migrating:
         floor = in_house.floor(now)
@@ -224,7 +239,7 @@ def plan(
             )
         hint, sort = list(OWNER_INDEX), [("_id", 1)]
         served = f"{OWNER_INDEX_NAME} (the owner's collection and id)"
-    elif browse.state is LeaseState.FAILED or browse.error_type is not None:
+    elif browse.state in _ERROR_STATES or browse.error_type is not None:
         hint, sort = list(ERRORS_INDEX), ERROR_ORDER
         served = f"{ERRORS_INDEX_NAME} (phase, lastError.at desc, _id desc)"
     else:
@@ -234,6 +249,17 @@ def plan(
         parts.append(_after(sort, _decode(after, sort)))
     query = parts[0] if len(parts) == 1 else {"$and": parts}
     return Plan(query=query, sort=sort, hint=hint, index=served)
+
+
+def attempt_state(doc: Mapping[str, Any]) -> LeaseState | None:
+    """What became of ``doc``'s failed attempts, as ``state_condition`` and the status
+    counts judge it: ``FAILED`` a handler gave up on it (a ``failedBy`` mark),
+    ``RETRYING`` it carries an error and none did; None when it carries neither."""
+    if doc.get("failedBy") is not None:
+        return LeaseState.FAILED
+    if doc.get("lastError") is not None:
+        return LeaseState.RETRYING
+    return None
 
 
 def judge(doc: Mapping[str, Any], now: datetime, in_house: InHouse = NO_IN_HOUSE) -> LeaseState:
@@ -256,7 +282,8 @@ class Row:
     ``id`` its id as text, ``ref`` as canonical Extended JSON (exact, for links and
     actions; None when it has none); ``key`` its business key (``FIELD=VALUE``), ``state``
     its lease state, ``failed_by`` the handler (by name where a live replica publishes
-    it) that gave up on it and leaves it alone in its failed phase. An in-house pod's
+    it) that gave up on it and leaves it alone in its failed phase; ``failure`` what
+    became of its failed attempts (``attempt_state``: retrying, failed, or None). An in-house pod's
     lease (``in_house``) shows its own expiry, held by ``IN_HOUSE_HOLDER``.
     ``expires_at``: when the server deletes it, dated by its retained phase
     (``retention.expiry_of``; None when it is not dated). ``owner``: its parent as
@@ -280,6 +307,7 @@ class Row:
     owner: str | None = None
     wait: str | None = None
     progress: str | None = None
+    failure: LeaseState | None = None
 
     @classmethod
     def read(
@@ -322,6 +350,7 @@ class Row:
             owner=_owner(doc),
             wait=wait_line(doc),
             progress=progress_line(doc),
+            failure=attempt_state(doc),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -329,6 +358,7 @@ class Row:
         for name in ("until", "error_at", "updated_at", "expires_at"):
             data[name] = data[name].isoformat() if data[name] is not None else None
         data["state"] = self.state.value
+        data["failure"] = None if self.failure is None else self.failure.value
         return data
 
 
@@ -573,6 +603,7 @@ __all__ = [
     "Plan",
     "Row",
     "UnindexedField",
+    "attempt_state",
     "business_key",
     "cursor",
     "judge",

@@ -25,8 +25,9 @@ from orchestrator.operations.schedule_report import SchedulesSummary
 class PhaseCount:
     """``leased``: held by a live lease; ``overdue``: held past the lock timeout (its
     replica died or is stuck; claimable); ``waiting``: sitting out a relock or retry, or
-    a later start set at submit (``not_before``);
-    ``failed``: whose last attempt failed."""
+    a later start set at submit (``not_before``); ``retrying``: whose latest attempt
+    failed, tried again (no handler gave up on it); ``failed``: a handler gave up on it
+    (it stays in the failed phase until an operator retries it)."""
 
     collection: str
     phase: str
@@ -34,6 +35,7 @@ class PhaseCount:
     leased: int
     overdue: int
     waiting: int
+    retrying: int
     failed: int
 
     @classmethod
@@ -46,6 +48,7 @@ class PhaseCount:
             leased=row["leased"],
             overdue=row["overdue"],
             waiting=row["waiting"],
+            retrying=row["retrying"],
             failed=row["failed"],
         )
 

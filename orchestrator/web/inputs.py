@@ -4,7 +4,8 @@ and the filter it selects documents by.
 
 A filter travels as query parameters (links, the list's form, the bulk confirmation's
 hidden fields) and as a JSON object (the API), in one form, ``Selection``: the collection
-``c``; ``phase`` (repeatable); ``state`` (leased, overdue, waiting, failed, free);
+``c``; ``phase`` (repeatable); ``state`` (leased, overdue, waiting, free; retrying: the
+latest attempt failed and it is tried again; failed: its handler gave up on it);
 ``error`` (an error type); ``key`` (repeatable): a value of the collection's business key
 (the one-field unique key its replicas declare), or ``FIELD=VALUE`` for any indexed field
 (so a value holding ``=`` is given with its field: ``invoice=A=B``).

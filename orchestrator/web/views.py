@@ -292,12 +292,12 @@ def other_fields(doc: Document) -> str:
 
 
 def totals(status: Status) -> dict[str, dict[str, int]]:
-    """Per collection: documents, leased, overdue, waiting and failed over its phases."""
+    """Per collection: documents, leased, overdue, waiting, retrying and failed over its
+    phases."""
     out: dict[str, dict[str, int]] = {}
+    counted = ("count", "leased", "overdue", "waiting", "retrying", "failed")
     for row in status.phases:
-        total = out.setdefault(
-            row.collection, dict.fromkeys(("count", "leased", "overdue", "waiting", "failed"), 0)
-        )
+        total = out.setdefault(row.collection, dict.fromkeys(counted, 0))
         for name in total:
             total[name] += getattr(row, name)
     return out

@@ -35,8 +35,10 @@ def status_pipeline(
     now: datetime, match: Mapping[str, Any] | None = None, in_house: InHouse = NO_IN_HOUSE
 ) -> list[dict[str, Any]]:
     """Per phase: documents, leases held now, leases held past their expiry (the holder
-    died or is stuck), documents waiting out a relock or retry, and documents whose latest
-    attempt failed. Every lease carries its expiry, so no lock timeout is needed here.
+    died or is stuck), documents waiting out a relock or retry, documents whose latest
+    attempt failed and that are tried again (``retrying``: an error, no ``failedBy``
+    mark), and documents a handler gave up on (``failed``: the mark). Every lease carries
+    its expiry, so no lock timeout is needed here.
 
     ``match`` narrows it to some documents (the operator's page judges one document's
     lease with it), so one judgement serves the counts and a single document alike.
@@ -56,6 +58,10 @@ def status_pipeline(
         leased = {"$or": [leased, only_in_house]}
         overdue = {"$and": [held, expired, {"$not": [only_in_house]}]}
 
+    errored = {"$gt": [{"$ifNull": ["$lastError", None]}, None]}
+    mark = {"$ifNull": ["$failedBy", None]}
+    given_up, not_given_up = {"$gt": [mark, None]}, {"$lte": [mark, None]}
+
     def count_if(condition: dict[str, Any]) -> dict[str, Any]:
         return {"$sum": {"$cond": [condition, 1, 0]}}
 
@@ -69,7 +75,8 @@ def status_pipeline(
                 "leased": count_if(leased),
                 "overdue": count_if(overdue),
                 "waiting": count_if({"$and": [free, live]}),
-                "failed": count_if({"$gt": [{"$ifNull": ["$lastError", None]}, None]}),
+                "retrying": count_if({"$and": [errored, not_given_up]}),
+                "failed": count_if(given_up),
             }
         },
         {"$sort": {"_id": 1}},
