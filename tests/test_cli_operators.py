@@ -549,7 +549,7 @@ def test_pause_and_resume_a_phase(invoices: Invoices, capsys: pytest.CaptureFixt
     assert_one_line_error(code, err, "is not paused", "the pauses in force: none")
 
 
-def test_pause_refuses_in_one_line_and_warns_of_what_no_replica_has(
+def test_pause_refuses_in_one_line_what_no_live_replica_has_unless_forced(
     invoices: Invoices, capsys: pytest.CaptureFixture[str]
 ) -> None:
     code, _, err = run(command("pause -c invoices --phase Charging"), capsys)
@@ -558,10 +558,19 @@ def test_pause_refuses_in_one_line_and_warns_of_what_no_replica_has(
     assert_one_line_error(code, err, "unknown collection 'invoicez'")
     code, _, err = run(command("pause -c invoices --phase '$bad' --why x"), capsys)
     assert_one_line_error(code, err, "a pause's phase must be a name")
+    code, _, err = run(command("pause -c invoices --phase Chargin --why x"), capsys)
+    assert_one_line_error(
+        code,
+        err,
+        "no handler takes phase 'Chargin' of 'invoices' (on any live replica); "
+        "they have: Charging; --force pauses it all the same",
+    )
     code, _, err = run(command("pause -c invoices --handler nope:charge --why x"), capsys)
-    assert code == 0
-    assert "warning: no live replica has a handler 'nope:charge'" in err
+    assert_one_line_error(code, err, "no handler 'nope:charge' runs on 'invoices'", "--force")
     assert invoices.orch.handlers[0].name in err
+    assert invoices.db[PAUSES_COLLECTION].count_documents({}) == 0
+    code, out, err = run(command("pause -c invoices --handler nope:charge --why x --force"), capsys)
+    assert code == 0 and "paused invoices, handler nope:charge" in out and not err
     assert invoices.db[PAUSES_COLLECTION].count_documents({}) == 1
 
 

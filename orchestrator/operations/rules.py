@@ -15,8 +15,9 @@ from typing import Any, TypeVar
 
 from orchestrator.core import history, replicas
 from orchestrator.core.clock import as_utc
-from orchestrator.core.errors import OperatorError, UnhandledPhase
+from orchestrator.core.errors import OperatorError, UnhandledPhase, UnhandledScope
 from orchestrator.core.in_house import IN_HOUSE_HOLDER, NO_IN_HOUSE, InHouse
+from orchestrator.core.pauses import Scope
 from orchestrator.core.replicas import ReplicaRecord
 
 T = TypeVar("T", str, int)
@@ -99,6 +100,29 @@ def check_target(
         return
     why = "no replica is live" if not records else "no handler of it, on any live replica"
     raise UnhandledPhase(collection, target, sorted(handled), why)
+
+
+def check_scope(scope: Scope, records: Sequence[ReplicaRecord]) -> None:
+    """Refuse a pause of what no live replica has (``UnhandledScope``, naming what they
+    do have): a collection none of their handlers works on, a phase none takes by name,
+    a handler none runs there (or not of that phase). Such a pause covers nothing now, and
+    is most likely a typo that would look done. With no replica live, nothing can be
+    judged: refused too (forcing is the operator's call, as for ``check_target``)."""
+    why = "no replica is live" if not records else "on any live replica"
+    handlers = [h for r in records for h in r.handlers if h.collection == scope.collection]
+    if not handlers:
+        known = sorted({h.collection for r in records for h in r.handlers})
+        unknown = f"no handler works on collection {scope.collection!r}"
+        raise UnhandledScope(scope.describe(), unknown, known, why)
+    if scope.phase is not None and scope.phase not in {h.phase for h in handlers}:
+        known = sorted({h.phase for h in handlers if h.phase is not None})
+        unknown = f"no handler takes phase {scope.phase!r} of {scope.collection!r}"
+        raise UnhandledScope(scope.describe(), unknown, known, why)
+    names = {h.name for h in handlers if scope.phase in (None, h.phase)}
+    if scope.handler is not None and scope.handler not in names:
+        where = f"phase {scope.phase!r} of " if scope.phase is not None else ""
+        unknown = f"no handler {scope.handler!r} runs on {where}{scope.collection!r}"
+        raise UnhandledScope(scope.describe(), unknown, sorted(names), why)
 
 
 def done_with(records: Sequence[ReplicaRecord], collection: str, phase: Any) -> bool:
@@ -184,6 +208,7 @@ __all__ = [
     "cancelled_phase",
     "check_children",
     "check_phase_name",
+    "check_scope",
     "check_target",
     "done_with",
     "error_phase",

@@ -32,7 +32,9 @@ Actions (POST, ``Content-Type: application/json``, a JSON object):
   (``payload``: any JSON, Extended JSON read) sent to the document, as a replica sends it;
   the answer's ``woke`` says whether it waited for it (then due at once, for the
   replicas' next tick).
-- ``/api/pause``, ``/api/resume``: ``{"c", "phase", "handler", "reason"}``.
+- ``/api/pause``, ``/api/resume``: ``{"c", "phase", "handler", "reason"}``; a pause of
+  what no live replica has (a collection, phase or handler) is refused (422,
+  ``UnhandledScope``, with ``known``) unless ``"force": true``.
 - ``/api/schedule/pause``, ``/resume``, ``/trigger``: ``{"name", "reason"}``;
   ``/api/schedule/backfill``: ``{"name", "reason", "from", "to"}`` (dates as
   ``{"$date": "2026-01-01T00:00:00Z"}``).
@@ -40,7 +42,8 @@ Actions (POST, ``Content-Type: application/json``, a JSON object):
 Errors are ``{"error": message, "kind": name}``: 400 malformed, 403 cross-site, 404 no such
 collection, document or schedule, 409 the document changed (or a live lease holds it, or an id
 names two: ``documents`` lists them), 415 not JSON, 422 refused as asked (a phase no live
-replica handles, with ``handled``; no error phase to retry to; a filter no index serves),
+replica handles, with ``handled``; a pause of what none has, with ``known``; no error
+phase to retry to; a filter no index serves),
 503 the database did not answer.
 """
 
@@ -76,6 +79,7 @@ from orchestrator.operations import (
     Row,
     Scope,
     UnhandledPhase,
+    UnhandledScope,
     UnindexedField,
     error_phase,
     id_json,
@@ -92,7 +96,7 @@ __all__ = ["routes"]
 ONE = frozenset({"c", "ref", "seen", "to", "force", "any_phase", "children", "reason"})
 MANY = frozenset({"c", "filter", "dry_run", "to", "force", "any_phase", "children", "reason"})
 SIGNAL = frozenset({"c", "ref", "name", "payload", "reason"})
-PAUSE = frozenset({"c", "phase", "handler", "reason"})
+PAUSE = frozenset({"c", "phase", "handler", "force", "reason"})
 SCHEDULE = frozenset({"name", "reason"})
 SCHEDULE_ACTIONS = ("pause", "resume", "trigger", "backfill")
 BACKFILL = frozenset({"name", "reason", "from", "to"})
@@ -152,13 +156,15 @@ def _failure(exc: Exception) -> tuple[int, dict[str, Any]] | None:
         return 409, body
     if isinstance(exc, UnhandledPhase):
         body["handled"] = exc.handled
-        return 422, body
+    if isinstance(exc, UnhandledScope):
+        body["error"] = f"{exc}; send force: true to pause it all the same"
+        body["known"] = exc.known
     if isinstance(exc, OperatorError) and exc.refusal is Refusal.NOT_FOUND:
         return 404, body  # an unknown schedule too
     for kinds, code in (
         (DocumentNotFound, 404),
         ((DocumentChanged, LeaseHeld), 409),
-        ((NoErrorPhase, UnindexedField), 422),
+        ((NoErrorPhase, UnindexedField, UnhandledPhase, UnhandledScope), 422),
         ((OperatorError, ConfigError), 400),
         (StoreError, 503),
     ):
@@ -332,10 +338,12 @@ async def signal(site: Site, request: Request) -> dict[str, Any]:
 async def pause(pausing: bool, site: Site, request: Request) -> dict[str, Any]:
     body = await json_body(request)
     _only(body, PAUSE)
+    if not pausing and "force" in body:
+        raise Refused(400, "force is a pause's: a resume ends any pause named as it was paused")
     scope = Scope(_text(body, "c"), _text(body, "phase") or None, _text(body, "handler") or None)
     by, why = site.actor(request), _text(body, "reason")
     if pausing:
-        done = await site.operations.pause(scope, by=by, why=why)
+        done = await site.operations.pause(scope, force=_flag(body, "force"), by=by, why=why)
     else:
         done = await site.operations.resume(scope, by=by, why=why)
     site.changed()

@@ -51,7 +51,14 @@ from orchestrator.operations._sync.trees import Reach, TreeActions
 from orchestrator.operations.actor import default_actor
 from orchestrator.operations.filters import Filter, Page
 from orchestrator.operations.results import Bulk, Cancelled, Cascade, Retried
-from orchestrator.operations.rules import Action, Children, Live, Signed, check_children
+from orchestrator.operations.rules import (
+    Action,
+    Children,
+    Live,
+    Signed,
+    check_children,
+    check_scope,
+)
 from orchestrator.operations.schedule_report import (
     Backfilled,
     ScheduleRow,
@@ -75,8 +82,9 @@ class Operations:
 
     Failures are ``OrchestratorError``s: ``StoreError`` when the database fails,
     ``OperatorError`` (``DocumentNotFound``, ``AmbiguousId``, ``DocumentChanged``,
-    ``LeaseHeld``, ``UnhandledPhase``, ``NoErrorPhase``, ``UnindexedField``) when a
-    request cannot be carried out as asked; ``ConfigError`` for a signal that is none.
+    ``LeaseHeld``, ``UnhandledPhase``, ``UnhandledScope``, ``NoErrorPhase``,
+    ``UnindexedField``) when a request cannot be carried out as asked; ``ConfigError`` for
+    a signal that is none.
 
     A retry or cancel that leaves a document in a phase the live replicas are done with
     wakes its owner (``orchestratorOwner``) if the owner waits for its children: the
@@ -343,9 +351,20 @@ class Operations:
 
     # -- pauses and the audit trail -------------------------------------------------------
 
-    def pause(self, scope: Scope, *, by: str | None = None, why: str = "") -> bool:
+    def pause(
+        self, scope: Scope, *, force: bool = False, by: str | None = None, why: str = ""
+    ) -> bool:
         """Pause ``scope`` on every replica: within a heartbeat interval none claims
-        anything of it (steps running finish). False when it was paused already."""
+        anything of it (steps running finish). False when it was paused already.
+
+        A collection, phase or handler no live replica has is refused unless ``force``
+        (such a pause covers nothing now, and holds for replicas started later): a typo
+        would otherwise look done.
+
+        :raises UnhandledScope: no live replica has what ``scope`` names, and not ``force``
+        """
+        if not force:
+            check_scope(scope, self.replicas())
         signed = self._signed(by, why)
         now = self.now()
         done = self._reports.write_pause(
