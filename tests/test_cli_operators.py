@@ -588,10 +588,32 @@ def test_audit_lists_every_action_latest_first(
     assert lines[2] == "    why: three"
     assert "pause invoices" in lines[3]
     doc_id = str(invoices.by_number("INV-1003")["_id"])
-    assert f"retry invoices -> Charging: 1 document ({doc_id})" in lines[5]
+    assert f"retry invoices -> Charging: 1 document ({doc_id} number=INV-1003)" in lines[5]
     code, out, _ = run(command("audit --limit 1 --json"), capsys)
     [entry] = json.loads(out)
     assert (entry["action"], entry["count"], entry["why"]) == ("retry", 3, "three")
+    assert sorted(entry["keys"]) == ["number=INV-1002", "number=INV-1004", "number=INV-1005"]
+
+
+def test_audit_names_documents_by_business_key_and_is_searched_by_it(
+    invoices: Invoices, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run(command("retry INV-1003 -c invoices --why 'one'"), capsys)
+    run(command("cancel INV-1004 -c invoices --why 'two'"), capsys)
+    run(command("retry -c invoices --from Failed --yes --why 'three'"), capsys)
+    for typed in ("INV-1005", "number=INV-1005"):
+        code, out, err = run(command(f"audit --key {typed}"), capsys)
+        assert code == 0, err
+        [_, found, why] = out.splitlines()
+        assert "retry invoices (phase=Failed): 2 documents" in found
+        assert "number=INV-1005" in found and why == "    why: three"
+    code, out, _ = run(command("audit --key INV-1004 --json"), capsys)
+    [entry] = json.loads(out)
+    assert (entry["action"], entry["keys"]) == ("cancel", ["number=INV-1004"])
+    code, out, _ = run(command("audit --key INV-1003"), capsys)
+    assert [line.split(": ", 1)[1].split(" ", 1)[0] for line in out.splitlines()[1::2]] == ["retry"]
+    code, out, _ = run(command("audit --key INV-9999"), capsys)
+    assert (code, out.strip()) == (0, "no entry names INV-9999")
 
 
 def test_status_at_80_columns_shows_whole_ids_keys_and_take_overs(

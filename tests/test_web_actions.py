@@ -334,6 +334,30 @@ def test_the_pause_confirmation_reads_as_a_sentence(
     assert "every handler of gateways at its next heartbeat" in shown.text_of("pausing")
 
 
+def test_the_audit_page_names_documents_by_business_key_and_filters_by_one(
+    db: Database[Any], clock: FakeClock, page: TestClient
+) -> None:
+    seeded = seed(db, clock)
+    seed_invoices(seeded)
+    operations = Operations(db)
+    for number in ("INV-1003", "INV-1004"):
+        operations.retry("invoices", operations.find("invoices", number), why=f"bank {number}")
+    operations.pause(Scope("invoices"), why="bank maintenance")
+    trail = read(page.get("/ops/audit"))
+    rows = trail.rows("audit")
+    assert [row[2] for row in rows] == ["pause", "retry", "retry", "takeover from pod-9"]
+    assert "invoice=INV-1004" in rows[1][5] and "invoice=INV-1003" in rows[2][5]
+    for typed in ("INV-1003", "invoice=INV-1003"):
+        found = read(page.get("/ops/audit?" + urlencode({"key": typed})))
+        [row] = found.rows("audit")
+        assert "invoice=INV-1003" in row[5] and row[6] == "bank INV-1003"
+        assert "All entries" in found.links
+    none = read(page.get("/ops/audit?key=INV-9999"))
+    assert "No entry names a document by INV-9999." in none.text
+    [entry] = page.get("/ops/api/audit?key=INV-1004").json()["entries"]
+    assert (entry["action"], entry["keys"]) == ("retry", ["invoice=INV-1004"])
+
+
 def test_the_banner_of_a_finished_action_is_shown_once(
     db: Database[Any], clock: FakeClock, page: TestClient
 ) -> None:

@@ -7,7 +7,7 @@ does to the documents a document owns, and who holds it now.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 from orchestrator.core import history, replicas
 from orchestrator.core.clock import as_utc
-from orchestrator.core.errors import OperatorError, UnhandledPhase, UnhandledScope
+from orchestrator.core.errors import OperatorError, Refusal, UnhandledPhase, UnhandledScope
 from orchestrator.core.in_house import IN_HOUSE_HOLDER, NO_IN_HOUSE, InHouse
 from orchestrator.core.pauses import Scope
 from orchestrator.core.replicas import ReplicaRecord
@@ -125,6 +125,28 @@ def check_scope(scope: Scope, records: Sequence[ReplicaRecord]) -> None:
         raise UnhandledScope(scope.describe(), unknown, sorted(names), why)
 
 
+def audit_keys(typed: str, declared: Iterable[tuple[str, ...]]) -> list[str]:
+    """The business keys (``FIELD=VALUE``, as the audit trail records them) a search of
+    it for ``typed`` looks for: as typed when it names its field (``number=INV-1003``);
+    else ``typed`` as the value of each one-field key ``declared`` (the unique keys of the
+    collections the live replicas work on). ``OperatorError`` when it names no field and
+    none is declared."""
+    typed = typed.strip()
+    if not typed:
+        raise OperatorError("a business key is FIELD=VALUE, or a value of the one-field key")
+    if "=" in typed:
+        field, _, value = typed.partition("=")
+        return [f"{field.strip()}={value.strip()}"]
+    fields = sorted({keys[0] for keys in declared if len(keys) == 1})
+    if not fields:
+        raise OperatorError(
+            f"no collection the live replicas work on has a one-field business key to read"
+            f" {typed!r} as: give FIELD=VALUE",
+            refusal=Refusal.NO_UNIQUE_KEY,
+        )
+    return [f"{field}={typed}" for field in fields]
+
+
 def done_with(records: Sequence[ReplicaRecord], collection: str, phase: Any) -> bool:
     """Whether a document of ``collection`` in ``phase`` is done with, as the ``records``
     of the live replicas say: no handler of theirs takes that phase, by its name or by a
@@ -205,6 +227,7 @@ __all__ = [
     "Holding",
     "Live",
     "Signed",
+    "audit_keys",
     "cancelled_phase",
     "check_children",
     "check_phase_name",

@@ -14,8 +14,10 @@ Reads (GET):
   an action on it posts back), its ``history``, and its ``tree`` (``Tree.to_dict()``:
   its parent, its children with their phase and whether they ended, what it waits for
   in words and fields, its inbox of signals with their payloads shortened and redacted).
-- ``/api/audit?limit=``: the audit trail, latest first; ``/api/pauses``: the pauses in
-  force, each with the live replicas that honour it and those that do not yet.
+- ``/api/audit?limit=&key=``: the audit trail, latest first (each entry's ``documents``
+  with their business ``keys``; ``key``: only those naming that business key);
+  ``/api/pauses``: the pauses in force, each with the live replicas that honour it and
+  those that do not yet.
 - ``/api/schedules``: every schedule (``ScheduleRow.to_dict()``); ``/api/schedule?name=
   &runs=``: one, with its latest ``runs`` (``ScheduleRun.to_dict()``).
 
@@ -214,7 +216,9 @@ async def document(site: Site, request: Request) -> dict[str, Any]:
 
 async def audit(site: Site, request: Request) -> dict[str, Any]:
     limit = _integer(request.query_params.get("limit"), 50, 1000, "limit")
-    return {"entries": [entry.to_dict() for entry in await site.operations.audit(limit)]}
+    key = request.query_params.get("key", "").strip() or None
+    trail = await site.operations.audit(limit, key=key)
+    return {"entries": [entry.to_dict() for entry in trail]}
 
 
 async def pauses(site: Site, request: Request) -> dict[str, Any]:

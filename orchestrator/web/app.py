@@ -288,6 +288,8 @@ def _offers(row: Row, cancelled: str) -> list[str]:
 
 
 async def audit(site: Site, request: Request, links: Links) -> Response:
-    """The audit trail: operators' actions and leases taken over, latest first."""
-    trail = await site.operations.audit(limit=200)
-    return await site.render(request, links, "audit.html", refreshing=True, trail=trail)
+    """The audit trail: operators' actions and leases taken over, latest first; ``key``:
+    only those naming a document by that business key."""
+    key = request.query_params.get("key", "").strip()
+    trail = await site.operations.audit(limit=200, key=key or None)
+    return await site.render(request, links, "audit.html", refreshing=not key, trail=trail, key=key)

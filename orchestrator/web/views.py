@@ -80,7 +80,17 @@ def environment() -> Environment:
     env.filters["seconds"] = _seconds
     env.filters["ago"] = _ago
     env.filters["took"] = _took
+    env.filters["plain_ref"] = plain_ref
     return env
+
+
+def plain_ref(ref: str) -> str:
+    """A document's id as an audit entry records it (Extended JSON) shown as the page
+    shows ids; as recorded when it does not parse."""
+    try:
+        return text(parse_id_json(ref))
+    except OperatorError:
+        return ref
 
 
 # -- what the live replicas tell --------------------------------------------------------------
@@ -230,10 +240,7 @@ class Fleet:
     def takeover(self, entry: AuditEntry) -> dict[str, Any]:
         """A take-over as the page says it: whose lease, on which document, by whom."""
         ref = entry.documents[0] if entry.documents else None
-        try:
-            shown = text(parse_id_json(ref)) if ref is not None else "?"
-        except OperatorError:
-            shown = ref or "?"
+        shown = plain_ref(ref) if ref else "?"
         return {
             "at": entry.at,
             "by": entry.by,

@@ -49,6 +49,7 @@ from orchestrator.core.errors import ConfigError, StoreError
 from orchestrator.core.in_house import IN_HOUSE_INDEX, InHouse
 from orchestrator.core.names import (
     AUDIT_INDEX_NAME,
+    AUDIT_KEY_INDEX_NAME,
     AUDIT_ORDER_INDEX_NAME,
     CLAIM_INDEX_NAME,
     ERRORS_INDEX_NAME,
@@ -486,8 +487,8 @@ class Store:
         return pauses.read_all(docs)
 
     def append_audit(self, name: str, entry: Mapping[str, Any]) -> None:
-        """Add ``entry`` to the audit trail, whose TTL index (and the index listing it
-        latest first) this store makes first, once."""
+        """Add ``entry`` to the audit trail, whose TTL index (and the indexes listing it
+        latest first, and by business key) this store makes first, once."""
         if name not in self._audit_indexed:
             self.ensure_index(
                 name,
@@ -501,6 +502,9 @@ class Store:
                 audit.AUDIT_ORDER_INDEX,
                 index_name=AUDIT_ORDER_INDEX_NAME,
                 unique=False,
+            )
+            self.ensure_index(
+                name, audit.AUDIT_KEY_INDEX, index_name=AUDIT_KEY_INDEX_NAME, unique=False
             )
             self._audit_indexed.add(name)
         with driver_errors(f"append to {name}"):

@@ -273,6 +273,17 @@ class Reads:
 
     # -- what every action reads ------------------------------------------------------
 
+    def declared_keys(self) -> list[tuple[str, ...]]:
+        """The business keys (``keys``) of every collection the live replicas work on
+        (their handlers' and their submits' collections): one read of indexes each."""
+        live = self.replicas()
+        names = {h.collection for r in live for h in r.handlers}
+        names.update(name for r in live for name, _ in r.unique)
+        found: list[tuple[str, ...]] = []
+        for name in sorted(names):
+            found += [k for k in self.keys(name, live) if k not in found]
+        return found
+
     def keys(
         self, collection: str, live: list[ReplicaRecord] | None = None
     ) -> list[tuple[str, ...]]:

@@ -56,6 +56,7 @@ from orchestrator.operations.rules import (
     Children,
     Live,
     Signed,
+    audit_keys,
     check_children,
     check_scope,
 )
@@ -386,9 +387,18 @@ class Operations:
         """The pauses in force."""
         return self._reports.read_pauses(self._pauses)
 
-    def audit(self, limit: int = 50) -> list[AuditEntry]:
-        """The audit trail, latest first: operators' actions, and leases taken over."""
-        return self._reports.read_audit(self._audit, limit)
+    def audit(self, limit: int = 50, *, key: str | None = None) -> list[AuditEntry]:
+        """The audit trail, latest first: operators' actions, and leases taken over; each
+        operator's entry names the documents it changed by id and business key
+        (``AuditEntry.named``). ``key``: only the entries naming a document by that
+        business key: ``FIELD=VALUE``, or a value of a one-field unique key of a collection
+        the live replicas work on (``audit_keys``).
+
+        :raises OperatorError: ``key`` names no field, and no collection the live
+            replicas work on has a one-field key
+        """
+        keys = () if key is None else audit_keys(key, self._read.declared_keys())
+        return self._reports.read_audit(self._audit, limit, keys=keys)
 
     # -- schedules ---------------------------------------------------------------------
 
