@@ -184,11 +184,12 @@ def test_history_is_a_timeline_of_steps_and_operators_actions(
     assert code == 0
     assert out.splitlines()[0] == f"invoices/{doc['_id']} (number=INV-1003)"
     assert "now: Paid" in out
-    assert "oldest first (3 entries" in out
+    assert "latest first (3 entries" in out  # as the page and the JSON API show it
     steps = [line for line in out.splitlines() if line.startswith("#")]
-    assert "step by pod-1: failed, Charging -> Failed" in steps[0]
+    assert steps[0].startswith("#3") and steps[2].startswith("#1")
+    assert "step by pod-1: advanced, Charging -> Paid" in steps[0]
     assert "(operator): retry, Failed -> Charging" in steps[1]
-    assert "step by pod-1: advanced, Charging -> Paid" in steps[2]
+    assert "step by pod-1: failed, Charging -> Failed" in steps[2]
     assert "RuntimeError: card declined for INV-1003" in out
     assert "why: bank is back" in out
     assert "Traceback" not in out
@@ -202,9 +203,9 @@ def test_history_is_a_timeline_of_steps_and_operators_actions(
         capsys,
     )
     timeline = json.loads(out)
-    assert timeline["order"] == "oldest first"
-    assert [e["what"] for e in timeline["entries"]] == ["failed", "retry", "advanced"]
-    assert "Traceback" in timeline["entries"][0]["traceback"]
+    assert timeline["order"] == "latest first"
+    assert [e["what"] for e in timeline["entries"]] == ["advanced", "retry", "failed"]
+    assert "Traceback" in timeline["entries"][2]["traceback"]
     assert timeline["document"]["key"] == "number=INV-1003"
 
 
@@ -642,3 +643,21 @@ def test_status_at_80_columns_shows_whole_ids_keys_and_take_overs(
     monkeypatch.setenv("COLUMNS", "200")
     code, out, _ = run(command("status -c invoices"), capsys)
     assert f"{invoices.orch.handlers[0].name} gave up" in out  # module:function
+
+
+def test_status_at_80_columns_shows_a_long_replica_id_whole(
+    connected: Database[Any], make: MakeReplica, capsys: pytest.CaptureFixture[str]
+) -> None:
+    long_id = "billing-worker-7f9c4d5b8-x2k8p-4242-a1b2c3d4"  # host-pid-random, as made
+    orch = make(long_id)
+
+    @orch.phase("jobs", "A", to="B")
+    def step(lease: Lease[Any]) -> Any:
+        return lease.advance("B")
+
+    orch.submit("jobs", {"phase": "A"})
+    publish(connected, orch)
+    code, out, _ = run(command("status -c jobs"), capsys)
+    assert code == 0
+    assert long_id in out
+    assert max(len(line) for line in out.splitlines()) <= 80

@@ -87,9 +87,9 @@ def test_one_document_is_acted_on_as_it_was_read(
     again = ok(api.post("/ops/api/retry", json=body), 409)
     assert again["kind"] == "DocumentChanged"
     history = ok(api.get("/ops/api/document", params={"c": "invoices", "id": "INV-1003"}))
-    assert history["history"][-1]["what"] == "retry"
-    assert history["history"][-1]["by"] == "web testclient"
-    assert history["history"][-1]["why"] == "bank up"
+    assert history["history"][0]["what"] == "retry"  # the latest first, as on the page
+    assert history["history"][0]["by"] == "web testclient"
+    assert history["history"][0]["why"] == "bank up"
 
     other = ok(api.get("/ops/api/document", params={"c": "invoices", "id": "INV-1004"}))
     body = {"c": "invoices", "ref": other["ref"], "seen": other["seen"], "to": "Chargng"}

@@ -66,7 +66,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from orchestrator.core.errors import ConfigError, StoreError
-from orchestrator.core.history import HISTORY_FIELD, entries
+from orchestrator.core.history import HISTORY_FIELD, latest_first
 from orchestrator.operations import (
     Action,
     AmbiguousId,
@@ -209,7 +209,7 @@ async def document(site: Site, request: Request) -> dict[str, Any]:
         "badge": {"state": badge.name, "note": badge.note},
         "seen": _relaxed(seen),
         "document": _relaxed(fields),
-        "history": [entry.to_dict() for entry in entries(doc)],
+        "history": [entry.to_dict() for entry in latest_first(doc)],
         "tree": tree.to_dict(),
     }
 

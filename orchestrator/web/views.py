@@ -98,11 +98,13 @@ def plain_ref(ref: str) -> str:
 
 @dataclass(frozen=True)
 class Badge:
-    """A lease state as the page shows it: ``name`` (also its CSS class) and what it means
-    for the document, in a sentence."""
+    """A lease state as the page shows it: ``name`` (also its CSS class; the lease state
+    the command line and the JSON API name it by) and what it means for the document, in
+    a sentence; ``moving``: whether it changes by itself (its page reloads itself)."""
 
     name: str
     note: str
+    moving: bool = False
 
 
 @dataclass
@@ -211,29 +213,35 @@ class Fleet:
             )
         handled, any_phase = records.handled_phases(self.replicas, collection)
         if row.phase in handled or any_phase:
-            return Badge("free", "a handler of its phase may claim it now")
-        return Badge("at rest", f"no live replica handles phase {row.phase}: it rests there")
+            return Badge("free", "a handler of its phase may claim it now", moving=True)
+        return Badge("free", f"no live replica handles phase {row.phase}: it rests there")
 
     def _lease_badge(self, row: Row) -> Badge | None:
         """``row``'s badge when a lease or a wait names it (leased, overdue, waiting);
         None when it is free of both."""
         if row.state is LeaseState.LEASED:
             return Badge(
-                "leased", f"held by {row.holder}'s live lease until {when(row.until, self.at)}"
+                "leased",
+                f"held by {row.holder}'s live lease until {when(row.until, self.at)}",
+                moving=True,
             )
         if row.state is LeaseState.OVERDUE:
             return Badge(
                 "overdue",
                 f"{row.holder}'s lease ran out unreleased (it died or is stuck): any replica "
                 "may take it over",
+                moving=True,
             )
         if row.state is LeaseState.WAITING and row.wait is not None:
-            return Badge("waiting", f"{row.wait}; looked at again by {when(row.until, self.at)}")
+            return Badge(
+                "waiting", f"{row.wait}; looked at again by {when(row.until, self.at)}", moving=True
+            )
         if row.state is LeaseState.WAITING:
             return Badge(
                 "waiting",
                 f"sitting out a relock or retry, or a later start set at submit, until"
                 f" {when(row.until, self.at)}",
+                moving=True,
             )
         return None
 

@@ -200,8 +200,8 @@ class AsyncReads:
         return await self.reports.count(query.collection, plan, limit) if plan else 0
 
     async def history(self, collection: str, doc_id: Any) -> list[history.Entry]:
-        """The document's history, oldest first (``history``)."""
-        return history.entries(await self.document(collection, doc_id))
+        """The document's history, latest entry first (``history.latest_first``)."""
+        return history.latest_first(await self.document(collection, doc_id))
 
     async def tree(
         self, collection: str, doc: Mapping[str, Any], live: Sequence[ReplicaRecord] | None = None

@@ -177,7 +177,8 @@ class AsyncOperations:
         return await self._read.count(query, limit)
 
     async def history(self, collection: str, doc_id: Any) -> list[history.Entry]:
-        """The document's history, oldest first (``history``)."""
+        """The document's history, the latest entry first (``history.latest_first``), as
+        every tool shows it."""
         return await self._read.history(collection, doc_id)
 
     async def tree(

@@ -199,8 +199,8 @@ class Reads:
         return self.reports.count(query.collection, plan, limit) if plan else 0
 
     def history(self, collection: str, doc_id: Any) -> list[history.Entry]:
-        """The document's history, oldest first (``history``)."""
-        return history.entries(self.document(collection, doc_id))
+        """The document's history, latest entry first (``history.latest_first``)."""
+        return history.latest_first(self.document(collection, doc_id))
 
     def tree(
         self, collection: str, doc: Mapping[str, Any], live: Sequence[ReplicaRecord] | None = None

@@ -178,7 +178,8 @@ class Operations:
         return self._read.count(query, limit)
 
     def history(self, collection: str, doc_id: Any) -> list[history.Entry]:
-        """The document's history, oldest first (``history``)."""
+        """The document's history, the latest entry first (``history.latest_first``), as
+        every tool shows it."""
         return self._read.history(collection, doc_id)
 
     def tree(
