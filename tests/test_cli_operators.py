@@ -255,11 +255,12 @@ def test_history_is_a_timeline_of_steps_and_operators_actions(
     assert code == 0
     assert out.splitlines()[0] == f"invoices/{doc['_id']} (number=INV-1003)"
     assert "now: Paid" in out
-    assert "oldest first (3 entries" in out
+    assert "latest first (3 entries" in out  # as the page and the JSON API show it
     steps = [line for line in out.splitlines() if line.startswith("#")]
-    assert "step by pod-1: failed, Charging -> Failed" in steps[0]
+    assert steps[0].startswith("#3") and steps[2].startswith("#1")
+    assert "step by pod-1: advanced, Charging -> Paid" in steps[0]
     assert "(operator): retry, Failed -> Charging" in steps[1]
-    assert "step by pod-1: advanced, Charging -> Paid" in steps[2]
+    assert "step by pod-1: failed, Charging -> Failed" in steps[2]
     assert "RuntimeError: card declined for INV-1003" in out
     assert "why: bank is back" in out
     assert "Traceback" not in out
@@ -273,9 +274,9 @@ def test_history_is_a_timeline_of_steps_and_operators_actions(
         capsys,
     )
     timeline = json.loads(out)
-    assert timeline["order"] == "oldest first"
-    assert [e["what"] for e in timeline["entries"]] == ["failed", "retry", "advanced"]
-    assert "Traceback" in timeline["entries"][0]["traceback"]
+    assert timeline["order"] == "latest first"
+    assert [e["what"] for e in timeline["entries"]] == ["advanced", "retry", "failed"]
+    assert "Traceback" in timeline["entries"][2]["traceback"]
     assert timeline["document"]["key"] == "number=INV-1003"
 
 
@@ -620,7 +621,7 @@ def test_pause_and_resume_a_phase(invoices: Invoices, capsys: pytest.CaptureFixt
     assert_one_line_error(code, err, "is not paused", "the pauses in force: none")
 
 
-def test_pause_refuses_in_one_line_and_warns_of_what_no_replica_has(
+def test_pause_refuses_in_one_line_what_no_live_replica_has_unless_forced(
     invoices: Invoices, capsys: pytest.CaptureFixture[str]
 ) -> None:
     code, _, err = run(command("pause -c invoices --phase Charging"), capsys)
@@ -629,10 +630,19 @@ def test_pause_refuses_in_one_line_and_warns_of_what_no_replica_has(
     assert_one_line_error(code, err, "unknown collection 'invoicez'")
     code, _, err = run(command("pause -c invoices --phase '$bad' --why x"), capsys)
     assert_one_line_error(code, err, "a pause's phase must be a name")
+    code, _, err = run(command("pause -c invoices --phase Chargin --why x"), capsys)
+    assert_one_line_error(
+        code,
+        err,
+        "no handler takes phase 'Chargin' of 'invoices' (on any live replica); "
+        "they have: Charging; --force pauses it all the same",
+    )
     code, _, err = run(command("pause -c invoices --handler nope:charge --why x"), capsys)
-    assert code == 0
-    assert "warning: no live replica has a handler 'nope:charge'" in err
+    assert_one_line_error(code, err, "no handler 'nope:charge' runs on 'invoices'", "--force")
     assert invoices.orch.handlers[0].name in err
+    assert invoices.db[PAUSES_COLLECTION].count_documents({}) == 0
+    code, out, err = run(command("pause -c invoices --handler nope:charge --why x --force"), capsys)
+    assert code == 0 and "paused invoices, handler nope:charge" in out and not err
     assert invoices.db[PAUSES_COLLECTION].count_documents({}) == 1
 
 
@@ -650,10 +660,32 @@ def test_audit_lists_every_action_latest_first(
     assert lines[2] == "    why: three"
     assert "pause invoices" in lines[3]
     doc_id = str(invoices.by_number("INV-1003")["_id"])
-    assert f"retry invoices -> Charging: 1 document ({doc_id})" in lines[5]
+    assert f"retry invoices -> Charging: 1 document ({doc_id} number=INV-1003)" in lines[5]
     code, out, _ = run(command("audit --limit 1 --json"), capsys)
     [entry] = json.loads(out)
     assert (entry["action"], entry["count"], entry["why"]) == ("retry", 3, "three")
+    assert sorted(entry["keys"]) == ["number=INV-1002", "number=INV-1004", "number=INV-1005"]
+
+
+def test_audit_names_documents_by_business_key_and_is_searched_by_it(
+    invoices: Invoices, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run(command("retry INV-1003 -c invoices --why 'one'"), capsys)
+    run(command("cancel INV-1004 -c invoices --why 'two'"), capsys)
+    run(command("retry -c invoices --from Failed --yes --why 'three'"), capsys)
+    for typed in ("INV-1005", "number=INV-1005"):
+        code, out, err = run(command(f"audit --key {typed}"), capsys)
+        assert code == 0, err
+        [_, found, why] = out.splitlines()
+        assert "retry invoices (phase=Failed): 2 documents" in found
+        assert "number=INV-1005" in found and why == "    why: three"
+    code, out, _ = run(command("audit --key INV-1004 --json"), capsys)
+    [entry] = json.loads(out)
+    assert (entry["action"], entry["keys"]) == ("cancel", ["number=INV-1004"])
+    code, out, _ = run(command("audit --key INV-1003"), capsys)
+    assert [line.split(": ", 1)[1].split(" ", 1)[0] for line in out.splitlines()[1::2]] == ["retry"]
+    code, out, _ = run(command("audit --key INV-9999"), capsys)
+    assert (code, out.strip()) == (0, "no entry names INV-9999")
 
 
 def test_status_at_80_columns_shows_whole_ids_keys_and_take_overs(
@@ -682,3 +714,21 @@ def test_status_at_80_columns_shows_whole_ids_keys_and_take_overs(
     monkeypatch.setenv("COLUMNS", "200")
     code, out, _ = run(command("status -c invoices"), capsys)
     assert f"{invoices.orch.handlers[0].name} gave up" in out  # module:function
+
+
+def test_status_at_80_columns_shows_a_long_replica_id_whole(
+    connected: Database[Any], make: MakeReplica, capsys: pytest.CaptureFixture[str]
+) -> None:
+    long_id = "billing-worker-7f9c4d5b8-x2k8p-4242-a1b2c3d4"  # host-pid-random, as made
+    orch = make(long_id)
+
+    @orch.phase("jobs", "A", to="B")
+    def step(lease: Lease[Any]) -> Any:
+        return lease.advance("B")
+
+    orch.submit("jobs", {"phase": "A"})
+    publish(connected, orch)
+    code, out, _ = run(command("status -c jobs"), capsys)
+    assert code == 0
+    assert long_id in out
+    assert max(len(line) for line in out.splitlines()) <= 80

@@ -2080,11 +2080,12 @@ class LeaseMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.mirror and self.stall is None)
     @rule(phase=st.sampled_from(["A", "B"]), resume=st.booleans())
     def operator_pause(self, phase: str, resume: bool) -> None:
-        """``orchestrator pause|resume -c jobs --phase P``; every live replica's next
-        heartbeat reads it (here at once): none claims work of a paused phase after."""
+        """``orchestrator pause|resume -c jobs --phase P`` (forced: the replicas may all be
+        down, or not yet recorded); every live replica's next heartbeat reads it (here at
+        once): none claims work of a paused phase after."""
         self.action(f"operator {'resume' if resume else 'pause'} phase {phase}")
         scope = Scope(COLLECTION, phase)
-        changed = self.operator.resume(scope) if resume else self.operator.pause(scope)
+        changed = self.operator.resume(scope) if resume else self.operator.pause(scope, force=True)
         FIGURES[
             f"operator {'resume' if resume else 'pause'}: {'done' if changed else 'no-op'}"
         ] += 1

@@ -178,8 +178,8 @@ async def test_a_pause_takes_hold_at_the_next_heartbeat_and_a_resume_too(
         return await lease.advance("Done")
 
     ops = Operations(db, actor="ops@test")
-    assert ops.pause(Scope("jobs", "A"), why="the CA is down")
-    assert not ops.pause(Scope("jobs", "A"), by="someone else")  # one pause per scope
+    assert ops.pause(Scope("jobs", "A"), force=True, why="the CA is down")
+    assert not ops.pause(Scope("jobs", "A"), force=True, by="someone else")  # one pause per scope
     await replica.heartbeat()
     await replica.submit("jobs", {"_id": "a1", "phase": "A"})
     await replica.submit("jobs", {"_id": "b1", "phase": "B"})
@@ -218,14 +218,14 @@ async def test_a_pause_of_a_collection_or_a_handler_covers_just_that(
     assert name.endswith(
         ":test_a_pause_of_a_collection_or_a_handler_covers_just_that.<locals>.other"
     )
-    ops.pause(Scope("other", handler=name))
+    ops.pause(Scope("other", handler=name), force=True)
     await replica.heartbeat()
     await replica.submit("jobs", {"phase": "A"})
     await replica.submit("other", {"phase": "A"})
     await replica.run_once()
     assert done == ["A"]
     ops.resume(Scope("other", handler=name))
-    ops.pause(Scope("jobs"))
+    ops.pause(Scope("jobs"), force=True)
     await replica.heartbeat()
     await replica.submit("jobs", {"phase": "A"})
     await replica.run_once()
@@ -251,7 +251,7 @@ async def test_an_advance_into_a_paused_phase_releases_the_document_instead_of_c
         return await lease.advance("Done")
 
     ops = Operations(db)
-    ops.pause(Scope("jobs", "B"))
+    ops.pause(Scope("jobs", "B"), force=True)
     await replica.heartbeat()
     await replica.submit("jobs", {"_id": "j1", "phase": "A"})
     await replica.run_once()
@@ -299,7 +299,7 @@ async def test_a_probe_answer_that_lands_after_a_heartbeats_read_does_not_undo_i
     await replica.submit("jobs", {"_id": "a1", "phase": "A"})
     tick = asyncio.ensure_future(orch.run_once(heartbeat=False))
     await answered.wait()
-    Operations(db).pause(Scope("jobs", "A"))
+    Operations(db).pause(Scope("jobs", "A"), force=True)
     await orch.heartbeat()  # reads the pause and applies it
     landing.set()
     await tick
@@ -319,7 +319,7 @@ def test_an_idle_tick_reads_the_pauses_within_its_one_probe(
     def a(lease: Any) -> Any:
         return lease.advance("B")
 
-    Operations(db).pause(Scope("jobs", "B"))
+    Operations(db).pause(Scope("jobs", "B"), force=True)
     plain.heartbeat()
     before = dict(faults.operations)
     for _ in range(5):

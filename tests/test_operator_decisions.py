@@ -21,16 +21,25 @@ from orchestrator.core.errors import (
     OrchestratorError,
     Refusal,
     UnhandledPhase,
+    UnhandledScope,
 )
 from orchestrator.core.in_house import IN_HOUSE_HOLDER, InHouse
+from orchestrator.core.pauses import Scope
 from orchestrator.core.queries import operators, replica_records
-from orchestrator.core.replicas import ReplicaRecord
+from orchestrator.core.replicas import (
+    HandlerInfo,
+    ReplicaIdentity,
+    ReplicaRecord,
+    ReplicaSettings,
+    new_record,
+)
 from orchestrator.operations.filters import Filter, Row, UnindexedField
 from orchestrator.operations.results import Bulk, Cancelled, Retried, Skipped
 from orchestrator.operations.rules import (
     Action,
     Holding,
     check_phase_name,
+    check_scope,
     error_phase,
     holder_name,
     holding,
@@ -195,6 +204,9 @@ def test_each_refusal_raised_for_one_document_carries_its_typed_value() -> None:
         DocumentChanged("jobs", 1): Refusal.CHANGED,
         LeaseHeld("jobs", 1, "pod-1", NOW): Refusal.LEASE_HELD,
         UnhandledPhase("jobs", "X", ["A"], "no handler"): Refusal.UNHANDLED_PHASE,
+        UnhandledScope("jobs, phase X", "no handler takes X", ["A"], "no"): (
+            Refusal.UNHANDLED_SCOPE
+        ),
         NoErrorPhase("jobs", 1): Refusal.NO_ERROR_PHASE,
         UnindexedField("no index starts with 'x'"): Refusal.UNINDEXED_FIELD,
         OperatorError("'' is not a phase name"): Refusal.MALFORMED,
@@ -319,3 +331,57 @@ def test_a_replica_record_is_live_until_its_expiry_and_seen_never_in_the_future(
     assert record.seen_ago(NOW + timedelta(seconds=2, milliseconds=500)) == 2.5
     assert record.seen_ago(NOW) == 0.0
     assert record.seen_ago(NOW - timedelta(seconds=5)) == 0.0
+
+
+def _pod(*handlers: HandlerInfo) -> ReplicaRecord:
+    return new_record(
+        ReplicaIdentity("pod-1", "i-1", "h", 1, "1", "threaded", NOW),
+        ReplicaSettings(lock_timeout=30, tick=1, max_concurrency=4),
+        now=NOW,
+        handlers=handlers,
+    )
+
+
+CHARGE = HandlerInfo("invoices", "Charging", "billing:charge", "k1", "Failed")
+MAIL = HandlerInfo("invoices", "Mailing", "billing:mail", "k2", "Failed")
+ANY = HandlerInfo("invoices", None, "billing:sweep", "k3", "Failed")
+
+
+@pytest.mark.parametrize(
+    "scope",
+    [
+        Scope("invoices"),
+        Scope("invoices", "Charging"),
+        Scope("invoices", handler="billing:sweep"),
+        Scope("invoices", "Charging", "billing:charge"),
+    ],
+)
+def test_a_pause_of_what_a_live_replica_runs_is_accepted(scope: Scope) -> None:
+    check_scope(scope, [_pod(CHARGE, MAIL, ANY)])
+
+
+@pytest.mark.parametrize(
+    ("scope", "said"),
+    [
+        (Scope("invoicez"), "no handler works on collection 'invoicez'"),
+        (Scope("invoices", "Chargin"), "no handler takes phase 'Chargin' of 'invoices'"),
+        (Scope("invoices", handler="billing:charg"), "no handler 'billing:charg' runs on"),
+        (
+            Scope("invoices", "Mailing", "billing:charge"),
+            "no handler 'billing:charge' runs on phase 'Mailing' of 'invoices'",
+        ),
+    ],
+)
+def test_a_pause_of_what_no_live_replica_runs_is_refused_naming_what_they_have(
+    scope: Scope, said: str
+) -> None:
+    with pytest.raises(UnhandledScope, match="they have: ") as refused:
+        check_scope(scope, [_pod(CHARGE, MAIL, ANY)])
+    assert said in str(refused.value)
+    assert refused.value.refusal is Refusal.UNHANDLED_SCOPE
+    assert refused.value.known
+
+
+def test_a_pause_with_no_replica_live_cannot_be_judged_and_is_refused() -> None:
+    with pytest.raises(UnhandledScope, match=r"\(no replica is live\); they have: none"):
+        check_scope(Scope("invoices", "Charging"), [])

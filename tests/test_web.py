@@ -170,12 +170,19 @@ def test_a_document_page_shows_its_lease_judged_as_the_counts_judge_it(
         "gw-held": "leased",
         "gw-stuck": "overdue",
         "gw-waiting": "waiting",
-        "gw-1": "at rest",  # done: in Ready, which no handler takes
+        "gw-1": "free",  # done: in Ready, which no handler takes (the note says so)
         "gw-broken": "failed",  # its handler gave up on it
     }
     for doc_id, state in states.items():
         shown = open_document(page, doc_id)
         assert shown.text_of("lease-state") == state, (doc_id, shown.text)
+    # One word for a document no lease or wait holds, as the command line and the JSON
+    # API say it; one at rest (no handler takes its phase) does not reload itself.
+    answer = page.get("/ops/api/document", params={"c": "gateways", "id": "gw-1"}).json()
+    assert answer["row"]["state"] == "free"
+    assert "it rests there" in open_document(page, "gw-1").text_of("lease-note")
+    assert 'http-equiv="refresh"' not in page.get("/ops/document?c=gateways&id=gw-1").text
+    assert 'http-equiv="refresh"' in page.get("/ops/document?c=gateways&id=gw-held").text
     held = open_document(page, "gw-held")
     assert held.field("lockedBy") == "pod-2"
     assert held.field("lockToken") == "live-token"

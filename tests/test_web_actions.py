@@ -325,6 +325,63 @@ def test_pause_and_resume_from_the_page_with_who_honours_each_pause(
     assert [e.action for e in Operations(db).audit()] == ["resume", "pause"]
 
 
+def test_a_pause_of_a_phase_no_replica_handles_is_refused_until_the_operator_forces_it(
+    db: Database[Any], clock: FakeClock, page: TestClient
+) -> None:
+    seed(db, clock)
+    url = "/ops/pause?c=gateways&phase=Provisionnig"
+    target, fields, shown = post_form(page, url, reason="typo in an incident")
+    assert "No live replica runs a handler it covers (now)." in shown.text
+    assert fields.pop("force") == "yes"  # the box offered, not ticked
+    refused = read(page.post(target, data=fields), 422)
+    assert "no handler takes phase 'Provisionnig' of 'gateways'" in refused.text
+    assert "they have: Provisioning" in refused.text
+    assert Operations(db).pauses() == []
+    [(_, again, resent)] = [form for form in refused.forms if form[0] == "post"]
+    assert (again, resent["force"], resent["phase"]) == ("/ops/pause", "yes", "Provisionnig")
+    forced = page.post(again, data=resent, follow_redirects=False)
+    assert forced.headers["location"] == "/ops/?done=paused"
+    assert [p.scope.phase for p in Operations(db).pauses()] == ["Provisionnig"]
+
+
+def test_the_pause_confirmation_reads_as_a_sentence(
+    db: Database[Any], clock: FakeClock, page: TestClient
+) -> None:
+    seed(db, clock)
+    shown = read(page.get("/ops/pause?c=gateways&phase=Provisioning"))
+    said = " ".join(shown.text_of("pausing").split())
+    assert said.startswith(
+        "Every replica stops claiming documents for phase Provisioning of gateways at its "
+        "next heartbeat;"
+    )
+    shown = read(page.get("/ops/pause?c=gateways"))
+    assert "every handler of gateways at its next heartbeat" in shown.text_of("pausing")
+
+
+def test_the_audit_page_names_documents_by_business_key_and_filters_by_one(
+    db: Database[Any], clock: FakeClock, page: TestClient
+) -> None:
+    seeded = seed(db, clock)
+    seed_invoices(seeded)
+    operations = Operations(db)
+    for number in ("INV-1003", "INV-1004"):
+        operations.retry("invoices", operations.find("invoices", number), why=f"bank {number}")
+    operations.pause(Scope("invoices"), why="bank maintenance")
+    trail = read(page.get("/ops/audit"))
+    rows = trail.rows("audit")
+    assert [row[2] for row in rows] == ["pause", "retry", "retry", "takeover from pod-9"]
+    assert "invoice=INV-1004" in rows[1][5] and "invoice=INV-1003" in rows[2][5]
+    for typed in ("INV-1003", "invoice=INV-1003"):
+        found = read(page.get("/ops/audit?" + urlencode({"key": typed})))
+        [row] = found.rows("audit")
+        assert "invoice=INV-1003" in row[5] and row[6] == "bank INV-1003"
+        assert "All entries" in found.links
+    none = read(page.get("/ops/audit?key=INV-9999"))
+    assert "No entry names a document by INV-9999." in none.text
+    [entry] = page.get("/ops/api/audit?key=INV-1004").json()["entries"]
+    assert (entry["action"], entry["keys"]) == ("retry", ["invoice=INV-1004"])
+
+
 def test_the_banner_of_a_finished_action_is_shown_once(
     db: Database[Any], clock: FakeClock, page: TestClient
 ) -> None:
@@ -363,7 +420,7 @@ def test_values_from_documents_and_operators_are_escaped_on_the_new_pages(
     db.gateways.insert_one(
         {"_id": XSS, "phase": XSS, "lastError": {"type": XSS, "message": XSS, "phase": XSS}}
     )
-    Operations(db).pause(Scope("gateways", XSS), by=XSS, why=XSS)
+    Operations(db).pause(Scope("gateways", XSS), force=True, by=XSS, why=XSS)
     url = "/ops/confirm?" + urlencode({"action": "retry", "c": "gateways", "ref": json.dumps(XSS)})
     target, fields, _ = post_form(page, url, reason=XSS)
     read(page.post(target, data={**fields, "any_phase": "yes"}))

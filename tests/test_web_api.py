@@ -94,9 +94,9 @@ def test_one_document_is_acted_on_as_it_was_read(
     again = ok(api.post("/ops/api/retry", json=body), 409)
     assert again["kind"] == "DocumentChanged"
     history = ok(api.get("/ops/api/document", params={"c": "invoices", "id": "INV-1003"}))
-    assert history["history"][-1]["what"] == "retry"
-    assert history["history"][-1]["by"] == "web testclient"
-    assert history["history"][-1]["why"] == "bank up"
+    assert history["history"][0]["what"] == "retry"  # the latest first, as on the page
+    assert history["history"][0]["by"] == "web testclient"
+    assert history["history"][0]["why"] == "bank up"
 
     other = ok(api.get("/ops/api/document", params={"c": "invoices", "id": "INV-1004"}))
     body = {"c": "invoices", "ref": other["ref"], "seen": other["seen"], "to": "Chargng"}
@@ -244,6 +244,28 @@ def test_pause_and_resume(db: Database[Any], clock: FakeClock, api: TestClient) 
     assert ok(api.get("/ops/api/status"))["pauses"][0]["phase"] == "Provisioning"
     assert ok(api.post("/ops/api/resume", json=body))["done"] is True
     assert ok(api.get("/ops/api/pauses")) == {"pauses": []}
+
+
+def test_a_pause_of_a_phase_no_live_replica_handles_is_refused_unless_forced(
+    db: Database[Any], clock: FakeClock, api: TestClient
+) -> None:
+    seed(db, clock)
+    body = {"c": "gateways", "phase": "Provisionnig", "reason": "typo"}
+    refused = api.post("/ops/api/pause", json=body)
+    assert refused.status_code == 422
+    answer = refused.json()
+    assert answer["kind"] == "UnhandledScope"
+    assert answer["known"] == ["Provisioning"]
+    assert answer["error"] == (
+        "no handler takes phase 'Provisionnig' of 'gateways' (on any live replica); "
+        "they have: Provisioning; send force: true to pause it all the same"
+    )
+    assert ok(api.get("/ops/api/pauses")) == {"pauses": []}
+    assert ok(api.post("/ops/api/pause", json={**body, "force": True}))["done"] is True
+    assert [p["phase"] for p in ok(api.get("/ops/api/pauses"))["pauses"]] == ["Provisionnig"]
+    forced_resume = api.post("/ops/api/resume", json={**body, "force": True})
+    assert forced_resume.status_code == 400
+    assert ok(api.post("/ops/api/resume", json=body))["done"] is True
 
 
 def test_every_refusal_is_json_with_its_status(

@@ -29,6 +29,7 @@ from starlette.applications import Starlette
 from starlette.routing import Mount
 
 from orchestrator import Orchestrator
+from orchestrator.operations import Action, Filter, LeaseState, Operations
 from orchestrator.testing import FakeClock, async_view, memory_database
 from orchestrator.testing.memory import MemoryDatabase
 from orchestrator.web import operator_app
@@ -341,4 +342,31 @@ def test_the_page_fits_800_pixels_and_follows_a_dark_preference(
             assert background == "rgb(17, 23, 34)", (path, background)
             if not path:
                 shoot(page, "web-dark-800.png")
+        page.close()
+
+
+OVERFLOWING_CELLS = """() => [...document.querySelectorAll("main td, main th")]
+    .filter((cell) => cell.getBoundingClientRect().right > window.innerWidth + 1)
+    .map((cell) => cell.closest("table").id + ": " + cell.textContent.trim().slice(0, 40))"""
+
+
+def test_no_table_cell_is_cut_off_at_1280_pixels(
+    browser: Browser, database: Database[Any], clock: FakeClock
+) -> None:
+    """At 1280 px every cell of every table shows whole: long ids, keys, scopes and
+    reasons wrap inside their cell rather than run past the window's edge."""
+    seeded = seed(database, clock)
+    seed_invoices(seeded)
+    operations = Operations(database)
+    long_why = "the bank's gateway answered 503 for every card in the batch " * 3
+    for number in ("INV-1003", "INV-1004"):
+        operations.retry("invoices", operations.find("invoices", number), why=long_why)
+    operations.bulk(Action.RETRY, Filter("invoices", state=LeaseState.FAILED), why=long_why)
+    expect.set_options(timeout=20_000)
+    with served(database, refresh=60) as base:
+        page = browser.new_page(viewport={"width": 1280, "height": 900})
+        for path in ("", "documents?c=invoices", "documents?c=gateways", "audit"):
+            page.goto(base + path)
+            expect(page.locator("main")).to_be_visible()
+            assert page.evaluate(OVERFLOWING_CELLS) == [], path
         page.close()

@@ -22,23 +22,30 @@ SHOWN_DOCUMENTS = 3
 @click.option(
     "--limit", type=click.IntRange(1, 10_000), default=50, help="Entries, the latest first."
 )
+@click.option(
+    "--key",
+    metavar="KEY",
+    help="Only the entries naming a document by this business key: FIELD=VALUE, or a "
+    "value of the one-field key the live replicas declare.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @operations_options
-def audit(limit: int, as_json: bool, connection: Connection) -> int:
+def audit(limit: int, key: str | None, as_json: bool, connection: Connection) -> int:
     """The audit trail, latest first: each operator's retry, unlock, cancel, pause and
-    resume (who, when, what, how many documents, why), and each lease a replica took over
-    after its holder died.
+    resume (who, when, what, how many documents, each by id and business key, why), and
+    each lease a replica took over after its holder died.
 
     \b
-    Example:
+    Examples:
       orchestrator audit --limit 20
+      orchestrator audit --key INV-1003
     """
-    entries = connection.operations().audit(limit)
+    entries = connection.operations().audit(limit, key=key)
     if as_json:
         click.echo(json.dumps([e.to_dict() for e in entries], indent=2))
         return 0
     if not entries:
-        click.echo("the audit trail is empty")
+        click.echo("the audit trail is empty" if key is None else f"no entry names {visible(key)}")
         return 0
     click.echo("audit trail, latest first (times UTC):")
     for entry in entries:
@@ -53,7 +60,7 @@ def audit(limit: int, as_json: bool, connection: Connection) -> int:
 def _what(entry: AuditEntry) -> str:
     """What was done, in a line: the action, its collection and scope (a filter, a pause's
     phase or handler), where documents went, how many and which."""
-    ids = [plain_id(d) for d in entry.documents]
+    ids = [plain_id(d) + (f" {key}" if key else "") for d, key in entry.named()]
     shown_ids = ", ".join(ids[:SHOWN_DOCUMENTS])
     if len(ids) > SHOWN_DOCUMENTS:
         shown_ids += f", +{len(ids) - SHOWN_DOCUMENTS} more"

@@ -1,5 +1,6 @@
-"""``orchestrator history``: what happened to one document, as a timeline, oldest first
-(read down to now, as a log is): each step a replica ran on it and each operator's action,
+"""``orchestrator history``: what happened to one document, as a timeline, the latest
+entry first (as the page, the JSON API and the audit trail show it): each step a replica
+ran on it and each operator's action,
 from the bounded history the document carries (``orchestrator.core.history``); before it,
 the document's place in its tree (``Operations.tree``): its parent, what it waits for, its
 children and its inbox of signals."""
@@ -42,7 +43,7 @@ def history(
     as_json: bool,
     connection: Connection,
 ) -> int:
-    """A document's timeline, oldest first: each step (the replica, when it was claimed,
+    """A document's timeline, the latest entry first: each step (the replica, when it was claimed,
     how long it took, its outcome, the phase it left, its error) and each operator's
     action (who, what, why).
 
@@ -82,8 +83,8 @@ def history(
         )
         return 0
     count = f"{len(entries)} entr" + ("y" if len(entries) == 1 else "ies")
-    click.echo(f"history, oldest first ({count}; times UTC):")
-    for number, entry in enumerate(entries, 1):
+    click.echo(f"history, latest first ({count}; times UTC):")
+    for number, entry in zip(range(len(entries), 0, -1), entries, strict=True):
         click.echo(visible(f"#{number:<3} {when(entry.at) or '(no time)'}  {_line(entry)}"))
         detail = _detail(entry)
         if detail:
@@ -166,7 +167,7 @@ def _as_json(collection: str, doc_id: Any, row: Row | None, entries: list[Entry]
         "id": str(doc_id),
         "ref": id_json_or_text(doc_id),
         "document": row.to_dict() if row is not None else None,
-        "order": "oldest first",
+        "order": "latest first",
         "entries": [entry.to_dict() for entry in entries],
     }
 

@@ -15,7 +15,7 @@ from orchestrator.cli.conventions import EPILOG, CommandError
 from orchestrator.cli.selecting import collection_option
 from orchestrator.core.redact import visible
 from orchestrator.core.replicas import MAX_REFRESH, ReplicaRecord, refresh_interval
-from orchestrator.operations import Scope
+from orchestrator.operations import Scope, UnhandledScope
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -34,9 +34,21 @@ def _scope_options(command: F) -> F:
 @click.command(epilog=EPILOG, short_help="Stop every replica claiming a collection's work.")
 @_scope_options
 @click.option("--why", metavar="REASON", required=True, help="Why: recorded, and shown by status.")
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Pause what no live replica has (a collection, phase or handler): it holds for "
+    "replicas started later.",
+)
 @operations_options
 def pause(
-    collection: str, phase: str | None, handler: str | None, why: str, connection: Connection
+    *,
+    collection: str,
+    phase: str | None,
+    handler: str | None,
+    why: str,
+    force: bool,
+    connection: Connection,
 ) -> int:
     """Pause a collection's work, one phase of it, or one handler, on every replica.
 
@@ -45,6 +57,10 @@ def pause(
     running finish. status shows the pauses, who paused and why, and which live replicas
     honour each; resume ends one.
 
+    A collection, phase or handler no live replica has (a typo, most likely) is refused,
+    naming what they have; --force pauses it all the same (it holds for replicas started
+    later).
+
     \b
     Example:
       orchestrator pause -c invoices --phase Charging --why "bank maintenance until 14:00"
@@ -52,8 +68,11 @@ def pause(
     scope = Scope(collection, phase, handler)
     operations = connection.operations(collection)
     live = operations.replicas()
-    _warn_unknown(scope, live)
-    if not operations.pause(scope, why=why):
+    try:
+        done = operations.pause(scope, force=force, why=why)
+    except UnhandledScope as exc:
+        raise CommandError(f"{exc}; --force pauses it all the same") from None
+    if not done:
         [held] = [p for p in operations.pauses() if p.scope == scope]
         since = f" since {held.at:%Y-%m-%d %H:%M:%S} UTC" if held.at else ""
         click.echo(visible(f"{scope.describe()} was paused already, by {held.by}{since}"))
@@ -100,30 +119,6 @@ def _interval(live: list[ReplicaRecord]) -> str:
         return f"one heartbeat interval (at most {MAX_REFRESH:g}s; no replica is live now)"
     slowest = max(refresh_interval(r.lock_timeout) for r in live)
     return f"one heartbeat interval ({slowest:g}s on the live replicas)"
-
-
-def _warn_unknown(scope: Scope, live: list[ReplicaRecord]) -> None:
-    """A pause naming what no live replica has is kept (it holds for replicas started
-    later), with a warning naming what they do have: it may be a typo."""
-    if not live:
-        return
-    handlers = [h for r in live for h in r.handlers if h.collection == scope.collection]
-    if scope.phase is not None and scope.phase not in {h.phase for h in handlers}:
-        known = ", ".join(sorted({h.phase for h in handlers if h.phase})) or "none"
-        _warn(
-            f"no live replica handles phase {scope.phase!r} of {scope.collection!r} "
-            f"(they handle: {known}); paused all the same"
-        )
-    if scope.handler is not None and scope.handler not in {h.name for h in handlers}:
-        known = ", ".join(sorted({h.name for h in handlers})) or "none"
-        _warn(
-            f"no live replica has a handler {scope.handler!r} on {scope.collection!r} "
-            f"(they have: {known}); paused all the same"
-        )
-
-
-def _warn(message: str) -> None:
-    click.echo(f"orchestrator pause: warning: {visible(message)}", err=True)
 
 
 __all__ = ["pause", "resume"]

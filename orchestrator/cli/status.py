@@ -148,8 +148,16 @@ def _print_replicas(out: Console, status: Status) -> None:
         out.print("no live replicas (none has recorded itself within its expiry)")
         return
     table = Table(title="live replicas")
-    for column in ("replica", "host", "pid", "engine", "version", "last seen"):
-        table.add_column(column, justify="right" if column in {"pid", "last seen"} else "left")
+    # The replica's id whole, whatever the width: it is what every other tool names it by
+    # (the other columns wrap, or fold, to make room).
+    widest = max(len(visible(r.replica_id)) for r in status.replicas)
+    table.add_column("replica", no_wrap=True, min_width=widest)
+    for column in ("host", "pid", "engine", "version", "last seen"):
+        table.add_column(
+            column,
+            justify="right" if column in {"pid", "last seen"} else "left",
+            overflow="fold",
+        )
     for column in ("lock timeout", "tick", "concurrency"):
         table.add_column(column, justify="right")
     table.add_column("steps now")

@@ -24,6 +24,11 @@ AUDIT_RETENTION = 90 * 86_400.0
 AUDIT_INDEX: list[tuple[str, int]] = [("expiresAt", 1)]
 AUDIT_SORT: list[tuple[str, int]] = [("at", -1), ("_id", -1)]
 AUDIT_ORDER_INDEX: list[tuple[str, int]] = AUDIT_SORT
+AUDIT_KEY_INDEX: list[tuple[str, int]] = [("keys", 1), *AUDIT_SORT]
+"""Serves a search of the trail by business key (``keys``, each ``FIELD=VALUE``), latest
+first."""
+SHOWN_IN_ENTRY = 100
+"""Documents (their ids, and their business keys) an entry names at most."""
 FAILURE_LENGTH = 300
 """Most characters of a failure an entry keeps."""
 
@@ -43,7 +48,7 @@ class OperatorAct:
     at: datetime
 
 
-def operator_record(
+def operator_record(  # noqa: PLR0913 - one record's fields, keyword-only past act
     act: OperatorAct,
     *,
     collection: str,
@@ -52,13 +57,17 @@ def operator_record(
     count: int,
     failed: str | None = None,
     refused: str | None = None,
+    keys: Sequence[str | None] = (),
 ) -> dict[str, Any]:
     """An operator's ``act`` on ``collection``: ``scope`` the filter or pause it named (as
     text), ``documents`` the ids it changed (their first hundred, as Extended JSON),
     ``count`` how many it changed; ``failed``: why it stopped part way (``failure_text``),
     the changes before it counted, so no change goes unaudited; ``refused``: why it was
     refused before it did anything (the documents those it named), so an attempt by
-    someone not permitted is on the trail too. Kept ``AUDIT_RETENTION``."""
+    someone not permitted is on the trail too; ``keys``: the business key of each of
+    ``documents`` (``FIELD=VALUE``, None for one without), stored only when one has one,
+    so that the trail names documents as operators do and is searched by key. Kept
+    ``AUDIT_RETENTION``."""
     record = {
         "kind": AuditKind.OPERATOR.value,
         "at": bson_time(act.at),
@@ -68,9 +77,11 @@ def operator_record(
         "why": act.why,
         "collection": collection,
         "scope": dict(scope),
-        "documents": list(documents[:100]),
+        "documents": list(documents[:SHOWN_IN_ENTRY]),
         "count": count,
     }
+    if any(key is not None for key in keys[:SHOWN_IN_ENTRY]):
+        record["keys"] = list(keys[:SHOWN_IN_ENTRY])
     if failed is not None:
         record["failed"] = failed
     if refused is not None:
@@ -122,6 +133,9 @@ class AuditEntry:
     """Why the action stopped part way (``count`` changed before it); None: it finished."""
     refused: str | None = None
     """Why the action was refused before it did anything; None: it was not."""
+    keys: tuple[str | None, ...] = ()
+    """The business key of each of ``documents`` (``FIELD=VALUE``), None for one without:
+    () for an entry that names none (or written before keys were recorded)."""
 
     @classmethod
     def read(cls, doc: Mapping[str, Any]) -> AuditEntry:
@@ -132,6 +146,7 @@ class AuditEntry:
             doc.get("count"),
         )
         taken, failed, refused = doc.get("takenFrom"), doc.get("failed"), doc.get("refused")
+        keys = doc.get("keys")
         return cls(
             kind=str(doc.get("kind", "?")),
             at=as_utc(at) if isinstance(at, datetime) else None,
@@ -145,12 +160,21 @@ class AuditEntry:
             taken_from=None if taken is None else str(taken),
             failed=None if failed is None else str(failed),
             refused=None if refused is None else str(refused),
+            keys=tuple(None if k is None else str(k) for k in keys)
+            if isinstance(keys, list)
+            else (),
         )
+
+    def named(self) -> list[tuple[str, str | None]]:
+        """Each document the entry names: its id (as recorded) and its business key."""
+        keys = self.keys + (None,) * (len(self.documents) - len(self.keys))
+        return list(zip(self.documents, keys, strict=False))
 
     def to_dict(self) -> dict[str, Any]:
         data = {name: getattr(self, name) for name in self.__dataclass_fields__}
         data["at"] = self.at.isoformat() if self.at is not None else None
         data["documents"] = list(self.documents)
+        data["keys"] = list(self.keys)
         return data
 
 
@@ -162,6 +186,7 @@ def _text(value: Any) -> str:
 
 
 __all__ = [
+    "AUDIT_KEY_INDEX",
     "AUDIT_RETENTION",
     "AuditEntry",
     "AuditKind",

@@ -72,6 +72,8 @@ class Refusal(StrEnum):
     """A replica holds it now, and the action was not forced."""
     UNHANDLED_PHASE = "unhandled_phase"
     """No live replica handles the phase it would be sent to."""
+    UNHANDLED_SCOPE = "unhandled_scope"
+    """A pause of a collection, phase or handler no live replica has, and not forced."""
     NO_ERROR_PHASE = "no_error_phase"
     """A retry without a phase, of a document with no recorded error to take one from."""
     ALREADY_FREE = "already_free"
@@ -165,6 +167,22 @@ class UnhandledPhase(OperatorError):
         self.collection = collection
         self.target = target
         self.handled = handled
+
+
+class UnhandledScope(OperatorError):
+    """A pause of a collection, phase or handler no live replica has: most likely a typo,
+    which would pause nothing while looking done. ``unknown``: what it names that they
+    lack, in words; ``known``: what they have there. Forcing it is the operator's explicit
+    choice (a pause holds for replicas started later too)."""
+
+    refusal = Refusal.UNHANDLED_SCOPE
+
+    def __init__(self, scope: str, unknown: str, known: list[str], why: str) -> None:
+        shown = ", ".join(known) or "none"
+        super().__init__(f"{unknown} ({why}); they have: {shown}")
+        self.scope = scope
+        self.unknown = unknown
+        self.known = known
 
 
 class NoErrorPhase(OperatorError):

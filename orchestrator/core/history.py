@@ -185,9 +185,17 @@ class Entry:
 
 
 def entries(doc: Mapping[str, Any]) -> list[Entry]:
-    """A document's history, oldest first; none when the field is absent or no list."""
+    """A document's history, oldest first (as stored); none when the field is absent or
+    no list."""
     value = doc.get(HISTORY_FIELD)
     return [Entry.read(item) for item in value] if isinstance(value, list) else []
+
+
+def latest_first(doc: Mapping[str, Any]) -> list[Entry]:
+    """A document's history as every tool shows it (the command line, the page, its JSON
+    API, ``Operations.history``): the latest entry first, as the audit trail and the
+    latest errors are."""
+    return entries(doc)[::-1]
 
 
 def _text(value: Any) -> str:
@@ -210,6 +218,7 @@ __all__ = [
     "Entry",
     "EntryKind",
     "entries",
+    "latest_first",
     "merge",
     "operator_entry",
     "push",

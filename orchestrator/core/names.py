@@ -52,3 +52,6 @@ AUDIT_INDEX_NAME = "orchestrator_audit_expiry"
 
 AUDIT_ORDER_INDEX_NAME = "orchestrator_audit_order"
 """The audit trail's latest-first index (``audit.AUDIT_ORDER_INDEX``)."""
+
+AUDIT_KEY_INDEX_NAME = "orchestrator_audit_keys"
+"""The audit trail's index by business key (``audit.AUDIT_KEY_INDEX``)."""

@@ -50,6 +50,7 @@ from orchestrator.core.errors import (
     OperatorError,
     Refusal,
     UnhandledPhase,
+    UnhandledScope,
 )
 from orchestrator.core.history import Entry
 from orchestrator.core.pauses import Pause, Scope
@@ -146,6 +147,7 @@ __all__ = [
     "Tree",
     "Triggered",
     "UnhandledPhase",
+    "UnhandledScope",
     "UnindexedField",
     "default_actor",
     "error_phase",

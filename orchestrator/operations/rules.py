@@ -7,7 +7,7 @@ does to the documents a document owns, and who holds it now.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
@@ -15,8 +15,9 @@ from typing import Any, TypeVar
 
 from orchestrator.core import history, replicas
 from orchestrator.core.clock import as_utc
-from orchestrator.core.errors import OperatorError, UnhandledPhase
+from orchestrator.core.errors import OperatorError, Refusal, UnhandledPhase, UnhandledScope
 from orchestrator.core.in_house import IN_HOUSE_HOLDER, NO_IN_HOUSE, InHouse
+from orchestrator.core.pauses import Scope
 from orchestrator.core.replicas import ReplicaRecord
 
 T = TypeVar("T", str, int)
@@ -101,6 +102,51 @@ def check_target(
     raise UnhandledPhase(collection, target, sorted(handled), why)
 
 
+def check_scope(scope: Scope, records: Sequence[ReplicaRecord]) -> None:
+    """Refuse a pause of what no live replica has (``UnhandledScope``, naming what they
+    do have): a collection none of their handlers works on, a phase none takes by name,
+    a handler none runs there (or not of that phase). Such a pause covers nothing now, and
+    is most likely a typo that would look done. With no replica live, nothing can be
+    judged: refused too (forcing is the operator's call, as for ``check_target``)."""
+    why = "no replica is live" if not records else "on any live replica"
+    handlers = [h for r in records for h in r.handlers if h.collection == scope.collection]
+    if not handlers:
+        known = sorted({h.collection for r in records for h in r.handlers})
+        unknown = f"no handler works on collection {scope.collection!r}"
+        raise UnhandledScope(scope.describe(), unknown, known, why)
+    if scope.phase is not None and scope.phase not in {h.phase for h in handlers}:
+        known = sorted({h.phase for h in handlers if h.phase is not None})
+        unknown = f"no handler takes phase {scope.phase!r} of {scope.collection!r}"
+        raise UnhandledScope(scope.describe(), unknown, known, why)
+    names = {h.name for h in handlers if scope.phase in (None, h.phase)}
+    if scope.handler is not None and scope.handler not in names:
+        where = f"phase {scope.phase!r} of " if scope.phase is not None else ""
+        unknown = f"no handler {scope.handler!r} runs on {where}{scope.collection!r}"
+        raise UnhandledScope(scope.describe(), unknown, sorted(names), why)
+
+
+def audit_keys(typed: str, declared: Iterable[tuple[str, ...]]) -> list[str]:
+    """The business keys (``FIELD=VALUE``, as the audit trail records them) a search of
+    it for ``typed`` looks for: as typed when it names its field (``number=INV-1003``);
+    else ``typed`` as the value of each one-field key ``declared`` (the unique keys of the
+    collections the live replicas work on). ``OperatorError`` when it names no field and
+    none is declared."""
+    typed = typed.strip()
+    if not typed:
+        raise OperatorError("a business key is FIELD=VALUE, or a value of the one-field key")
+    if "=" in typed:
+        field, _, value = typed.partition("=")
+        return [f"{field.strip()}={value.strip()}"]
+    fields = sorted({keys[0] for keys in declared if len(keys) == 1})
+    if not fields:
+        raise OperatorError(
+            f"no collection the live replicas work on has a one-field business key to read"
+            f" {typed!r} as: give FIELD=VALUE",
+            refusal=Refusal.NO_UNIQUE_KEY,
+        )
+    return [f"{field}={typed}" for field in fields]
+
+
 def done_with(records: Sequence[ReplicaRecord], collection: str, phase: Any) -> bool:
     """Whether a document of ``collection`` in ``phase`` is done with, as the ``records``
     of the live replicas say: no handler of theirs takes that phase, by its name or by a
@@ -181,9 +227,11 @@ __all__ = [
     "Holding",
     "Live",
     "Signed",
+    "audit_keys",
     "cancelled_phase",
     "check_children",
     "check_phase_name",
+    "check_scope",
     "check_target",
     "done_with",
     "error_phase",

@@ -9,7 +9,8 @@ phase or a handler (``/pause``, ``/resume``, with a reason).
 Who acts is the ``actor`` the mounting application gives (``operator_app``), recorded
 with the reason in the audit trail and the documents' histories. A retry or cancel to a
 phase no live replica handles is refused with the phases they do handle, and the refusal
-offers to send it anyway (``any_phase``), explicitly. A finished action says what it did
+offers to send it anyway (``any_phase``), explicitly; so is a pause of what no live
+replica has (``force``). A finished action says what it did
 once: a one-document action on the document's page (``done=``, which the page's reload
 drops), a bulk action on its own result page.
 """
@@ -39,11 +40,12 @@ from orchestrator.operations import (
     Row,
     Scope,
     UnhandledPhase,
+    UnhandledScope,
     error_phase,
     holding,
 )
 from orchestrator.web.browse import selection_of
-from orchestrator.web.inputs import Refused, Selection, form, named, parse_ref
+from orchestrator.web.inputs import Refused, Resend, Selection, form, named, parse_ref
 from orchestrator.web.permits import WebAction
 from orchestrator.web.site import Links, Site
 from orchestrator.web.views import MISSING, Fleet, error_view, text
@@ -262,8 +264,8 @@ async def _applying(
 def _unhandled(exc: UnhandledPhase, target: str, fields: Mapping[str, Sequence[str]]) -> Refused:
     """A refusal of a phase no live replica handles, offering the same form again with
     the box that sends it there anyway."""
-    resent = [(k, v) for k, values in fields.items() if k != "any_phase" for v in values]
-    return Refused(422, str(exc), kind="UnhandledPhase", resend=(target, resent))
+    resend = Resend.of(target, fields, "any_phase")
+    return Refused(422, str(exc), kind="UnhandledPhase", resend=resend)
 
 
 # -- every document of a filter --------------------------------------------------------------
@@ -391,8 +393,11 @@ async def pause_confirm(site: Site, verb: str, request: Request, links: Links) -
 
 
 async def pause(site: Site, verb: str, request: Request, links: Links) -> Response:
-    """Pause or resume, then the overview, whose banner says what is paused now."""
-    given = _last(await form(request))
+    """Pause or resume, then the overview, whose banner says what is paused now. A pause
+    of what no live replica has is refused unless the operator ticked its box
+    (``force``), and the refusal offers the form again with that box."""
+    fields = await form(request)
+    given = _last(fields)
     scope = _scope(given)
     why = given.get("reason", "").strip()
     await site.allow(
@@ -406,7 +411,13 @@ async def pause(site: Site, verb: str, request: Request, links: Links) -> Respon
         raise Refused(400, "give a reason: it is shown with the pause, and kept in the audit")
     by = site.actor(request)
     if verb == "pause":
-        done = "paused" if await site.operations.pause(scope, by=by, why=why) else "already-paused"
+        force = given.get("force") == "yes"
+        try:
+            paused = await site.operations.pause(scope, force=force, by=by, why=why)
+        except UnhandledScope as exc:
+            resend = Resend.of(links.action(verb), fields, "force")
+            raise Refused(422, str(exc), kind="UnhandledScope", resend=resend) from None
+        done = "paused" if paused else "already-paused"
     else:
         done = "resumed" if await site.operations.resume(scope, by=by, why=why) else "not-paused"
     site.changed()

@@ -14,8 +14,10 @@ Reads (GET):
   an action on it posts back), its ``history``, and its ``tree`` (``Tree.to_dict()``:
   its parent, its children with their phase and whether they ended, what it waits for
   in words and fields, its inbox of signals with their payloads shortened and redacted).
-- ``/api/audit?limit=``: the audit trail, latest first; ``/api/pauses``: the pauses in
-  force, each with the live replicas that honour it and those that do not yet.
+- ``/api/audit?limit=&key=``: the audit trail, latest first (each entry's ``documents``
+  with their business ``keys``; ``key``: only those naming that business key);
+  ``/api/pauses``: the pauses in force, each with the live replicas that honour it and
+  those that do not yet.
 - ``/api/schedules``: every schedule (``ScheduleRow.to_dict()``); ``/api/schedule?name=
   &runs=``: one, with its latest ``runs`` (``ScheduleRun.to_dict()``).
 
@@ -32,7 +34,9 @@ Actions (POST, ``Content-Type: application/json``, a JSON object):
   (``payload``: any JSON, Extended JSON read) sent to the document, as a replica sends it;
   the answer's ``woke`` says whether it waited for it (then due at once, for the
   replicas' next tick).
-- ``/api/pause``, ``/api/resume``: ``{"c", "phase", "handler", "reason"}``.
+- ``/api/pause``, ``/api/resume``: ``{"c", "phase", "handler", "reason"}``; a pause of
+  what no live replica has (a collection, phase or handler) is refused (422,
+  ``UnhandledScope``, with ``known``) unless ``"force": true``.
 - ``/api/schedule/pause``, ``/resume``, ``/trigger``: ``{"name", "reason"}``;
   ``/api/schedule/backfill``: ``{"name", "reason", "from", "to"}`` (dates as
   ``{"$date": "2026-01-01T00:00:00Z"}``).
@@ -44,8 +48,9 @@ as refused, a dry run too (it is the action's confirmation).
 Errors are ``{"error": message, "kind": name}``: 400 malformed, 403 cross-site or not
 permitted, 404 no such collection, document or schedule, 409 the document changed (or a
 live lease holds it, or an id names two: ``documents`` lists them), 415 not JSON, 422
-refused as asked (a phase no live replica handles, with ``handled``; no error phase to
-retry to; a filter no index serves), 503 the database did not answer.
+refused as asked (a phase no live replica handles, with ``handled``; a pause of what none
+has, with ``known``; no error phase to retry to; a filter no index serves), 503 the
+database did not answer.
 """
 
 from __future__ import annotations
@@ -65,7 +70,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from orchestrator.core.errors import ConfigError, StoreError
-from orchestrator.core.history import HISTORY_FIELD, entries
+from orchestrator.core.history import HISTORY_FIELD, latest_first
 from orchestrator.operations import (
     Action,
     AmbiguousId,
@@ -80,6 +85,7 @@ from orchestrator.operations import (
     Row,
     Scope,
     UnhandledPhase,
+    UnhandledScope,
     UnindexedField,
     error_phase,
     id_json,
@@ -97,7 +103,7 @@ __all__ = ["routes"]
 ONE = frozenset({"c", "ref", "seen", "to", "force", "any_phase", "children", "reason"})
 MANY = frozenset({"c", "filter", "dry_run", "to", "force", "any_phase", "children", "reason"})
 SIGNAL = frozenset({"c", "ref", "name", "payload", "reason"})
-PAUSE = frozenset({"c", "phase", "handler", "reason"})
+PAUSE = frozenset({"c", "phase", "handler", "force", "reason"})
 SCHEDULE = frozenset({"name", "reason"})
 SCHEDULE_ACTIONS = ("pause", "resume", "trigger", "backfill")
 BACKFILL = frozenset({"name", "reason", "from", "to"})
@@ -157,13 +163,15 @@ def _failure(exc: Exception) -> tuple[int, dict[str, Any]] | None:
         return 409, body
     if isinstance(exc, UnhandledPhase):
         body["handled"] = exc.handled
-        return 422, body
+    if isinstance(exc, UnhandledScope):
+        body["error"] = f"{exc}; send force: true to pause it all the same"
+        body["known"] = exc.known
     if isinstance(exc, OperatorError) and exc.refusal is Refusal.NOT_FOUND:
         return 404, body  # an unknown schedule too
     for kinds, code in (
         (DocumentNotFound, 404),
         ((DocumentChanged, LeaseHeld), 409),
-        ((NoErrorPhase, UnindexedField), 422),
+        ((NoErrorPhase, UnindexedField, UnhandledPhase, UnhandledScope), 422),
         ((OperatorError, ConfigError), 400),
         (StoreError, 503),
     ):
@@ -206,14 +214,16 @@ async def document(site: Site, request: Request) -> dict[str, Any]:
         "badge": {"state": badge.name, "note": badge.note},
         "seen": _relaxed(seen),
         "document": _relaxed(fields),
-        "history": [entry.to_dict() for entry in entries(doc)],
+        "history": [entry.to_dict() for entry in latest_first(doc)],
         "tree": tree.to_dict(),
     }
 
 
 async def audit(site: Site, request: Request) -> dict[str, Any]:
     limit = _integer(request.query_params.get("limit"), 50, 1000, "limit")
-    return {"entries": [entry.to_dict() for entry in await site.operations.audit(limit)]}
+    key = request.query_params.get("key", "").strip() or None
+    trail = await site.operations.audit(limit, key=key)
+    return {"entries": [entry.to_dict() for entry in trail]}
 
 
 async def pauses(site: Site, request: Request) -> dict[str, Any]:
@@ -345,10 +355,12 @@ async def pause(pausing: bool, site: Site, request: Request) -> dict[str, Any]:
     asked = {"phase": body.get("phase") or "", "handler": body.get("handler") or ""}
     await _allow(site, request, WebAction.PAUSE if pausing else WebAction.RESUME, body, scope=asked)
     _only(body, PAUSE)
+    if not pausing and "force" in body:
+        raise Refused(400, "force is a pause's: a resume ends any pause named as it was paused")
     scope = Scope(_text(body, "c"), _text(body, "phase") or None, _text(body, "handler") or None)
     by, why = site.actor(request), _text(body, "reason")
     if pausing:
-        done = await site.operations.pause(scope, by=by, why=why)
+        done = await site.operations.pause(scope, force=_flag(body, "force"), by=by, why=why)
     else:
         done = await site.operations.resume(scope, by=by, why=why)
     site.changed()

@@ -84,7 +84,7 @@ from starlette.routing import Mount, Route
 
 from orchestrator.core.documents import Document
 from orchestrator.core.errors import ConfigError
-from orchestrator.core.history import entries
+from orchestrator.core.history import latest_first
 from orchestrator.core.names import (
     AUDIT_COLLECTION,
     PAUSES_COLLECTION,
@@ -108,8 +108,6 @@ from orchestrator.web.views import (
 
 __all__ = ["operator_app"]
 
-MOVING = frozenset({"leased", "overdue", "waiting", "free"})
-"""The lease badges of a document that changes by itself: its page reloads itself."""
 
 NOTICES = {
     "unlocked": "Unlocked: the document is claimable at once.",
@@ -280,7 +278,7 @@ async def document(site: Site, request: Request, links: Links) -> Response:
         status=status,
         # Reloaded while it moves on its own; at rest (failed, paused, done) it stays, and
         # so does a traceback the operator opened.
-        refreshing=badge.name in MOVING,
+        refreshing=badge.moving,
         at=now,
         notice=NOTICES.get(params.get("done", "")),
         collection=collection,
@@ -293,7 +291,7 @@ async def document(site: Site, request: Request, links: Links) -> Response:
         lease=[(label, name, doc.get(name, MISSING)) for name, label in LEASE_ROWS],
         last_error=error_view(doc.get("lastError")),
         previous_error=error_view(doc.get("previousError")),
-        history=list(reversed(entries(doc))),
+        history=latest_first(doc),
         fields=other_fields(doc),
         tree=tree,
         children_shown=CHILDREN_SHOWN,
@@ -314,6 +312,8 @@ def _offers(row: Row, cancelled: str) -> list[str]:
 
 
 async def audit(site: Site, request: Request, links: Links) -> Response:
-    """The audit trail: operators' actions and leases taken over, latest first."""
-    trail = await site.operations.audit(limit=200)
-    return await site.render(request, links, "audit.html", refreshing=True, trail=trail)
+    """The audit trail: operators' actions and leases taken over, latest first; ``key``:
+    only those naming a document by that business key."""
+    key = request.query_params.get("key", "").strip()
+    trail = await site.operations.audit(limit=200, key=key or None)
+    return await site.render(request, links, "audit.html", refreshing=not key, trail=trail, key=key)

@@ -29,6 +29,7 @@ from orchestrator.operations import AsyncOperations, Filter, LeaseState, id_json
 __all__ = [
     "MAX_BODY_BYTES",
     "Refused",
+    "Resend",
     "Selection",
     "cross_site",
     "form",
@@ -44,12 +45,28 @@ MAX_FIELDS = 64
 """Fields of a form: a bulk action's carries its filter (a phase per field) besides its own."""
 
 
+@dataclass(frozen=True)
+class Resend:
+    """A refused form (its URL and fields), offered again with the box that forces it
+    for the operator to tick: ``flag``, the field it sets (``any_phase``: a phase no live
+    replica handles; ``force``: a pause of what no live replica has)."""
+
+    target: str
+    fields: list[tuple[str, str]]
+    flag: str = "any_phase"
+
+    @classmethod
+    def of(cls, target: str, fields: Mapping[str, Sequence[str]], flag: str) -> Resend:
+        """``fields`` as posted, but ``flag``: the box is the operator's to tick."""
+        resent = [(k, v) for k, values in fields.items() if k != flag for v in values]
+        return cls(target, resent, flag)
+
+
 class Refused(Exception):
     """A request answered with an explanation and an HTTP status, not a result;
     ``choices``: links (text, URL) to the documents the request may have meant; ``kind``:
     the refusal's name for the JSON API (``{"error", "kind"}``); ``resend``: the form
-    posted (its URL and fields), for the page to offer it again with ``any_phase`` ticked
-    by the operator."""
+    posted, for the page to offer it again with its forcing box."""
 
     def __init__(
         self,
@@ -57,7 +74,7 @@ class Refused(Exception):
         message: str,
         choices: Sequence[tuple[str, str]] = (),
         kind: str = "BadRequest",
-        resend: tuple[str, list[tuple[str, str]]] | None = None,
+        resend: Resend | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status

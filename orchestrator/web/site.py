@@ -28,7 +28,7 @@ from orchestrator.operations import (
     Status,
     id_json,
 )
-from orchestrator.web.inputs import Refused, Selection, parse_ref
+from orchestrator.web.inputs import Refused, Resend, Selection, parse_ref
 from orchestrator.web.permits import Permission, WebAction
 from orchestrator.web.views import MISSING, Fleet, environment, text
 
@@ -173,7 +173,7 @@ class Site:
         code: int,
         message: str,
         choices: list[tuple[str, str]] | None = None,
-        resend: tuple[str, list[tuple[str, str]]] | None = None,
+        resend: Resend | None = None,
     ) -> Response:
         """A refusal's page (no banner: it is drawn without reading the database)."""
         return self.html(

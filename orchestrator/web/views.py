@@ -80,7 +80,17 @@ def environment() -> Environment:
     env.filters["seconds"] = _seconds
     env.filters["ago"] = _ago
     env.filters["took"] = _took
+    env.filters["plain_ref"] = plain_ref
     return env
+
+
+def plain_ref(ref: str) -> str:
+    """A document's id as an audit entry records it (Extended JSON) shown as the page
+    shows ids; as recorded when it does not parse."""
+    try:
+        return text(parse_id_json(ref))
+    except OperatorError:
+        return ref
 
 
 # -- what the live replicas tell --------------------------------------------------------------
@@ -88,11 +98,13 @@ def environment() -> Environment:
 
 @dataclass(frozen=True)
 class Badge:
-    """A lease state as the page shows it: ``name`` (also its CSS class) and what it means
-    for the document, in a sentence."""
+    """A lease state as the page shows it: ``name`` (also its CSS class; the lease state
+    the command line and the JSON API name it by) and what it means for the document, in
+    a sentence; ``moving``: whether it changes by itself (its page reloads itself)."""
 
     name: str
     note: str
+    moving: bool = False
 
 
 @dataclass
@@ -201,39 +213,42 @@ class Fleet:
             )
         handled, any_phase = records.handled_phases(self.replicas, collection)
         if row.phase in handled or any_phase:
-            return Badge("free", "a handler of its phase may claim it now")
-        return Badge("at rest", f"no live replica handles phase {row.phase}: it rests there")
+            return Badge("free", "a handler of its phase may claim it now", moving=True)
+        return Badge("free", f"no live replica handles phase {row.phase}: it rests there")
 
     def _lease_badge(self, row: Row) -> Badge | None:
         """``row``'s badge when a lease or a wait names it (leased, overdue, waiting);
         None when it is free of both."""
         if row.state is LeaseState.LEASED:
             return Badge(
-                "leased", f"held by {row.holder}'s live lease until {when(row.until, self.at)}"
+                "leased",
+                f"held by {row.holder}'s live lease until {when(row.until, self.at)}",
+                moving=True,
             )
         if row.state is LeaseState.OVERDUE:
             return Badge(
                 "overdue",
                 f"{row.holder}'s lease ran out unreleased (it died or is stuck): any replica "
                 "may take it over",
+                moving=True,
             )
         if row.state is LeaseState.WAITING and row.wait is not None:
-            return Badge("waiting", f"{row.wait}; looked at again by {when(row.until, self.at)}")
+            return Badge(
+                "waiting", f"{row.wait}; looked at again by {when(row.until, self.at)}", moving=True
+            )
         if row.state is LeaseState.WAITING:
             return Badge(
                 "waiting",
                 f"sitting out a relock or retry, or a later start set at submit, until"
                 f" {when(row.until, self.at)}",
+                moving=True,
             )
         return None
 
     def takeover(self, entry: AuditEntry) -> dict[str, Any]:
         """A take-over as the page says it: whose lease, on which document, by whom."""
         ref = entry.documents[0] if entry.documents else None
-        try:
-            shown = text(parse_id_json(ref)) if ref is not None else "?"
-        except OperatorError:
-            shown = ref or "?"
+        shown = plain_ref(ref) if ref else "?"
         return {
             "at": entry.at,
             "by": entry.by,

@@ -124,6 +124,16 @@ def exact_id_filter(doc_id: Any) -> dict[str, Any]:
     return {"_id": {"$eq": doc_id}}
 
 
+def audit_filter(kind: str | None = None, keys: Iterable[str] = ()) -> dict[str, Any]:
+    """The audit trail's entries of ``kind`` (all, when None) naming a document by one of
+    the business keys ``keys`` (each ``FIELD=VALUE``; any entry, when none given)."""
+    query: dict[str, Any] = {} if kind is None else {"kind": {"$eq": kind}}
+    wanted = sorted(set(keys))
+    if wanted:
+        query["keys"] = {"$in": wanted}
+    return query
+
+
 def operator_unlock_update() -> dict[str, Any]:
     """An operator's unlock: claimable at once, counters untouched, and no note of the
     last step's error may land after it (``lastToken`` goes, as ``released_fence`` asks

@@ -49,6 +49,7 @@ from orchestrator.core.errors import ConfigError, StoreError
 from orchestrator.core.in_house import IN_HOUSE_INDEX, InHouse
 from orchestrator.core.names import (
     AUDIT_INDEX_NAME,
+    AUDIT_KEY_INDEX_NAME,
     AUDIT_ORDER_INDEX_NAME,
     CLAIM_INDEX_NAME,
     ERRORS_INDEX_NAME,
@@ -511,8 +512,8 @@ class AsyncStore:
         return pauses.read_all(docs)
 
     async def append_audit(self, name: str, entry: Mapping[str, Any]) -> None:
-        """Add ``entry`` to the audit trail, whose TTL index (and the index listing it
-        latest first) this store makes first, once."""
+        """Add ``entry`` to the audit trail, whose TTL index (and the indexes listing it
+        latest first, and by business key) this store makes first, once."""
         if name not in self._audit_indexed:
             await self.ensure_index(
                 name,
@@ -526,6 +527,9 @@ class AsyncStore:
                 audit.AUDIT_ORDER_INDEX,
                 index_name=AUDIT_ORDER_INDEX_NAME,
                 unique=False,
+            )
+            await self.ensure_index(
+                name, audit.AUDIT_KEY_INDEX, index_name=AUDIT_KEY_INDEX_NAME, unique=False
             )
             self._audit_indexed.add(name)
         with self.errors(f"append to {name}"):

@@ -204,6 +204,7 @@ class AsyncBulkActions:
             scope=scope,
             documents=[r.ref or r.id for r in result.changed],
             count=len(result.changed),
+            keys=[r.key for r in result.changed],
             failed=None if failed is None else failure_text(failed),
         )
         reports, audit = self._reads.reports, self._reads.audit_collection

@@ -197,10 +197,11 @@ class AsyncReportStore(Protocol):
         ...
 
     async def read_audit(
-        self, name: str, limit: int, kind: AuditKind | None = None
+        self, name: str, limit: int, kind: AuditKind | None = None, keys: Sequence[str] = ()
     ) -> list[AuditEntry]:
-        """The latest ``limit`` entries of the audit trail (of ``kind`` only, if given),
-        latest first.
+        """The latest ``limit`` entries of the audit trail (of ``kind`` only, if given;
+        naming a document by one of the business keys ``keys`` only, if given), latest
+        first.
 
         :raises StoreError: the read failed
         """
@@ -378,9 +379,9 @@ class AsyncReports:
         await self._store.append_audit(name, entry)
 
     async def read_audit(
-        self, name: str, limit: int, kind: AuditKind | None = None
+        self, name: str, limit: int, kind: AuditKind | None = None, keys: Sequence[str] = ()
     ) -> list[AuditEntry]:
-        query = {} if kind is None else {"kind": {"$eq": kind.value}}
+        query = operators.audit_filter(None if kind is None else kind.value, keys)
         with driver_errors(f"read the audit trail {name}"):
             cursor = self._store.collection(name).find(query).sort(audit.AUDIT_SORT)
             docs = await cursor.limit(limit).to_list()

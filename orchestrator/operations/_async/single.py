@@ -8,7 +8,7 @@ write (``act``) and the audit record (``record``) serve the bulk actions too
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TypeVar
@@ -19,6 +19,7 @@ from orchestrator.core.documents import Document, id_json_or_text
 from orchestrator.core.errors import DocumentChanged, DocumentNotFound, LeaseHeld, NoErrorPhase
 from orchestrator.core.queries import operators
 from orchestrator.operations._async.reads import AsyncReads
+from orchestrator.operations.filters import business_key
 from orchestrator.operations.results import Cancelled, Retried
 from orchestrator.operations.rules import (
     Action,
@@ -65,7 +66,7 @@ class AsyncSingleActions:
         update = operators.operator_unlock_update()
         change = Change(Action.UNLOCK, update, seen.get("phase"), now, signed)
         after = await self.act(collection, seen, change, live, shard=shard)
-        await self.record(collection, change, {"_id": id_json_or_text(seen["_id"])}, [seen["_id"]])
+        await self.record(collection, change, {"_id": id_json_or_text(seen["_id"])}, after, live)
         return after
 
     async def retry(
@@ -137,7 +138,8 @@ class AsyncSingleActions:
         update = operators.operator_move_update(to, now, kept)
         change = Change(kind.action, update, to, now, signed)
         after = await self.act(collection, seen, change, live, shard=shard)
-        await self.record(collection, change, {"_id": id_json_or_text(doc_id), "to": to}, [doc_id])
+        scope = {"_id": id_json_or_text(doc_id), "to": to}
+        await self.record(collection, change, scope, after, live)
         return kind(after, source, to, now, server is not None, held)
 
     async def act(
@@ -188,18 +190,20 @@ class AsyncSingleActions:
         raise DocumentChanged(collection, doc_id)
 
     async def record(
-        self, collection: str, change: Change, scope: Mapping[str, Any], ids: Sequence[Any]
+        self, collection: str, change: Change, scope: Mapping[str, Any], after: Document, live: Live
     ) -> None:
-        """The audit entry of ``change`` of the documents ``ids`` (``scope``: what the
-        operator named)."""
+        """The audit entry of ``change`` of one document (``after``: as the change left
+        it; ``scope``: what the operator named), naming it by id and business key."""
         reads = self._reads
+        key = business_key(after, await reads.keys(collection, live.records))
         await reads.reports.append_audit(
             reads.audit_collection,
             operator_record(
                 OperatorAct(change.action.value, change.signed.by, change.signed.why, change.now),
                 collection=collection,
                 scope=scope,
-                documents=[id_json_or_text(i) for i in ids],
-                count=len(ids),
+                documents=[id_json_or_text(after["_id"])],
+                count=1,
+                keys=[key],
             ),
         )

@@ -131,6 +131,7 @@ class AsyncTreeActions:
                 scope=scope,
                 documents=[id_json_or_text(doc_id)],
                 count=1,
+                keys=[key],
             ),
         )
         return Delivered(sending.signal.id, woke)
@@ -183,7 +184,7 @@ class AsyncTreeActions:
                 )
                 if len(children) > budget.room:
                     cut, children = True, children[: budget.room]
-                done: list[Any] = []
+                done: list[Mapping[str, Any]] = []
                 for child in children:
                     mark = (where, id_json_or_text(child.get("_id")))
                     if mark in budget.met:
@@ -195,11 +196,11 @@ class AsyncTreeActions:
                     seen = Descendant(where, text, mark[1], owner.name, _phase(child))
                     if await self._cancel(where, child, owner.name, target, reach):
                         cancelled.append(seen)
-                        done.append(child["_id"])
+                        done.append(child)
                     else:
                         left.append(seen)
                 if done:
-                    await self._record(where, owner.ref, root_ref, target, reach, ids=done)
+                    await self._record(where, owner.ref, root_ref, target, reach, done=done)
                 if cut:
                     break
         return Cascade(Children.CANCEL, tuple(cancelled), tuple(left), cut)
@@ -235,19 +236,29 @@ class AsyncTreeActions:
         return False
 
     async def _record(
-        self, where: str, owner: str, root: str, target: str, reach: Reach, *, ids: list[Any]
+        self,
+        where: str,
+        owner: str,
+        root: str,
+        target: str,
+        reach: Reach,
+        *,
+        done: list[Mapping[str, Any]],
     ) -> None:
-        """The audit record of the descendants in ``where`` cancelled as ``owner``'s, in the
-        cancel of ``root`` (each ``_Owner.ref``)."""
+        """The audit record of the descendants ``done`` in ``where`` cancelled as
+        ``owner``'s, in the cancel of ``root`` (each ``_Owner.ref``), by id and business
+        key."""
         reads, signed = self._reads, reach.signed
+        keys = await reads.keys(where, reach.live.records)
         await reads.reports.append_audit(
             reads.audit_collection,
             operator_record(
                 OperatorAct(Action.CANCEL.value, signed.by, signed.why, reach.now),
                 collection=where,
                 scope={"cascadeFrom": owner, "root": root, "to": target},
-                documents=[id_json_or_text(i) for i in ids],
-                count=len(ids),
+                documents=[id_json_or_text(child["_id"]) for child in done],
+                count=len(done),
+                keys=[business_key(child, keys) for child in done],
             ),
         )
 

@@ -199,8 +199,8 @@ class Reads:
         return self.reports.count(query.collection, plan, limit) if plan else 0
 
     def history(self, collection: str, doc_id: Any) -> list[history.Entry]:
-        """The document's history, oldest first (``history``)."""
-        return history.entries(self.document(collection, doc_id))
+        """The document's history, latest entry first (``history.latest_first``)."""
+        return history.latest_first(self.document(collection, doc_id))
 
     def tree(
         self, collection: str, doc: Mapping[str, Any], live: Sequence[ReplicaRecord] | None = None
@@ -272,6 +272,17 @@ class Reads:
         return filters.plan(query, now, phases, indexes, after=after, in_house=in_house)
 
     # -- what every action reads ------------------------------------------------------
+
+    def declared_keys(self) -> list[tuple[str, ...]]:
+        """The business keys (``keys``) of every collection the live replicas work on
+        (their handlers' and their submits' collections): one read of indexes each."""
+        live = self.replicas()
+        names = {h.collection for r in live for h in r.handlers}
+        names.update(name for r in live for name, _ in r.unique)
+        found: list[tuple[str, ...]] = []
+        for name in sorted(names):
+            found += [k for k in self.keys(name, live) if k not in found]
+        return found
 
     def keys(
         self, collection: str, live: list[ReplicaRecord] | None = None

@@ -195,9 +195,12 @@ class ReportStore(Protocol):
         """
         ...
 
-    def read_audit(self, name: str, limit: int, kind: AuditKind | None = None) -> list[AuditEntry]:
-        """The latest ``limit`` entries of the audit trail (of ``kind`` only, if given),
-        latest first.
+    def read_audit(
+        self, name: str, limit: int, kind: AuditKind | None = None, keys: Sequence[str] = ()
+    ) -> list[AuditEntry]:
+        """The latest ``limit`` entries of the audit trail (of ``kind`` only, if given;
+        naming a document by one of the business keys ``keys`` only, if given), latest
+        first.
 
         :raises StoreError: the read failed
         """
@@ -374,8 +377,10 @@ class Reports:
     def append_audit(self, name: str, entry: Mapping[str, Any]) -> None:
         self._store.append_audit(name, entry)
 
-    def read_audit(self, name: str, limit: int, kind: AuditKind | None = None) -> list[AuditEntry]:
-        query = {} if kind is None else {"kind": {"$eq": kind.value}}
+    def read_audit(
+        self, name: str, limit: int, kind: AuditKind | None = None, keys: Sequence[str] = ()
+    ) -> list[AuditEntry]:
+        query = operators.audit_filter(None if kind is None else kind.value, keys)
         with driver_errors(f"read the audit trail {name}"):
             cursor = self._store.collection(name).find(query).sort(audit.AUDIT_SORT)
             docs = cursor.limit(limit).to_list()

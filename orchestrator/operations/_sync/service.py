@@ -51,7 +51,15 @@ from orchestrator.operations._sync.trees import Reach, TreeActions
 from orchestrator.operations.actor import default_actor
 from orchestrator.operations.filters import Filter, Page
 from orchestrator.operations.results import Bulk, Cancelled, Cascade, Retried
-from orchestrator.operations.rules import Action, Children, Live, Signed, check_children
+from orchestrator.operations.rules import (
+    Action,
+    Children,
+    Live,
+    Signed,
+    audit_keys,
+    check_children,
+    check_scope,
+)
 from orchestrator.operations.schedule_report import (
     Backfilled,
     ScheduleRow,
@@ -75,8 +83,9 @@ class Operations:
 
     Failures are ``OrchestratorError``s: ``StoreError`` when the database fails,
     ``OperatorError`` (``DocumentNotFound``, ``AmbiguousId``, ``DocumentChanged``,
-    ``LeaseHeld``, ``UnhandledPhase``, ``NoErrorPhase``, ``UnindexedField``) when a
-    request cannot be carried out as asked; ``ConfigError`` for a signal that is none.
+    ``LeaseHeld``, ``UnhandledPhase``, ``UnhandledScope``, ``NoErrorPhase``,
+    ``UnindexedField``) when a request cannot be carried out as asked; ``ConfigError`` for
+    a signal that is none.
 
     A retry or cancel that leaves a document in a phase the live replicas are done with
     wakes its owner (``orchestratorOwner``) if the owner waits for its children: the
@@ -169,7 +178,8 @@ class Operations:
         return self._read.count(query, limit)
 
     def history(self, collection: str, doc_id: Any) -> list[history.Entry]:
-        """The document's history, oldest first (``history``)."""
+        """The document's history, the latest entry first (``history.latest_first``), as
+        every tool shows it."""
         return self._read.history(collection, doc_id)
 
     def tree(
@@ -343,9 +353,20 @@ class Operations:
 
     # -- pauses and the audit trail -------------------------------------------------------
 
-    def pause(self, scope: Scope, *, by: str | None = None, why: str = "") -> bool:
+    def pause(
+        self, scope: Scope, *, force: bool = False, by: str | None = None, why: str = ""
+    ) -> bool:
         """Pause ``scope`` on every replica: within a heartbeat interval none claims
-        anything of it (steps running finish). False when it was paused already."""
+        anything of it (steps running finish). False when it was paused already.
+
+        A collection, phase or handler no live replica has is refused unless ``force``
+        (such a pause covers nothing now, and holds for replicas started later): a typo
+        would otherwise look done.
+
+        :raises UnhandledScope: no live replica has what ``scope`` names, and not ``force``
+        """
+        if not force:
+            check_scope(scope, self.replicas())
         signed = self._signed(by, why)
         now = self.now()
         done = self._reports.write_pause(
@@ -395,9 +416,18 @@ class Operations:
         """The pauses in force."""
         return self._reports.read_pauses(self._pauses)
 
-    def audit(self, limit: int = 50) -> list[AuditEntry]:
-        """The audit trail, latest first: operators' actions, and leases taken over."""
-        return self._reports.read_audit(self._audit, limit)
+    def audit(self, limit: int = 50, *, key: str | None = None) -> list[AuditEntry]:
+        """The audit trail, latest first: operators' actions, and leases taken over; each
+        operator's entry names the documents it changed by id and business key
+        (``AuditEntry.named``). ``key``: only the entries naming a document by that
+        business key: ``FIELD=VALUE``, or a value of a one-field unique key of a collection
+        the live replicas work on (``audit_keys``).
+
+        :raises OperatorError: ``key`` names no field, and no collection the live
+            replicas work on has a one-field key
+        """
+        keys = () if key is None else audit_keys(key, self._read.declared_keys())
+        return self._reports.read_audit(self._audit, limit, keys=keys)
 
     # -- schedules ---------------------------------------------------------------------
 
