@@ -297,7 +297,16 @@ def test_the_status_pipeline_groups_by_phase_into_the_counts_the_report_reads() 
             "leased": count_if({"$and": [{"$gt": [token, None]}, {"$gt": [until, at]}]}),
             "overdue": count_if({"$and": [{"$gt": [token, None]}, {"$lte": [until, at]}]}),
             "waiting": count_if({"$and": [{"$lte": [token, None]}, {"$gt": [until, at]}]}),
-            "failed": count_if({"$gt": [{"$ifNull": ["$lastError", None]}, None]}),
+            # An error and no give-up mark: tried again; the mark: a handler gave up.
+            "retrying": count_if(
+                {
+                    "$and": [
+                        {"$gt": [{"$ifNull": ["$lastError", None]}, None]},
+                        {"$lte": [{"$ifNull": ["$failedBy", None]}, None]},
+                    ]
+                }
+            ),
+            "failed": count_if({"$gt": [{"$ifNull": ["$failedBy", None]}, None]}),
         }
     }
     assert operators.status_pipeline(now) == [

@@ -281,6 +281,7 @@ def test_the_report_as_json_says_everything_in_plain_types() -> None:
                 "count": 1,
                 "taken_from": "pod-1",
                 "failed": None,
+                "refused": None,
                 "keys": [],
             }
         ],
