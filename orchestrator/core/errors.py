@@ -172,17 +172,20 @@ class UnhandledPhase(OperatorError):
 class UnhandledScope(OperatorError):
     """A pause of a collection, phase or handler no live replica has: most likely a typo,
     which would pause nothing while looking done. ``unknown``: what it names that they
-    lack, in words; ``known``: what they have there. Forcing it is the operator's explicit
-    choice (a pause holds for replicas started later too)."""
+    lack, in words; ``known``: what they have there (None: no replica is live to ask).
+    Forcing it is the operator's explicit choice (a pause holds for replicas started later
+    too)."""
 
     refusal = Refusal.UNHANDLED_SCOPE
 
-    def __init__(self, scope: str, unknown: str, known: list[str], why: str) -> None:
-        shown = ", ".join(known) or "none"
-        super().__init__(f"{unknown} ({why}); they have: {shown}")
+    def __init__(self, scope: str, unknown: str, known: list[str] | None, why: str) -> None:
+        if known is None:
+            super().__init__(f"{scope}: {unknown} ({why})")
+        else:
+            super().__init__(f"{unknown} ({why}); they have: {', '.join(known) or 'none'}")
         self.scope = scope
         self.unknown = unknown
-        self.known = known
+        self.known = known or []
 
 
 class NoErrorPhase(OperatorError):

@@ -108,7 +108,10 @@ def check_scope(scope: Scope, records: Sequence[ReplicaRecord]) -> None:
     a handler none runs there (or not of that phase). Such a pause covers nothing now, and
     is most likely a typo that would look done. With no replica live, nothing can be
     judged: refused too (forcing is the operator's call, as for ``check_target``)."""
-    why = "no replica is live" if not records else "on any live replica"
+    if not records:
+        # Nothing to compare against: no "they have" list to offer.
+        raise UnhandledScope(scope.describe(), "nothing takes it", None, "no replica is live")
+    why = "on any live replica"
     handlers = [h for r in records for h in r.handlers if h.collection == scope.collection]
     if not handlers:
         known = sorted({h.collection for r in records for h in r.handlers})
