@@ -732,3 +732,6 @@ def test_status_at_80_columns_shows_a_long_replica_id_whole(
     assert code == 0
     assert long_id in out
     assert max(len(line) for line in out.splitlines()) <= 80
+    # Too wide for a table in 80: a block per replica, no value or name cut mid-word.
+    flat = " ".join(out.split())
+    assert "engine: threaded" in flat and "concurrency: 4" in flat and "tick: 1s" in flat

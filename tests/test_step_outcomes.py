@@ -242,13 +242,20 @@ async def test_a_success_after_a_failure_is_no_longer_counted_failed(
 
     await orch.submit("jobs", {"phase": "Running"})
     await orch.run_once()
-    assert Operations(db).status().phases[0].failed == 1
+    # Still being retried: counted retrying, not failed (given up on).
+    assert (
+        Operations(db).status().phases[0].retrying,
+        Operations(db).status().phases[0].failed,
+    ) == (1, 0)
     clock.advance(5)
     await orch.run_once()
     doc = _doc(db)
     assert "lastError" not in doc and doc["attempts"] == 0
     assert doc["previousError"]["message"] == "flaky"
-    assert Operations(db).status().phases[0].failed == 0
+    assert (
+        Operations(db).status().phases[0].retrying,
+        Operations(db).status().phases[0].failed,
+    ) == (0, 0)
     assert Operations(db).status().errors == []
 
 

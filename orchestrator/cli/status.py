@@ -143,41 +143,68 @@ def _print_errors(out: Console, operations: Operations, status: Status, errors: 
             listing.print(out)
 
 
+REPLICA_COLUMNS = (
+    "replica",
+    "host",
+    "pid",
+    "engine",
+    "version",
+    "last seen",
+    "lock timeout",
+    "tick",
+    "concurrency",
+    "steps now",
+)
+
+
 def _print_replicas(out: Console, status: Status) -> None:
+    """A table when every cell fits the terminal whole; else one block per replica, its id
+    on a line of its own: a replica's id is what every other tool names it by, and a
+    table of ten columns folded into 80 cuts ids, headers and values mid-word."""
     if not status.replicas:
         out.print("no live replicas (none has recorded itself within its expiry)")
         return
-    table = Table(title="live replicas")
-    # The replica's id whole, whatever the width: it is what every other tool names it by
-    # (the other columns wrap, or fold, to make room).
-    widest = max(len(visible(r.replica_id)) for r in status.replicas)
-    table.add_column("replica", no_wrap=True, min_width=widest)
-    for column in ("host", "pid", "engine", "version", "last seen"):
-        table.add_column(
-            column,
-            justify="right" if column in {"pid", "last seen"} else "left",
-            overflow="fold",
+    rows = [[Text.from_markup(cell) for cell in _replica_cells(r, status)] for r in status.replicas]
+    widths = [
+        max(len(header), *(row[i].cell_len for row in rows))
+        for i, header in enumerate(REPLICA_COLUMNS)
+    ]
+    if sum(widths) + len(widths) - 1 <= out.width:
+        table = Table(
+            title="live replicas", box=box.SIMPLE_HEAD, show_edge=False, padding=(0, 1, 0, 0)
         )
-    for column in ("lock timeout", "tick", "concurrency"):
-        table.add_column(column, justify="right")
-    table.add_column("steps now")
-    for replica in status.replicas:
-        table.add_row(
-            escape(visible(replica.replica_id)),  # written by whoever can write the collection
-            escape(visible(replica.host)),
-            str(replica.pid),
-            escape(visible(replica.engine)),
-            escape(visible(replica.version)),
-            f"{replica.seen_ago(status.at):.0f}s ago"
-            + (" [red](stale)[/]" if replica.stale(status.at) else ""),
-            f"{replica.lock_timeout:g}s" + _in_house(replica),
-            f"{replica.tick:g}s",
-            str(replica.max_concurrency),
-            _steps_now(replica, status.at),
-        )
-    out.print(table)
+        for header in REPLICA_COLUMNS:
+            right = header in {"pid", "last seen", "lock timeout", "tick", "concurrency"}
+            table.add_column(header, justify="right" if right else "left", no_wrap=True)
+        for row in rows:
+            table.add_row(*row)
+        out.print(table)
+    else:
+        out.print("live replicas:")
+        for row in rows:
+            out.print(Text("  ").append_text(row[0]), soft_wrap=True)
+            for header, cell in zip(REPLICA_COLUMNS[1:], row[1:], strict=True):
+                out.print(Text(f"      {header}: ").append_text(cell), soft_wrap=True)
     for disagreement in status.disagreements:
         out.print(f"[yellow]warning:[/] {escape(visible(disagreement.message))}", soft_wrap=True)
+
+
+def _replica_cells(replica: ReplicaRecord, status: Status) -> list[str]:
+    """A replica's cells as markup, every stored value escaped: a record is written by
+    whoever can write the collection."""
+    return [
+        escape(visible(replica.replica_id)),
+        escape(visible(replica.host)),
+        str(replica.pid),
+        escape(visible(replica.engine)),
+        escape(visible(replica.version)),
+        f"{replica.seen_ago(status.at):.0f}s ago"
+        + (" [red](stale)[/]" if replica.stale(status.at) else ""),
+        f"{replica.lock_timeout:g}s" + _in_house(replica),
+        f"{replica.tick:g}s",
+        str(replica.max_concurrency),
+        _steps_now(replica, status.at),
+    ]
 
 
 def _print_retention(out: Console, status: Status) -> None:
