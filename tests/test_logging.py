@@ -12,8 +12,12 @@ from apscheduler.events import EVENT_JOB_MAX_INSTANCES
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from apscheduler.schedulers.background import BackgroundScheduler
 from pymongo.database import Database
+from pymongo.errors import DuplicateKeyError, InvalidOperation, ServerSelectionTimeoutError
 
 from orchestrator import Lease
+from orchestrator.core.errors import StoreError
+from orchestrator.core.outages import Back, DatabaseWatch, Unreachable
+from orchestrator.mongo.driver_errors import driver_errors
 from orchestrator.runners.books import Books
 from orchestrator.runners.workers import TIMER_DEFAULTS, AsyncWorkers, Workers
 from orchestrator.testing import FakeClock
@@ -140,3 +144,23 @@ async def test_a_replicas_timer_logs_no_skipped_heartbeat_and_other_schedulers_s
     with caplog.at_level(logging.DEBUG):
         assert not await skips_logged(ours)
         assert await skips_logged(theirs)
+
+
+@pytest.mark.pure
+def test_a_server_s_refusal_ends_an_outage_as_an_answer_does() -> None:
+    """Back from an outage, the first reply may be a refusal (a duplicate key): the server
+    answered, so the outage is over; a client-side error proves nothing either way."""
+    clock = FakeClock()
+    told: list[Any] = []
+    watch = DatabaseWatch(clock, told.append)
+    with pytest.raises(StoreError), driver_errors("claim on jobs", watch=watch):
+        raise ServerSelectionTimeoutError("no primary")
+    assert [type(c) for c in told] == [Unreachable]
+    with pytest.raises(StoreError), driver_errors("write to jobs/1", watch=watch):
+        raise InvalidOperation("the client refused it")  # no reply: still down
+    assert watch.down
+    clock.advance(30)
+    with pytest.raises(StoreError), driver_errors("submit to jobs", watch=watch):
+        raise DuplicateKeyError("E11000 duplicate key")
+    assert [type(c) for c in told] == [Unreachable, Back] and not watch.down
+    assert told[1].down_for == 30

@@ -97,13 +97,18 @@ def driver_errors(
     try:
         yield
     except PyMongoError as exc:
+        error = _store_error(action, exc)
+        if watch is not None:
+            # A server's refusal (a duplicate key, a write it rejects) is an answer too: it
+            # ends an outage as a success does; a transient failure may begin one.
+            if error.transient:
+                watch.failed(epoch, action, error)
+            elif isinstance(exc, OperationFailure):
+                watch.answered(epoch)
         if sharded is not None and untargeted(exc):
             details = exc.details if isinstance(exc, OperationFailure) else None
             said = (details or {}).get("errmsg") or str(exc)
             raise sharding.refused(sharded[0], sharded[1], redact(str(said))) from exc
-        error = _store_error(action, exc)
-        if watch is not None:
-            watch.failed(epoch, action, error)
         raise error from exc
     except BSONError as exc:  # DocumentTooLarge and unencodable values are not PyMongoErrors
         if _too_large(exc):
