@@ -205,6 +205,10 @@ def test_a_read_only_viewer_is_refused_every_action_posted_and_the_refusal_is_au
             assert entry.collection == "gateways"
             assert entry.scope.get("phase", "Provisioning") in ("Provisioning", "")
     assert f"refused {action.value} by web testclient" in caplog.text
+    lines = [r for r in caplog.records if r.name == "orchestrator.web"]
+    assert lines, "no refusal logged"
+    for line in lines:  # structured too: what was refused, to whom
+        assert (line.outcome, line.action, line.by) == ("refused", action.value, "web testclient")  # type: ignore[attr-defined]
     trail = read(viewer.get("/ops/audit"))
     assert "refused: not permitted" in trail.text_of("audit")
     assert viewer.get("/ops/api/audit").json()["entries"][0]["refused"] == "not permitted"

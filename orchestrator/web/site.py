@@ -234,12 +234,14 @@ class Site:
             return
         by = self.actor(request)
         shown = ", ".join(documents) or ", ".join(f"{k}={v}" for k, v in (scope or {}).items())
+        fields = {"outcome": "refused", "action": action.value, "by": by, "collection": collection}
         logger.warning(
             "operator's page: refused %s by %s on %s%s: not permitted",
             action.value,
             by,
             collection or "?",
             f" ({shown})" if shown else "",
+            extra=fields,
         )
         try:
             await self.operations.refused(
@@ -252,7 +254,11 @@ class Site:
                 why=why,
             )
         except StoreError as exc:
-            logger.error("operator's page: the refusal could not be audited: %s", exc)
+            logger.error(
+                "operator's page: the refusal could not be audited: %s",
+                exc,
+                extra={**fields, "outcome": "unaudited"},
+            )
         raise self.forbidden(action)
 
     async def may(self, request: Request, action: WebAction) -> None:
